@@ -1,0 +1,33 @@
+// swift-tools-version:6.0
+// krakl-agent: a Linux screen-sharing agent. See README.md for the layout.
+import PackageDescription
+
+/// Swift 5 language mode: the frame path is C callbacks on threads the
+/// backends own; strict-concurrency checking of those is future work.
+let swift5: [SwiftSetting] = [.swiftLanguageMode(.v5)]
+
+let package = Package(
+    name: "krakl-agent",
+    products: [
+        .executable(name: "krakl-agent", targets: ["Agent"]),
+        // Each backend is a shared library the agent dlopen()s at run time.
+        .library(name: "BackendFile", type: .dynamic, targets: ["BackendFile"]),
+        .library(name: "BackendX11", type: .dynamic, targets: ["BackendX11"]),
+        .library(name: "BackendPipeWire", type: .dynamic, targets: ["BackendPipeWire"]),
+    ],
+    targets: [
+        // The public backend contract: one C header (include/krakl_backend.h).
+        .target(name: "KraklBackendABI"),
+        // Frame number + capture time drawn into pixels, readable after lossy coding.
+        .target(name: "FrameStamp", swiftSettings: swift5),
+        // What every in-tree Swift backend shares: the exported table, host calls, pacing thread.
+        .target(name: "BackendKit", dependencies: ["KraklBackendABI"], swiftSettings: swift5),
+        .target(name: "BackendFile", dependencies: ["BackendKit", "FrameStamp"], swiftSettings: swift5),
+        .target(name: "BackendX11", dependencies: ["BackendKit"], swiftSettings: swift5),
+        .target(name: "BackendPipeWire", dependencies: ["BackendKit"], swiftSettings: swift5),
+        // The host side: plugins.json, dlopen loader, source lifecycle, conformance suite.
+        .target(name: "KraklCore", dependencies: ["KraklBackendABI"], swiftSettings: swift5),
+        .executableTarget(name: "Agent", dependencies: ["KraklCore"], swiftSettings: swift5),
+        .testTarget(name: "KraklTests", dependencies: ["KraklCore", "FrameStamp"], swiftSettings: swift5),
+    ]
+)

@@ -1,0 +1,118 @@
+import KraklCore
+
+/// The command line, parsed. Parsing never exits: errors are AgentError
+/// .usage / .invalidOption so main() can print them and pick the status.
+struct Arguments {
+    enum Command: Equatable { case run, backends, conformance(String), help, version }
+
+    var command: Command = .run
+    var backend: String?
+    var plugins: String?
+    var options: [(key: String, value: JSON)] = []
+    var frames: Int?
+    var seconds: Double?
+    var expectEnd = false
+    var timeout = 10.0
+    var verbose = false
+    var quiet = false
+
+    init(_ words: [String]) throws(AgentError) {
+        var rest = words[...]
+        func value(for flag: String) throws(AgentError) -> String {
+            guard let next = rest.popFirst() else { throw .usage("\(flag) needs a value") }
+            return next
+        }
+        var positional: [String] = []
+        while let word = rest.popFirst() {
+            // --flag=value is the same as --flag value.
+            var flag = word
+            if word.hasPrefix("--"), let equals = word.firstIndex(of: "=") {
+                flag = String(word[..<equals])
+                rest.insert(String(word[word.index(after: equals)...]), at: rest.startIndex)
+            }
+            switch flag {
+            case "-h", "--help": command = .help; return
+            case "--version": command = .version; return
+            case "--backend", "-b": backend = try value(for: flag)
+            case "--plugins": plugins = try value(for: flag)
+            case "--option", "-o": options.append(try parseOptionAssignment(try value(for: flag)))
+            case "--frames":
+                let text = try value(for: flag)
+                guard let n = Int(text), n > 0 else { throw .usage("--frames \(text): give a positive whole number") }
+                frames = n
+            case "--seconds":
+                let text = try value(for: flag)
+                guard let s = Double(text), s > 0, s.isFinite else { throw .usage("--seconds \(text): give a positive number") }
+                seconds = s
+            case "--timeout":
+                let text = try value(for: flag)
+                guard let s = Double(text), s > 0, s <= 600 else { throw .usage("--timeout \(text): give seconds from 0 to 600") }
+                timeout = s
+            case "--expect-end": expectEnd = true
+            case "-v", "--verbose": verbose = true
+            case "-q", "--quiet": quiet = true
+            default:
+                if flag.hasPrefix("-") { throw .usage("unknown flag \(flag)") }
+                positional.append(word)
+            }
+        }
+        switch positional.first {
+        case nil, "run": command = .run
+        case "backends": command = .backends
+        case "conformance":
+            guard positional.count >= 2 else { throw .usage("conformance needs the path of a backend library (.so)") }
+            command = .conformance(positional[1])
+        case "help": command = .help; return
+        default: throw .usage("unknown command \(positional[0]) (commands: run, backends, conformance)")
+        }
+        let expected = command == .run || command == .backends ? 1 : 2
+        if positional.count > expected { throw .usage("unexpected argument \(positional[expected])") }
+    }
+}
+
+let helpText = """
+krakl-agent: share this machine's screen into a video room (work in progress:
+capture backends and the plugin host are here; encoding and publishing follow).
+
+USAGE
+  krakl-agent [run] [--backend NAME] [--option KEY=VALUE]... [--frames N] [--seconds S]
+  krakl-agent backends
+  krakl-agent conformance LIBRARY.so [--option KEY=VALUE]... [--expect-end] [--timeout S]
+
+COMMANDS
+  run (default)   Capture from a backend and print live status (fps, damage share,
+                  delivery latency) until Ctrl-C, --frames or --seconds, then a summary.
+  backends        List the backends in plugins.json and whether each one loads.
+  conformance     Run the backend conformance checks on a backend library; one line
+                  per check (PASS/FAIL/SKIP), exit status 1 if any check fails.
+
+OPTIONS
+  -b, --backend NAME      Backend to use (default: the registry's "default").
+      --plugins FILE      Backend registry (default: $KRAKL_PLUGINS, ./plugins.json,
+                          or plugins.json next to the executable or up to 4 folders above).
+  -o, --option KEY=VALUE  Override a backend option; VALUE is read as JSON when it is
+                          a number, true/false or null, else as a string. Repeatable.
+      --frames N          Stop after N frames.
+      --seconds S         Stop after S seconds.
+      --expect-end        (conformance) The options make the source end; check that.
+      --timeout S         (conformance) Wait at most S seconds for frames (default 10).
+  -v, --verbose           Show backends' info and debug log lines.
+  -q, --quiet             No live status line; summary only.
+  -h, --help              This text.      --version   The version.
+
+FILE BACKEND OPTIONS (--backend file)
+  scene=static|typing|scrolling|video   width=320..7680   height=240..4320
+  fps=1..240   frames=N (end after N frame intervals)   speed=1..256 (scrolling px/frame)
+  seed=N   path=FILE.y4m (play a 4:2:0 Y4M file instead)   loop=true|false
+
+EXIT STATUS
+   0 done (stopped, frame/time limit reached, or the source ended)
+   1 conformance: a check failed
+   2 usage error                      3 invalid --option
+   4 plugins.json unreadable          5 plugins.json malformed (file:line:column)
+   6 unknown backend name             7 backend library file missing
+   8 backend library does not load    9 library lacks the krakl_backend_v1 symbol
+  10 backend ABI version mismatch or malformed table
+  11 backend create() failed         12 backend start() failed
+  13 the source reported an error while capturing
+"""

@@ -1,0 +1,41 @@
+import Foundation
+import KraklCore
+
+// Line-buffered stdout even into a pipe, so status and check lines appear
+// as they happen.
+setvbuf(stdout, nil, _IOLBF, 0)
+
+func fail(_ error: AgentError) -> Never {
+    fputs("krakl-agent: \(error.description)\n", stderr)
+    exit(error.exitStatus)
+}
+
+let arguments: Arguments
+do throws(AgentError) {
+    arguments = try Arguments(Array(CommandLine.arguments.dropFirst()))
+} catch {
+    fail(error)
+}
+
+let logger = stderrLogger(maximum: arguments.verbose ? .debug : .warning)
+
+do throws(AgentError) {
+    switch arguments.command {
+    case .help:
+        print(helpText)
+    case .version:
+        print("krakl-agent 0.1.0 (backend ABI \(BackendLibrary.hostVersion.major).\(BackendLibrary.hostVersion.minor))")
+    case .backends:
+        listBackends(try PluginRegistry.load(path: arguments.plugins ?? PluginRegistry.defaultPath()))
+    case .conformance(let path):
+        var options = JSONObject()
+        for (key, value) in arguments.options { options[key] = value }
+        let suite = ConformanceSuite(path: path, options: options, expectEnd: arguments.expectEnd,
+                                     timeout: arguments.timeout, logger: logger) { print($0) }
+        exit(suite.run() ? 0 : 1)
+    case .run:
+        exit(try runCapture(arguments, logger: logger))
+    }
+} catch {
+    fail(error)
+}

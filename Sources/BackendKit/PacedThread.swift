@@ -1,0 +1,87 @@
+import Glibc
+
+/// A dedicated capture thread that calls `tick` at a fixed rate on
+/// CLOCK_MONOTONIC deadlines, and that stop() wakes at once (a condition
+/// variable on the monotonic clock, not a sleep), so stop returns in
+/// microseconds rather than up to one frame interval.
+public final class PacedThread: @unchecked Sendable {
+    public enum Step { case next, end }
+
+    private let periodNs: UInt64
+    private let tick: () -> Step
+    private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+    private let cond = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
+    private var thread: pthread_t?
+    private var stopRequested = false
+
+    /// - Parameters:
+    ///   - fps: ticks per second.
+    ///   - tick: runs on the capture thread; return `.end` to finish.
+    public init(fps: Double, tick: @escaping () -> Step) {
+        periodNs = UInt64(1_000_000_000 / fps)
+        self.tick = tick
+        pthread_mutex_init(mutex, nil)
+        var attr = pthread_condattr_t()
+        pthread_condattr_init(&attr)
+        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC)
+        pthread_cond_init(cond, &attr)
+        pthread_condattr_destroy(&attr)
+    }
+
+    deinit {
+        stop()
+        pthread_cond_destroy(cond)
+        pthread_mutex_destroy(mutex)
+        cond.deallocate()
+        mutex.deallocate()
+    }
+
+    public var isRunning: Bool { thread != nil }
+
+    /// Control thread. Starts ticking; the first tick is immediate.
+    public func start() throws(BackendError) {
+        guard thread == nil else { throw BackendError(-EBUSY, "already started") }
+        stopRequested = false
+        var handle = pthread_t()
+        let context = Unmanaged.passRetained(self).toOpaque()
+        let status = pthread_create(&handle, nil, { context in
+            let me = Unmanaged<PacedThread>.fromOpaque(context!).takeRetainedValue()
+            me.run()
+            return nil
+        }, context)
+        guard status == 0 else {
+            Unmanaged<PacedThread>.fromOpaque(context).release()
+            throw BackendError(-status, "could not start the capture thread (errno \(status))")
+        }
+        thread = handle
+    }
+
+    /// Control thread. Wakes the thread, waits for it to finish.
+    public func stop() {
+        guard let handle = thread else { return }
+        pthread_mutex_lock(mutex)
+        stopRequested = true
+        pthread_cond_signal(cond)
+        pthread_mutex_unlock(mutex)
+        pthread_join(handle, nil)
+        thread = nil
+    }
+
+    private func run() {
+        var deadline = monotonicNanoseconds()
+        while true {
+            pthread_mutex_lock(mutex)
+            while !stopRequested && monotonicNanoseconds() < deadline {
+                var ts = timespec(tv_sec: Int(deadline / 1_000_000_000), tv_nsec: Int(deadline % 1_000_000_000))
+                pthread_cond_timedwait(cond, mutex, &ts)
+            }
+            let stopping = stopRequested
+            pthread_mutex_unlock(mutex)
+            if stopping || tick() == .end { return }
+            deadline += periodNs
+            // Fell behind by more than a frame: skip ahead instead of bursting.
+            let now = monotonicNanoseconds()
+            if now > deadline + periodNs { deadline = now }
+        }
+    }
+}

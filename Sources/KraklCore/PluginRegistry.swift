@@ -1,0 +1,137 @@
+import Foundation
+
+/// One backend as plugins.json lists it.
+public struct BackendEntry: Equatable, Sendable {
+    public let name: String
+    /// Absolute path of the shared library (resolved against the json's folder).
+    public let library: String
+    public let description: String
+    /// Default options, before `--option` overrides.
+    public let options: JSONObject
+}
+
+/// plugins.json: which backends exist, where their libraries are, their
+/// default options, and which one runs when none is named.
+///
+///     { "version": 1, "default": "file",
+///       "backends": { "file": { "library": "...so", "description": "...", "options": {...} } } }
+public struct PluginRegistry: Sendable {
+    public let path: String
+    public let defaultBackend: String
+    public let backends: [BackendEntry]
+
+    public func entry(named name: String) throws(AgentError) -> BackendEntry {
+        guard let entry = backends.first(where: { $0.name == name }) else {
+            throw .unknownBackend(name: name, known: backends.map(\.name), registry: path)
+        }
+        return entry
+    }
+
+    /// Reads and validates a registry file.
+    public static func load(path: String) throws(AgentError) -> PluginRegistry {
+        let text: String
+        do {
+            text = try String(contentsOfFile: path, encoding: .utf8)
+        } catch {
+            let reason = FileManager.default.fileExists(atPath: path) ? "it is not readable UTF-8 text" : "no such file"
+            throw .registryUnreadable(path: path, reason: reason)
+        }
+        return try parse(text, path: path)
+    }
+
+    /// Validates registry text; `path` names it in errors and anchors
+    /// relative library paths.
+    public static func parse(_ text: String, path: String) throws(AgentError) -> PluginRegistry {
+        var parser = JSONParser(text)
+        let root: JSON
+        do throws(JSONParseError) {
+            root = try parser.parse()
+        } catch {
+            throw .registryMalformed(path: path, line: error.line, column: error.column, message: error.message)
+        }
+        func fail(_ at: String, _ message: String) -> AgentError {
+            let (line, column) = parser.location(ofPath: at) ?? (1, 1)
+            return .registryMalformed(path: path, line: line, column: column, message: message)
+        }
+        guard case .object(let top) = root else { throw fail("", "the registry must be a JSON object") }
+        for key in top.keys where !["version", "default", "backends"].contains(key) {
+            throw fail(key, "unknown member \"\(key)\" (allowed: version, default, backends)")
+        }
+        guard top["version"] == .number("1") else { throw fail("version", "\"version\" must be 1") }
+        guard case .object(let list)? = top["backends"] else { throw fail("backends", "\"backends\" must be an object of name: {library, description, options}") }
+        let folder = URL(fileURLWithPath: path).deletingLastPathComponent().path
+        var backends: [BackendEntry] = []
+        for (name, value) in list.members {
+            let at = "backends.\(name)"
+            guard !name.isEmpty, name.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" }) else {
+                throw fail(at, "backend name \"\(name)\" must be letters, digits, '-' or '_'")
+            }
+            guard case .object(let fields) = value else { throw fail(at, "backend \"\(name)\" must be an object") }
+            for key in fields.keys where !["library", "description", "options"].contains(key) {
+                throw fail("\(at).\(key)", "unknown member \"\(key)\" in backend \"\(name)\" (allowed: library, description, options)")
+            }
+            guard case .string(let library)? = fields["library"], !library.isEmpty else {
+                throw fail(fields["library"] == nil ? at : "\(at).library", "backend \"\(name)\" needs \"library\": the path of its .so")
+            }
+            var description = ""
+            if let value = fields["description"] {
+                guard case .string(let text) = value else { throw fail("\(at).description", "\"description\" must be a string") }
+                description = text
+            }
+            var options = JSONObject()
+            if let value = fields["options"] {
+                guard case .object(let object) = value else { throw fail("\(at).options", "\"options\" must be an object") }
+                options = object
+            }
+            let resolved = library.hasPrefix("/") ? library : URL(fileURLWithPath: folder).appendingPathComponent(library).standardized.path
+            backends.append(BackendEntry(name: name, library: resolved, description: description, options: options))
+        }
+        guard !backends.isEmpty else { throw fail("backends", "\"backends\" lists no backend") }
+        guard case .string(let defaultName)? = top["default"] else { throw fail(top["default"] == nil ? "" : "default", "\"default\" must name one of the backends") }
+        guard backends.contains(where: { $0.name == defaultName }) else {
+            throw fail("default", "\"default\" names \"\(defaultName)\", which is not among the backends (\(backends.map(\.name).joined(separator: ", ")))")
+        }
+        return PluginRegistry(path: path, defaultBackend: defaultName, backends: backends)
+    }
+
+    /// Where plugins.json is when --plugins is not given: $KRAKL_PLUGINS,
+    /// then ./plugins.json, then next to the executable or up to four
+    /// folders above it (the repository root for a binary in .build/).
+    public static func defaultPath(environment: [String: String] = ProcessInfo.processInfo.environment) -> String {
+        if let path = environment["KRAKL_PLUGINS"], !path.isEmpty { return path }
+        let fm = FileManager.default
+        if fm.fileExists(atPath: "plugins.json") { return fm.currentDirectoryPath + "/plugins.json" }
+        var folder = URL(fileURLWithPath: (try? fm.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0])
+            .deletingLastPathComponent()
+        for _ in 0..<5 {
+            let candidate = folder.appendingPathComponent("plugins.json").path
+            if fm.fileExists(atPath: candidate) { return candidate }
+            folder.deleteLastPathComponent()
+        }
+        return "plugins.json"
+    }
+}
+
+/// Parses `--option key=value`. The value is JSON when it reads as a JSON
+/// scalar (30, true, null, "quoted"), otherwise a plain string, so
+/// `scene=typing` and `fps=30` both do what one expects.
+public func parseOptionAssignment(_ text: String) throws(AgentError) -> (key: String, value: JSON) {
+    guard let equals = text.firstIndex(of: "="), equals != text.startIndex else {
+        throw .invalidOption("--option \(text) is not key=value (for example --option scene=typing)")
+    }
+    let key = String(text[..<equals])
+    guard key.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "_" || $0 == "-" || $0 == "." }) else {
+        throw .invalidOption("--option \(text): the key \"\(key)\" may hold only letters, digits, '_', '-' and '.'")
+    }
+    let raw = String(text[text.index(after: equals)...])
+    var parser = JSONParser(raw)
+    if let value = try? parser.parse() {
+        switch value {
+        case .object, .array:
+            throw .invalidOption("--option \(key): objects and arrays are not accepted on the command line; put them in plugins.json")
+        default:
+            return (key, value)
+        }
+    }
+    return (key, .string(raw))
+}
