@@ -187,10 +187,11 @@ public struct JSONParser {
             let memberPath = path.isEmpty ? key : path + "." + key
             offsets[memberPath] = index
             object.members.append((key, try parseValue(path: memberPath)))
+            let afterValue = index // a missing comma is reported where it belongs
             skipSpace()
             if current == UInt8(ascii: ",") { index += 1; continue }
             if current == UInt8(ascii: "}") { index += 1; break }
-            throw error("expected ',' or '}' after an object member")
+            throw error("expected ',' or '}' after an object member", at: afterValue)
         }
         depth -= 1
         return .object(object)
@@ -209,10 +210,11 @@ public struct JSONParser {
         while true {
             skipSpace()
             items.append(try parseValue(path: path + "[\(items.count)]"))
+            let afterValue = index
             skipSpace()
             if current == UInt8(ascii: ",") { index += 1; continue }
             if current == UInt8(ascii: "]") { index += 1; break }
-            throw error("expected ',' or ']' after an array element")
+            throw error("expected ',' or ']' after an array element", at: afterValue)
         }
         depth -= 1
         return .array(items)

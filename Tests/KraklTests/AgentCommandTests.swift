@@ -1,0 +1,90 @@
+import Foundation
+import Testing
+
+/// The agent's own commands, run as a person would run them.
+@Suite("krakl-agent commands")
+struct AgentCommandTests {
+    @Test func backendsListsEveryEntryAndWhetherItLoads() throws {
+        try Harness.requireBuild()
+        let registry = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
+        let result = try Harness.agent(["backends", "--plugins", registry])
+        #expect(result.status == 0, "\(result.stderr)")
+        for name in ["file", "x11", "pipewire"] {
+            #expect(result.stdout.contains("  \(name) ") && result.stdout.range(of: "\\b\(name)\\s+loads\\s+ABI 1\\.0", options: .regularExpression) != nil,
+                    "\(name) not listed as loading:\n\(result.stdout)")
+        }
+        // Truthful about what is not there yet.
+        #expect(result.stdout.contains("not implemented yet: issue #4"))
+        #expect(result.stdout.contains("not implemented yet: issue #5"))
+    }
+
+    @Test func backendsSaysWhyAnEntryDoesNotLoad() throws {
+        try Harness.requireBuild()
+        let dir = try Harness.temporaryDirectory()
+        try """
+        {"version": 1, "default": "file", "backends": {
+          "file": {"library": "\(Harness.library("BackendFile"))"},
+          "ghost": {"library": "nowhere/libghost.so", "description": "a backend not built"}}}
+        """.write(toFile: dir + "/plugins.json", atomically: true, encoding: .utf8)
+        let result = try Harness.agent(["backends", "--plugins", dir + "/plugins.json"])
+        #expect(result.status == 0)
+        #expect(result.stdout.range(of: "file\\s+loads", options: .regularExpression) != nil, "\(result.stdout)")
+        #expect(result.stdout.range(of: "ghost\\s+FAILS", options: .regularExpression) != nil && result.stdout.contains("nowhere/libghost.so does not exist"), "\(result.stdout)")
+    }
+
+    @Test func captureRunPrintsStatusAndSummary() throws {
+        try Harness.requireBuild()
+        let registry = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
+        let result = try Harness.agent(["--plugins", registry, "--backend", "file", "--option", "scene=typing",
+                                        "--option", "width=640", "--option", "height=480", "--frames", "60"])
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(result.stdout.contains("capturing from file [fps=30 scene=typing width=640 height=480]"), "\(result.stdout)")
+        // Live status once a second (the run takes two seconds at 30 fps).
+        #expect(result.stdout.range(of: "frames \\|\\s+[0-9.]+ fps \\| damage\\s+[0-9.]+% \\| latency p50", options: .regularExpression) != nil, "\(result.stdout)")
+        #expect(result.stdout.contains("stopped: 60 frames captured"))
+        #expect(result.stdout.contains("summary: 60 frames in"))
+        #expect(result.stdout.contains("delivery latency (capture timestamp to host): p50"))
+    }
+
+    @Test func ctrlCStopsCleanly() throws {
+        try Harness.requireBuild()
+        let registry = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: Harness.agent)
+        process.arguments = ["--plugins", registry, "--option", "width=320", "--option", "height=240"]
+        let out = Pipe()
+        process.standardOutput = out
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        // Wait (bounded) for the first status line, then interrupt.
+        var text = ""
+        let deadline = Date().addingTimeInterval(20)
+        while !text.contains(" fps |") && Date() < deadline {
+            let chunk = out.fileHandleForReading.availableData
+            if chunk.isEmpty { break }
+            text += String(decoding: chunk, as: UTF8.self)
+        }
+        #expect(text.contains(" fps |"), "no status line: \(text)")
+        kill(process.processIdentifier, SIGINT)
+        text += String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        #expect(process.terminationReason == .exit && process.terminationStatus == 0)
+        #expect(text.contains("stopped: interrupted (Ctrl-C)") && text.contains("summary:"), "\(text)")
+    }
+
+    @Test func sourceEndIsANormalEnd() throws {
+        try Harness.requireBuild()
+        let registry = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
+        let result = try Harness.agent(["--plugins", registry, "-o", "width=320", "-o", "height=240", "-o", "frames=10", "-o", "fps=60", "-q"])
+        #expect(result.status == 0)
+        #expect(result.stdout.contains("stopped: the source ended: played 10 frame intervals"), "\(result.stdout)")
+    }
+
+    @Test func defaultRegistryIsFoundNextToTheRepository() throws {
+        try Harness.requireBuild()
+        // Run from an unrelated folder with no --plugins: the agent finds the
+        // repository's plugins.json by walking up from its own executable.
+        let result = try Harness.run(Harness.agent, ["backends"], currentDirectory: "/")
+        #expect(result.stdout.contains("Backends in \(Harness.repoRoot)/plugins.json"), "\(result.stdout)\(result.stderr)")
+    }
+}
