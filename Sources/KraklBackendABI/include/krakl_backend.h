@@ -54,6 +54,8 @@ extern "C" {
 
 #define KRAKL_ABI_MAJOR 1
 #define KRAKL_ABI_MINOR 0
+/* Swift cannot import this macro (it has a cast): Swift code builds the
+ * value from KRAKL_ABI_MAJOR and KRAKL_ABI_MINOR. */
 #define KRAKL_ABI_VERSION ((uint32_t)((KRAKL_ABI_MAJOR << 16) | KRAKL_ABI_MINOR))
 #define KRAKL_ABI_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
 #define KRAKL_ABI_VERSION_MINOR(v) ((uint32_t)(v) & 0xffffu)
@@ -82,7 +84,8 @@ typedef enum krakl_format {
 } krakl_format;
 
 /* A rectangle in frame pixels. x, y >= 0, x + width <= frame width,
- * y + height <= frame height, width and height > 0. */
+ * y + height <= frame height, width and height > 0. Rectangles of one
+ * frame may overlap; the host treats their union as changed. */
 typedef struct krakl_rect {
     int32_t x;
     int32_t y;
@@ -111,7 +114,11 @@ typedef struct krakl_frame {
     uint32_t format;                  /* krakl_format */
     uint32_t width, height;           /* pixels, > 0 */
     uint32_t plane_count;             /* 1 packed, 3 I420, 2 NV12 */
-    uint32_t stride[KRAKL_MAX_PLANES];/* bytes per row, >= row width * bpp */
+    /* Bytes per row. At least the row's width in bytes: width*4 packed;
+     * I420 Y width, U and V (width+1)/2; NV12 Y width, UV 2*((width+1)/2).
+     * Every plane must be readable for stride * its rows (height, or
+     * (height+1)/2 for chroma planes). */
+    uint32_t stride[KRAKL_MAX_PLANES];
     const uint8_t *plane[KRAKL_MAX_PLANES];
     /* CLOCK_MONOTONIC time the picture was captured, nanoseconds. Strictly
      * increasing over a source's life, across stop/start too. */
@@ -120,7 +127,9 @@ typedef struct krakl_frame {
     uint64_t sequence;
     /* Changed areas since the previous frame this source delivered.
      * damage_count == 0 means "the whole frame may have changed" (always
-     * the case for the first frame after start or a format change). */
+     * the case for the first frame after start or a format change). There
+     * is no way to say "nothing changed": then deliver no frame at all;
+     * the host keeps receivers fed by itself. */
     uint32_t damage_count;
     const krakl_rect *damage;
     const krakl_cursor *cursor;       /* NULL: no cursor, or already drawn */
@@ -175,7 +184,8 @@ typedef struct krakl_host {
     void (*event)(void *host_data, const krakl_event *event);
 
     /* The source's option `key` as text (strings without quotes, numbers
-     * as written, true/false, null), or NULL when it was not given. The
+     * as written, true/false, null; arrays and objects as JSON text), or
+     * NULL when it was not given. "320" and 320 read the same. The
      * text stays valid until destroy() returns. Lets a C backend read its
      * options without a JSON parser; the same options also arrive as JSON
      * text in create(). */
@@ -208,8 +218,9 @@ typedef struct krakl_backend {
     int (*create)(const char *options_json, const krakl_host *host, krakl_source **out);
 
     /* Control thread. Begins delivery; returns without waiting for the
-     * first frame. Returns 0 or a negative errno. start() after stop() on
-     * the same source must work again. */
+     * first frame. Returns 0 or a negative errno (-EBUSY when already
+     * started). start() after stop() on the same source must work again,
+     * also after a SOURCE_ENDED event (a file starts over). */
     int (*start)(krakl_source *source);
 
     /* Control thread. Ends delivery and returns within one second. When it
@@ -227,7 +238,11 @@ typedef struct krakl_backend {
 } krakl_backend;
 
 /* The entry point. Returns a pointer to static storage that stays valid
- * for the life of the process (the host never unloads a backend). */
+ * for the life of the process (the host never unloads a backend). The
+ * host refuses a table whose major version is not its own, whose
+ * struct_size is smaller than ABI 1.0's table, or whose create, start,
+ * stop or destroy is NULL; it accepts a newer minor version and ignores
+ * the members it does not know. */
 typedef const krakl_backend *(*krakl_backend_entry_fn)(void);
 
 #ifdef __cplusplus
