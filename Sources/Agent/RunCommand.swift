@@ -62,7 +62,7 @@ final class CaptureRun: FrameSink, @unchecked Sendable {
     func wait(until deadline: Date) -> String? {
         condition.lock()
         defer { condition.unlock() }
-        while finishReason == nil && condition.wait(until: deadline) {}
+        _ = condition.wait(while: { finishReason == nil }, until: deadline)
         return finishReason
     }
 }

@@ -127,7 +127,7 @@ public final class ConformanceSuite {
         }
         let stopTime = measure { source.stop() }
         sink.stopped()
-        let late = sink.framesAfterStop(observing: 0.3)
+        let late = sink.observe(for: 0.3).afterStop
 
         // Start again: frames must come back, timestamps keep increasing.
         var restartDetail = ""
@@ -143,7 +143,7 @@ public final class ConformanceSuite {
         }
         let secondStop = measure { source.stop() }
         sink.stopped()
-        let lateAgain = sink.framesAfterStop(observing: 0.1)
+        let lateAgain = sink.observe(for: 0.1).afterStop
         source.destroy()
 
         let problems = sink.problems
@@ -214,7 +214,7 @@ public final class ConformanceSuite {
                     source.destroy()
                     return (.fail, "no SOURCE_ENDED event within \(timeout) s")
                 }
-                let after = sink.framesAfterEnd(observing: 0.3)
+                let after = sink.observe(for: 0.3).afterEnd
                 let stopTime = measure { source.stop() }
                 source.destroy()
                 if after > 0 { return (.fail, "\(after) frame(s) arrived after SOURCE_ENDED") }
@@ -342,31 +342,21 @@ final class RecordingSink: FrameSink {
     }
 
     func waitForEnd(timeout: Double) -> Bool {
-        let deadline = Date().addingTimeInterval(timeout)
         condition.lock()
         defer { condition.unlock() }
-        while !ended && condition.wait(until: deadline) {}
-        return ended
+        return condition.wait(while: { !ended }, until: Date().addingTimeInterval(timeout))
     }
 
     func stopped() { condition.lock(); accepting = false; lateFrames = 0; condition.unlock() }
     func resume() { condition.lock(); accepting = true; ended = false; condition.unlock() }
 
-    /// Frames arriving within `seconds` after stop() returned (an
-    /// observation window, not a wait for readiness).
-    func framesAfterStop(observing seconds: Double) -> Int {
-        let deadline = Date().addingTimeInterval(seconds)
+    /// Watches for `seconds` (an observation window, not a wait for
+    /// readiness) and returns the frames that came after stop() returned
+    /// and after SOURCE_ENDED.
+    func observe(for seconds: Double) -> (afterStop: Int, afterEnd: Int) {
         condition.lock()
         defer { condition.unlock() }
-        while condition.wait(until: deadline) {}
-        return lateFrames
-    }
-
-    func framesAfterEnd(observing seconds: Double) -> Int {
-        let deadline = Date().addingTimeInterval(seconds)
-        condition.lock()
-        defer { condition.unlock() }
-        while condition.wait(until: deadline) {}
-        return framesAfterEnd
+        _ = condition.wait(while: { true }, until: Date().addingTimeInterval(seconds))
+        return (lateFrames, framesAfterEnd)
     }
 }

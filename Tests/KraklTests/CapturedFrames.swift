@@ -55,11 +55,9 @@ final class FrameCollector: FrameSink, @unchecked Sendable {
 
     /// Waits (bounded) for the source to end by itself.
     func waitForEnd(timeout: Double) -> Bool {
-        let deadline = Date().addingTimeInterval(timeout)
         condition.lock()
         defer { condition.unlock() }
-        while !ended && condition.wait(until: deadline) {}
-        return ended
+        return condition.wait(while: { !ended }, until: Date().addingTimeInterval(timeout))
     }
 
     /// Runs a backend library with `options` until it ends by itself.
