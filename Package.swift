@@ -27,7 +27,13 @@ let package = Package(
         .target(name: "BackendPipeWire", dependencies: ["BackendKit"], swiftSettings: swift5),
         // The host side: plugins.json, dlopen loader, source lifecycle, conformance suite.
         .target(name: "KraklCore", dependencies: ["KraklBackendABI"], swiftSettings: swift5),
-        .executableTarget(name: "Agent", dependencies: ["KraklCore"], swiftSettings: swift5),
-        .testTarget(name: "KraklTests", dependencies: ["KraklCore", "FrameStamp"], swiftSettings: swift5),
+        // libvpx (Debian libvpx-dev) with shims for its macro-only calls.
+        .target(name: "CVpx", linkerSettings: [.linkedLibrary("vpx")]),
+        // libyuv (Debian libyuv-dev): colour conversion and scaling; no .pc file.
+        .systemLibrary(name: "CYuv"),
+        // Frames -> I420 -> VP8/VP9, damage-driven; WebM/IVF recording.
+        .target(name: "KraklEncoder", dependencies: ["KraklCore", "CVpx", "CYuv"], swiftSettings: swift5),
+        .executableTarget(name: "Agent", dependencies: ["KraklCore", "KraklEncoder"], swiftSettings: swift5),
+        .testTarget(name: "KraklTests", dependencies: ["KraklCore", "KraklEncoder", "FrameStamp"], swiftSettings: swift5),
     ]
 )

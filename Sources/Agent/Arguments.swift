@@ -1,4 +1,5 @@
 import KraklCore
+import KraklEncoder
 
 /// The command line, parsed. Parsing never exits: errors are AgentError
 /// .usage / .invalidOption so main() can print them and pick the status.
@@ -15,6 +16,12 @@ struct Arguments {
     var timeout = 10.0
     var verbose = false
     var quiet = false
+    /// Where the encoded screen goes until the publisher exists; nil: capture only.
+    var record: String? = "krakl-recording.webm"
+    var encoder = EncoderSettings()
+    var dumpInput: String?
+    var statsJSON: String?
+    var frameLog: String?
 
     init(_ words: [String]) throws(AgentError) {
         var rest = words[...]
@@ -48,6 +55,43 @@ struct Arguments {
                 let text = try value(for: flag)
                 guard let s = Double(text), s > 0, s <= 600 else { throw .usage("--timeout \(text): give seconds from 0 to 600") }
                 timeout = s
+            case "--record":
+                let path = try value(for: flag)
+                guard path.hasSuffix(".webm") || path.hasSuffix(".ivf") else { throw .usage("--record \(path): the file must end in .webm or .ivf") }
+                record = path
+            case "--no-record": record = nil
+            case "--codec":
+                let text = try value(for: flag)
+                guard let codec = VideoCodec(rawValue: text) else { throw .usage("--codec \(text): use vp8 or vp9") }
+                encoder.codec = codec
+            case "--bitrate":
+                let text = try value(for: flag)
+                guard let kbps = Int(text), (50...50_000).contains(kbps) else { throw .usage("--bitrate \(text): give kbit/s from 50 to 50000") }
+                encoder.bitrateKbps = kbps
+            case "--max-size":
+                let text = try value(for: flag)
+                let parts = text.split(separator: "x").compactMap { Int($0) }
+                guard parts.count == 2, parts.allSatisfy({ (16...16384).contains($0) }) else { throw .usage("--max-size \(text): give WIDTHxHEIGHT, e.g. 1920x1080") }
+                encoder.maximumSize = (parts[0], parts[1])
+            case "--max-fps":
+                let text = try value(for: flag)
+                guard let fps = Double(text), fps >= 1, fps <= 120 else { throw .usage("--max-fps \(text): give 1 to 120") }
+                encoder.maximumFps = fps
+            case "--refresh":
+                let text = try value(for: flag)
+                guard let s = Double(text), s >= 0, s <= 3600 else { throw .usage("--refresh \(text): give seconds from 0 (off) to 3600") }
+                encoder.refreshInterval = s
+            case "--keyframe-interval":
+                let text = try value(for: flag)
+                guard let s = Double(text), s >= 0, s <= 3600 else { throw .usage("--keyframe-interval \(text): give seconds from 0 (on request only) to 3600") }
+                encoder.keyframeInterval = s
+            case "--encoder-threads":
+                let text = try value(for: flag)
+                guard let n = Int(text), (0...16).contains(n) else { throw .usage("--encoder-threads \(text): give 0 (automatic) to 16") }
+                encoder.threads = n
+            case "--dump-input": dumpInput = try value(for: flag)
+            case "--stats-json": statsJSON = try value(for: flag)
+            case "--frame-log": frameLog = try value(for: flag)
             case "--expect-end": expectEnd = true
             case "-v", "--verbose": verbose = true
             case "-q", "--quiet": quiet = true
@@ -72,16 +116,20 @@ struct Arguments {
 
 let helpText = """
 krakl-agent: share this machine's screen into a video room (work in progress:
-capture backends and the plugin host are here; encoding and publishing follow).
+capture and encoding are here; publishing to rooms follows, so for now the
+encoded screen is recorded to a file).
 
 USAGE
   krakl-agent [run] [--backend NAME] [--option KEY=VALUE]... [--frames N] [--seconds S]
+                    [--record FILE.webm|FILE.ivf | --no-record] [ENCODER OPTIONS]
   krakl-agent backends
   krakl-agent conformance LIBRARY.so [--option KEY=VALUE]... [--expect-end] [--timeout S]
 
 COMMANDS
-  run (default)   Capture from a backend and print live status (fps, damage share,
-                  delivery latency) until Ctrl-C, --frames or --seconds, then a summary.
+  run (default)   Capture from a backend, encode, record to krakl-recording.webm (or
+                  --record FILE), and print live status (capture fps, damage share,
+                  latency; encoded kbit/s, encode time, active blocks) until Ctrl-C,
+                  --frames or --seconds, then a summary.
   backends        List the backends in plugins.json and whether each one loads.
   conformance     Run the backend conformance checks on a backend library; one line
                   per check (PASS/FAIL/SKIP), exit status 1 if any check fails.
@@ -96,6 +144,23 @@ OPTIONS
       --seconds S         Stop after S seconds.
       --expect-end        (conformance) The options make the source end; check that.
       --timeout S         (conformance) Wait at most S seconds for frames (default 10).
+ENCODER OPTIONS
+      --record FILE       Write the encoded screen to FILE (.webm or .ivf).
+                          Default: krakl-recording.webm in the current folder.
+      --no-record         Capture only: no encoding, no file.
+      --codec vp8|vp9     Codec (default vp8).
+      --bitrate KBPS      Target bitrate, CBR (default 2500).
+      --max-size WxH      Scale down to fit within this (default 1920x1080).
+      --max-fps N         At most N encoded frames a second (default 30).
+      --refresh S         Re-encode an unchanged screen every S seconds so late or
+                          lossy receivers recover (default 1; 0 = off).
+      --keyframe-interval S  A keyframe at least every S seconds (default 0: on
+                          request only; SIGUSR1 requests one).
+      --encoder-threads N libvpx threads (default 0: 2 at 720p and up on 4+ cores, else 1).
+      --dump-input FILE   Also write every encoded picture as raw I420 (for PSNR).
+      --stats-json FILE   Write the run's numbers as JSON at the end.
+      --frame-log FILE    Write one CSV line per encoded frame (time, bytes, keyframe,
+                          refresh, active-block share, encode ms) at the end.
   -v, --verbose           Show backends' info and debug log lines.
   -q, --quiet             No live status line; summary only.
   -h, --help              This text.      --version   The version.
@@ -115,4 +180,5 @@ EXIT STATUS
   10 backend ABI version mismatch or malformed table
   11 backend create() failed         12 backend start() failed
   13 the source reported an error while capturing
+  14 encoding or writing the recording failed
 """

@@ -1,6 +1,7 @@
 import Foundation
 import KraklBackendABI
 import KraklCore
+import KraklEncoder
 
 /// Receives frames on the backend's thread: checks them, counts them,
 /// and wakes the main thread when the run should end.
@@ -13,11 +14,21 @@ final class CaptureRun: FrameSink, @unchecked Sendable {
     private var finishReason: String?
     private var reportedInvalid = false
     private(set) var sourceError: String?
+    private(set) var encoderError: String?
+    /// Set before start(); receives every checked frame.
+    var pipeline: EncoderPipeline?
 
     init(backend: String, frameLimit: Int?, logger: @escaping BackendLogger) {
         self.backend = backend
         self.frameLimit = frameLimit
         self.logger = logger
+    }
+
+    func encoderFailed(_ error: EncoderError) {
+        condition.lock()
+        encoderError = error.message
+        condition.unlock()
+        finish("the encoder failed")
     }
 
     func frame(_ pointer: UnsafePointer<krakl_frame>) {
@@ -31,7 +42,9 @@ final class CaptureRun: FrameSink, @unchecked Sendable {
             }
             return
         }
-        statistics.record(FrameInfo(pointer), receivedNs: received)
+        let info = FrameInfo(pointer)
+        statistics.record(info, receivedNs: received)
+        pipeline?.submit(info)
         if let frameLimit, statistics.frameCount >= frameLimit { finish("\(frameLimit) frames captured") }
     }
 
@@ -76,21 +89,47 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     for (key, value) in arguments.options { options[key] = value }
     let library = try BackendLibrary.load(path: entry.library, backend: entry.name)
     let run = CaptureRun(backend: entry.name, frameLimit: arguments.frames, logger: logger)
+    if let record = arguments.record {
+        do throws(EncoderError) {
+            run.pipeline = try EncoderPipeline(settings: arguments.encoder, dumpInput: arguments.dumpInput, output: { codec, width, height throws(EncoderError) in
+                if record.hasSuffix(".ivf") { return try IVFWriter(path: record, codec: codec, width: width, height: height) }
+                return try WebMWriter(path: record, codec: codec, width: width, height: height)
+            }, onFailure: { run.encoderFailed($0) })
+        } catch {
+            throw .encoderFailed(error.message)
+        }
+    }
     let source = try BackendSource(library: library, backendName: entry.name, options: options, sink: run, logger: logger)
 
     // Ctrl-C and SIGTERM stop the run cleanly (stop, destroy, summary).
     var signalSources: [DispatchSourceSignal] = []
-    for number in [SIGINT, SIGTERM] {
+    for number in [SIGINT, SIGTERM, SIGUSR1] {
         signal(number, SIG_IGN)
         let handler = DispatchSource.makeSignalSource(signal: number, queue: .global())
-        handler.setEventHandler { run.finish(number == SIGINT ? "interrupted (Ctrl-C)" : "terminated (SIGTERM)") }
+        handler.setEventHandler {
+            switch number {
+            case SIGUSR1: run.pipeline?.requestKeyframe()
+            case SIGINT: run.finish("interrupted (Ctrl-C)")
+            default: run.finish("terminated (SIGTERM)")
+            }
+        }
         handler.resume()
         signalSources.append(handler)
     }
 
     let optionText = options.members.map { "\($0.key)=\($0.value.optionText)" }.joined(separator: " ")
     print("krakl-agent: capturing from \(entry.name) [\(optionText)]; Ctrl-C stops")
-    try source.start()
+    if let record = arguments.record {
+        let e = arguments.encoder
+        print("krakl-agent: recording \(e.codec) at \(e.bitrateKbps) kbit/s, at most \(e.maximumSize.width)x\(e.maximumSize.height) and \(Int(e.maximumFps)) fps, to \(record)")
+    }
+    run.pipeline?.start()
+    do throws(AgentError) {
+        try source.start()
+    } catch {
+        run.pipeline?.finish()
+        throw error
+    }
     let isTerminal = isatty(STDOUT_FILENO) == 1
     let end = arguments.seconds.map { Date().addingTimeInterval($0) } ?? .distantFuture
     var reason: String?
@@ -99,13 +138,15 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
         reason = run.wait(until: tick)
         if reason == nil && Date() >= end { reason = "\(arguments.seconds!) seconds elapsed" }
         if !arguments.quiet && reason == nil {
-            let line = statusLine(run.statistics.snapshot(window: true), total: run.statistics.frameCount)
+            var line = statusLine(run.statistics.snapshot(window: true), total: run.statistics.frameCount)
+            if let pipeline = run.pipeline { line += " | " + encoderStatus(pipeline.statistics.summary(window: true)) }
             if isTerminal { print("\r\u{1B}[K" + line, terminator: "") ; fflush(stdout) } else { print(line) }
         }
     }
     if isTerminal && !arguments.quiet { print("") }
     source.stop()
     source.destroy()
+    run.pipeline?.finish()
     signalSources.forEach { $0.cancel() }
 
     let summary = run.statistics.snapshot()
@@ -116,6 +157,18 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     print(String(format: "delivery latency (capture timestamp to host): p50 %.3f ms, p99 %.3f ms, max %.3f ms",
                  summary.latencyMs.p50, summary.latencyMs.p99, summary.latencyMs.max))
     if summary.invalidFrames > 0 { print("dropped \(summary.invalidFrames) invalid frames from the backend") }
+    if let pipeline = run.pipeline, let record = arguments.record {
+        let e = pipeline.statistics.summary()
+        print(String(format: "encoded: %d frames (%d keyframes, %d refreshes), %.0f kbit/s, encode p50 %.2f ms p99 %.2f ms, active blocks %.1f%%, %d captured frames merged into later ones",
+                     e.frames, e.keyframes, e.refreshFrames, e.bitrateKbps, e.encodeMs.p50, e.encodeMs.p99, e.activeShareMean * 100, e.skippedFrames))
+        print(String(format: "encoder path CPU: %.2f s (conversion on the capture thread + encoder thread); recording: %@", e.cpuSeconds, record))
+    }
+    if let path = arguments.frameLog, let pipeline = run.pipeline { writeFrameLog(path, pipeline.statistics.allFrames) }
+    if let path = arguments.statsJSON { writeStatistics(path, capture: summary, encoder: run.pipeline?.statistics.summary()) }
+    if let error = run.encoderError {
+        fputs("krakl-agent: encoding failed: \(error)\n", stderr)
+        return 14
+    }
     if let error = run.sourceError {
         fputs("krakl-agent: the source reported an error: \(error)\n", stderr)
         return 13
@@ -126,4 +179,48 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
 func statusLine(_ shot: CaptureStatistics.Snapshot, total: Int) -> String {
     String(format: "%6d frames | %5.1f fps | damage %5.1f%% | latency p50 %.2f ms p99 %.2f ms | %@",
            total, shot.fps, shot.damageShareMean * 100, shot.latencyMs.p50, shot.latencyMs.p99, shot.lastSize)
+}
+
+func encoderStatus(_ e: EncoderStatistics.Summary) -> String {
+    String(format: "enc %5.0f kbit/s p50 %.1f ms | active %4.1f%%", e.bitrateKbps, e.encodeMs.p50, e.activeShareMean * 100)
+}
+
+/// The run's numbers for scripts (bench/, tests) to read.
+func writeStatistics(_ path: String, capture: CaptureStatistics.Snapshot, encoder: EncoderStatistics.Summary?) {
+    var object: [String: Any] = [
+        "captured_frames": capture.frames, "capture_seconds": capture.seconds, "damage_share": capture.damageShareMean,
+        "delivery_latency_ms_p50": capture.latencyMs.p50, "delivery_latency_ms_p99": capture.latencyMs.p99,
+    ]
+    if let e = encoder {
+        object["encoded_frames"] = e.frames
+        object["keyframes"] = e.keyframes
+        object["refresh_frames"] = e.refreshFrames
+        object["encoded_bytes"] = e.bytes
+        object["encoded_seconds"] = e.seconds
+        object["bitrate_kbps"] = e.bitrateKbps
+        object["encode_ms_p50"] = e.encodeMs.p50
+        object["encode_ms_p99"] = e.encodeMs.p99
+        object["encode_ms_max"] = e.encodeMs.max
+        object["active_share"] = e.activeShareMean
+        object["skipped_frames"] = e.skippedFrames
+        object["encoder_cpu_seconds"] = e.cpuSeconds
+    }
+    var usage = rusage()
+    getrusage(RUSAGE_SELF.rawValue, &usage)
+    object["peak_rss_kb"] = usage.ru_maxrss
+    object["process_cpu_seconds"] = Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
+    if let data = try? JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys]) {
+        _ = FileManager.default.createFile(atPath: path, contents: data)
+    }
+}
+
+/// Per-frame numbers as CSV, one line per encoded frame.
+func writeFrameLog(_ path: String, _ frames: [EncoderStatistics.Frame]) {
+    let start = frames.first?.timestampNs ?? 0
+    var text = "time_ms,bytes,keyframe,refresh,active_share,encode_ms\n"
+    for f in frames {
+        text += String(format: "%.1f,%d,%d,%d,%.4f,%.3f\n", Double(f.timestampNs - start) / 1e6, f.bytes, f.keyframe ? 1 : 0,
+                       f.refresh ? 1 : 0, f.activeShare, Double(f.encodeNs) / 1e6)
+    }
+    _ = FileManager.default.createFile(atPath: path, contents: Data(text.utf8))
 }

@@ -13,6 +13,7 @@ public enum AgentError: Error, Equatable, CustomStringConvertible {
     case abiMismatch(path: String, message: String)
     case createFailed(backend: String, code: Int32, message: String)
     case startFailed(backend: String, code: Int32, message: String)
+    case encoderFailed(String)
 
     /// Process exit status. 1 stays free for "ran, but a check failed"
     /// (conformance) so a script can tell the two apart.
@@ -29,6 +30,7 @@ public enum AgentError: Error, Equatable, CustomStringConvertible {
         case .abiMismatch: return 10
         case .createFailed: return 11
         case .startFailed: return 12
+        case .encoderFailed: return 14
         }
     }
 
@@ -56,6 +58,8 @@ public enum AgentError: Error, Equatable, CustomStringConvertible {
             return "backend \(backend) could not be created: \(message) (\(errnoName(code)))"
         case .startFailed(let backend, let code, let message):
             return "backend \(backend) could not start: \(message) (\(errnoName(code)))"
+        case .encoderFailed(let message):
+            return "encoding failed: \(message)"
         }
     }
 }

@@ -1,0 +1,26 @@
+#include "krakl_vpx.h"
+
+#include <stddef.h>
+
+vpx_codec_iface_t *krakl_vpx_encoder_iface(int codec) {
+    switch (codec) {
+    case 8: return vpx_codec_vp8_cx();
+    case 9: return vpx_codec_vp9_cx();
+    default: return NULL;
+    }
+}
+
+vpx_codec_err_t krakl_vpx_encoder_init(vpx_codec_ctx_t *ctx, int codec, const vpx_codec_enc_cfg_t *cfg) {
+    vpx_codec_iface_t *iface = krakl_vpx_encoder_iface(codec);
+    if (iface == NULL) return VPX_CODEC_INVALID_PARAM;
+    return vpx_codec_enc_init(ctx, iface, cfg, 0);
+}
+
+vpx_codec_err_t krakl_vpx_control_int(vpx_codec_ctx_t *ctx, int control, int value) {
+    return vpx_codec_control_(ctx, control, value);
+}
+
+vpx_codec_err_t krakl_vpx_set_active_map(vpx_codec_ctx_t *ctx, unsigned char *map, unsigned rows, unsigned cols) {
+    vpx_active_map_t active = {map, rows, cols};
+    return vpx_codec_control(ctx, VP8E_SET_ACTIVEMAP, &active);
+}

@@ -1,0 +1,256 @@
+import Foundation
+import KraklCore
+
+/// Capture → I420 → libvpx → an EncodedFrameSink, driven by damage.
+///
+/// The capture thread calls `submit` with each frame: its damaged areas are
+/// converted into a staging picture (the hand-off slot) and the damage is
+/// added to what is pending. The encoder thread takes the slot when the
+/// frame-rate cap allows: it copies only the pending damage into its own
+/// picture and encodes with an active map of the changed blocks. A frame
+/// that arrives before the previous one was taken overwrites it (latest
+/// wins) and its damage merges in (counted as skipped). Capture never waits
+/// for an encode, only for the short copy out of the slot.
+public final class EncoderPipeline: @unchecked Sendable {
+    public let settings: EncoderSettings
+    public let statistics = EncoderStatistics()
+    /// Creates the output once the first frame's size is known.
+    public typealias OutputFactory = (_ codec: VideoCodec, _ width: Int, _ height: Int) throws(EncoderError) -> EncodedFrameSink
+
+    private let makeOutput: OutputFactory
+    private let onFailure: (EncoderError) -> Void
+    private let converter = FrameConverter()
+    private let condition = NSCondition()
+    private let finished = DispatchSemaphore(value: 0)
+    // The slot, guarded by `condition`.
+    private var staging: I420Image?
+    private var pendingDamage = DamageAccumulator()
+    private var pendingTimestamp: UInt64 = 0
+    private var pending = false
+    private var keyframeRequested = false
+    private var requestedBitrate: Int?
+    private var stopping = false
+    private var started = false
+    private var inputDump: UnsafeMutablePointer<FILE>?
+
+    /// - Parameters:
+    ///   - dumpInput: a file to receive every encoded picture as raw I420
+    ///     (for PSNR checks against the decoded output).
+    ///   - onFailure: called once, on the encoder thread, if encoding fails.
+    public init(settings: EncoderSettings, dumpInput: String? = nil, output: @escaping OutputFactory,
+                onFailure: @escaping (EncoderError) -> Void) throws(EncoderError) {
+        guard settings.maximumFps > 0, settings.maximumSize.width >= 16, settings.maximumSize.height >= 16 else {
+            throw EncoderError("the frame-rate cap and maximum size must be positive (at least 16×16)")
+        }
+        self.settings = settings
+        makeOutput = output
+        self.onFailure = onFailure
+        if let dumpInput {
+            guard let file = fopen(dumpInput, "wb") else { throw EncoderError("cannot write \(dumpInput): \(String(cString: strerror(errno)))") }
+            inputDump = file
+        }
+    }
+
+    deinit { if let inputDump { fclose(inputDump) } }
+
+    /// Starts the encoder thread.
+    public func start() {
+        condition.lock()
+        defer { condition.unlock() }
+        guard !started else { return }
+        started = true
+        let thread = Thread { [self] in
+            self.run()
+            self.finished.signal()
+        }
+        thread.name = "krakl-encoder"
+        thread.start()
+    }
+
+    /// Capture thread: takes a checked frame (borrowed for this call only).
+    public func submit(_ frame: FrameInfo) {
+        let cpuStart = threadCpuNanoseconds()
+        let size = outputSize(width: frame.width, height: frame.height, maximum: settings.maximumSize)
+        condition.lock()
+        if staging?.width != size.width || staging?.height != size.height {
+            staging = I420Image(width: size.width, height: size.height)
+            pendingDamage.addWhole()
+        }
+        let skipped = pending
+        if let rects = converter.convert(frame, into: staging!) {
+            rects.forEach { pendingDamage.add($0) }
+        } else {
+            pendingDamage.addWhole()
+        }
+        pendingTimestamp = frame.raw.timestamp_ns
+        pending = true
+        condition.signal()
+        condition.unlock()
+        statistics.recordCapture(conversionCpuNs: threadCpuNanoseconds() - cpuStart, skippedPrevious: skipped)
+    }
+
+    /// Any thread: the next encoded frame is a keyframe.
+    public func requestKeyframe() {
+        condition.lock()
+        keyframeRequested = true
+        condition.signal()
+        condition.unlock()
+    }
+
+    /// Any thread: a new target bitrate from the next frame on.
+    public func setBitrate(kbps: Int) {
+        condition.lock()
+        requestedBitrate = kbps
+        condition.unlock()
+    }
+
+    /// Stops the encoder thread after the frame in hand and completes the
+    /// output. Call after capture has stopped.
+    public func finish() {
+        condition.lock()
+        stopping = true
+        let wasStarted = started
+        condition.signal()
+        condition.unlock()
+        if wasStarted { finished.wait() }
+    }
+
+    // MARK: encoder thread
+
+    private struct Work {
+        var damage = DamageAccumulator()
+        var timestampNs: UInt64 = 0
+        var keyframe = false
+        var refresh = false
+        var newSize: (Int, Int)?
+        var bitrate: Int?
+    }
+
+    private func run() {
+        var encoder: VpxEncoder?
+        var output: EncodedFrameSink?
+        var picture: I420Image?
+        var lastEncodeNs: UInt64 = 0
+        var lastKeyframeNs: UInt64 = 0
+        var firstTimestamp: UInt64?
+        var lastPts: Int64 = -1
+        let minimumInterval = UInt64(1e9 / settings.maximumFps)
+        let refreshNs = UInt64(settings.refreshInterval * 1e9)
+        let keyframeNs = UInt64(settings.keyframeInterval * 1e9)
+
+        func fail(_ error: EncoderError) {
+            onFailure(error)
+        }
+
+        loop: while true {
+            guard var work = takeWork(picture: &picture, lastEncodeNs: lastEncodeNs, minimumInterval: minimumInterval, refreshNs: refreshNs) else { break }
+            let now = monotonicNow()
+            do throws(EncoderError) {
+                guard let image = picture else { continue }
+                if let size = work.newSize {
+                    encoder = try VpxEncoder(codec: settings.codec, width: size.0, height: size.1, bitrateKbps: settings.bitrateKbps,
+                                             fps: settings.maximumFps, threads: settings.threads)
+                    if output == nil { output = try makeOutput(settings.codec, size.0, size.1) }
+                    work.keyframe = true
+                }
+                guard let encoder, let output else { continue }
+                if let bitrate = work.bitrate { try encoder.setBitrate(kbps: bitrate) }
+                if keyframeNs > 0 && now - lastKeyframeNs >= keyframeNs { work.keyframe = true }
+
+                let start = firstTimestamp ?? work.timestampNs
+                firstTimestamp = start
+                var pts = Int64((work.timestampNs &- start) / 1000 * 90 / 1000)
+                if pts <= lastPts { pts = lastPts + 1 }
+                let duration = UInt(max(1, lastPts < 0 ? Int64(90_000 / settings.maximumFps) : pts - lastPts))
+                lastPts = pts
+                var map: [UInt8]?
+                var share = 1.0
+                if !work.damage.whole && !work.keyframe {
+                    (map, share) = work.damage.macroblockMap(width: image.width, height: image.height)
+                }
+                if let inputDump {
+                    var bytes: [UInt8] = []
+                    image.appendPacked(to: &bytes)
+                    fwrite(bytes, 1, bytes.count, inputDump)
+                }
+                let encodeStart = monotonicNow()
+                let packets = try encoder.encode(image, pts: pts, duration: duration, keyframe: work.keyframe, activeMap: map)
+                let encodeNs = monotonicNow() - encodeStart
+                for packet in packets {
+                    try output.write(EncodedFrame(data: packet.data, keyframe: packet.keyframe, timestampNs: work.timestampNs,
+                                                  width: image.width, height: image.height, codec: settings.codec))
+                    if packet.keyframe { lastKeyframeNs = now }
+                    statistics.record(.init(bytes: packet.data.count, keyframe: packet.keyframe, refresh: work.refresh,
+                                            activeShare: share, encodeNs: encodeNs, timestampNs: work.timestampNs))
+                }
+                lastEncodeNs = now
+            } catch {
+                fail(error)
+                break loop
+            }
+        }
+        statistics.setEncoderCpu(threadCpuNanoseconds())
+        if let inputDump { fflush(inputDump) }
+        do throws(EncoderError) {
+            try output?.finish()
+        } catch {
+            fail(error)
+        }
+    }
+
+    /// Waits for something to encode and takes it out of the slot; nil when stopping.
+    private func takeWork(picture: inout I420Image?, lastEncodeNs: UInt64, minimumInterval: UInt64, refreshNs: UInt64) -> Work? {
+        condition.lock()
+        defer { condition.unlock() }
+        while true {
+            // Stopping drains the slot: the last captured picture is encoded too.
+            if stopping && !pending { return nil }
+            let now = monotonicNow()
+            let capOpen = now >= lastEncodeNs + minimumInterval
+            let refreshDue = picture != nil && refreshNs > 0 && now >= lastEncodeNs + refreshNs
+            if (pending && (capOpen || stopping)) || (keyframeRequested && (pending || picture != nil) && capOpen) || refreshDue { break }
+            // Sleep until the cap opens (something is pending) or a refresh is due.
+            var wake: UInt64?
+            if pending || keyframeRequested { wake = lastEncodeNs + minimumInterval }
+            if picture != nil && refreshNs > 0 { wake = min(wake ?? .max, lastEncodeNs + refreshNs) }
+            if let wake {
+                _ = condition.wait(until: Date(timeIntervalSinceNow: Double(wake &- now) / 1e9))
+            } else {
+                condition.wait()
+            }
+        }
+        var work = Work()
+        work.bitrate = requestedBitrate
+        requestedBitrate = nil
+        work.keyframe = keyframeRequested
+        keyframeRequested = false
+        if pending, let staging {
+            if picture?.width != staging.width || picture?.height != staging.height {
+                picture = I420Image(width: staging.width, height: staging.height)
+                work.newSize = (staging.width, staging.height)
+                pendingDamage.addWhole()
+            }
+            if pendingDamage.whole {
+                picture!.copy(PixelRect(x: 0, y: 0, width: staging.width, height: staging.height), from: staging)
+            } else {
+                for rect in pendingDamage.rects { picture!.copy(rect, from: staging) }
+            }
+            work.damage = pendingDamage
+            work.timestampNs = pendingTimestamp
+            pendingDamage.clear()
+            pending = false
+        } else {
+            // Nothing new: refresh (or a requested keyframe of) the current picture.
+            work.damage.addWhole()
+            work.timestampNs = monotonicNow()
+            work.refresh = !work.keyframe
+        }
+        return work
+    }
+}
+
+func monotonicNow() -> UInt64 {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
+}
