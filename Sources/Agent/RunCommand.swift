@@ -159,8 +159,8 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     if summary.invalidFrames > 0 { print("dropped \(summary.invalidFrames) invalid frames from the backend") }
     if let pipeline = run.pipeline, let record = arguments.record {
         let e = pipeline.statistics.summary()
-        print(String(format: "encoded: %d frames (%d keyframes, %d refreshes), %.0f kbit/s, encode p50 %.2f ms p99 %.2f ms, active blocks %.1f%%, %d captured frames merged into later ones",
-                     e.frames, e.keyframes, e.refreshFrames, e.bitrateKbps, e.encodeMs.p50, e.encodeMs.p99, e.activeShareMean * 100, e.skippedFrames))
+        print(String(format: "encoded: %d frames (%d keyframes, %d refreshes), %.0f kbit/s, encode p50 %.2f ms p99 %.2f ms, active blocks %.1f%%, %d captured frames merged into later ones, %d dropped by rate control",
+                     e.frames, e.keyframes, e.refreshFrames, e.bitrateKbps, e.encodeMs.p50, e.encodeMs.p99, e.activeShareMean * 100, e.skippedFrames, e.droppedFrames))
         print(String(format: "encoder path CPU: %.2f s (conversion on the capture thread + encoder thread); recording: %@", e.cpuSeconds, record))
     }
     if let path = arguments.frameLog, let pipeline = run.pipeline { writeFrameLog(path, pipeline.statistics.allFrames) }
@@ -203,6 +203,7 @@ func writeStatistics(_ path: String, capture: CaptureStatistics.Snapshot, encode
         object["encode_ms_max"] = e.encodeMs.max
         object["active_share"] = e.activeShareMean
         object["skipped_frames"] = e.skippedFrames
+        object["dropped_frames"] = e.droppedFrames
         object["encoder_cpu_seconds"] = e.cpuSeconds
     }
     var usage = rusage()

@@ -97,6 +97,13 @@ public final class EncoderPipeline: @unchecked Sendable {
         condition.unlock()
     }
 
+    /// A keyframe libvpx dropped is asked for again.
+    private func keyframePending() {
+        condition.lock()
+        keyframeRequested = true
+        condition.unlock()
+    }
+
     /// Any thread: a new target bitrate from the next frame on.
     public func setBitrate(kbps: Int) {
         condition.lock()
@@ -132,7 +139,6 @@ public final class EncoderPipeline: @unchecked Sendable {
         var picture: I420Image?
         var lastEncodeNs: UInt64 = 0
         var lastKeyframeNs: UInt64 = 0
-        var firstTimestamp: UInt64?
         var lastPts: Int64 = -1
         let minimumInterval = UInt64(1e9 / settings.maximumFps)
         let refreshNs = UInt64(settings.refreshInterval * 1e9)
@@ -142,8 +148,12 @@ public final class EncoderPipeline: @unchecked Sendable {
             onFailure(error)
         }
 
+        // Damage of a frame libvpx dropped: the next frame must encode it too.
+        var carried = DamageAccumulator()
         loop: while true {
             guard var work = takeWork(picture: &picture, lastEncodeNs: lastEncodeNs, minimumInterval: minimumInterval, refreshNs: refreshNs) else { break }
+            work.damage.merge(carried)
+            carried.clear()
             let now = monotonicNow()
             do throws(EncoderError) {
                 guard let image = picture else { continue }
@@ -157,25 +167,36 @@ public final class EncoderPipeline: @unchecked Sendable {
                 if let bitrate = work.bitrate { try encoder.setBitrate(kbps: bitrate) }
                 if keyframeNs > 0 && now - lastKeyframeNs >= keyframeNs { work.keyframe = true }
 
-                let start = firstTimestamp ?? work.timestampNs
-                firstTimestamp = start
-                var pts = Int64((work.timestampNs &- start) / 1000 * 90 / 1000)
-                if pts <= lastPts { pts = lastPts + 1 }
-                let duration = UInt(max(1, lastPts < 0 ? Int64(90_000 / settings.maximumFps) : pts - lastPts))
-                lastPts = pts
+                // libvpx budgets each frame by the pts step from the previous one
+                // (it derives the frame rate from it). Real capture times would
+                // hand a refresh after an idle second a whole second's budget
+                // (measured: a 169 KB refresh at 2.5 Mbit/s) and make the budget
+                // follow capture jitter, so libvpx gets a steady clock of one
+                // frame interval per encoded frame. Containers and RTP use the
+                // capture timestamps, not this.
+                let step = Int64(90_000 / settings.maximumFps)
+                lastPts = lastPts < 0 ? 0 : lastPts + step
+                let pts = lastPts
+                let duration = UInt(step)
                 var map: [UInt8]?
                 var share = 1.0
                 if !work.damage.whole && !work.keyframe {
                     (map, share) = work.damage.macroblockMap(width: image.width, height: image.height)
+                }
+                let encodeStart = monotonicNow()
+                let packets = try encoder.encode(image, pts: pts, duration: duration, keyframe: work.keyframe, activeMap: map)
+                let encodeNs = monotonicNow() - encodeStart
+                if packets.isEmpty {
+                    carried = work.damage
+                    statistics.recordDrop()
+                    if work.keyframe { keyframePending() }
+                    continue
                 }
                 if let inputDump {
                     var bytes: [UInt8] = []
                     image.appendPacked(to: &bytes)
                     fwrite(bytes, 1, bytes.count, inputDump)
                 }
-                let encodeStart = monotonicNow()
-                let packets = try encoder.encode(image, pts: pts, duration: duration, keyframe: work.keyframe, activeMap: map)
-                let encodeNs = monotonicNow() - encodeStart
                 for packet in packets {
                     try output.write(EncodedFrame(data: packet.data, keyframe: packet.keyframe, timestampNs: work.timestampNs,
                                                   width: image.width, height: image.height, codec: settings.codec))

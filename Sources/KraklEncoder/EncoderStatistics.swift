@@ -23,6 +23,8 @@ public final class EncoderStatistics: @unchecked Sendable {
         public var activeShareMean = 0.0
         public var capturedFrames = 0
         public var skippedFrames = 0
+        /// Pictures libvpx dropped to hold the bitrate.
+        public var droppedFrames = 0
         /// CPU time of the encoder path: conversion on the capture thread plus the encoder thread.
         public var cpuSeconds = 0.0
     }
@@ -32,6 +34,7 @@ public final class EncoderStatistics: @unchecked Sendable {
     private var windowStart = 0
     private(set) var captured = 0
     private(set) var skipped = 0
+    private var dropped = 0
     private var conversionCpuNs: UInt64 = 0
     private var encoderCpuNs: UInt64 = 0
 
@@ -43,6 +46,7 @@ public final class EncoderStatistics: @unchecked Sendable {
             if skippedPrevious { skipped += 1 }
         }
     }
+    func recordDrop() { lock.withLock { dropped += 1 } }
     func setEncoderCpu(_ ns: UInt64) { lock.withLock { encoderCpuNs = ns } }
 
     public var allFrames: [Frame] { lock.withLock { frames } }
@@ -71,6 +75,7 @@ public final class EncoderStatistics: @unchecked Sendable {
             s.activeShareMean = slice.isEmpty ? 0 : slice.reduce(0) { $0 + $1.activeShare } / Double(slice.count)
             s.capturedFrames = captured
             s.skippedFrames = skipped
+            s.droppedFrames = dropped
             s.cpuSeconds = Double(conversionCpuNs + encoderCpuNs) / 1e9
             return s
         }

@@ -57,9 +57,12 @@ final class FrameConverter {
             }
             let scaled = scaledPacked!
             for r in rects {
+                // libyuv's clipped scaling can differ by a step at the clip's own
+                // edges (seen: the first row), so scale 2 px more than is converted.
+                let clip = PixelRect(x: r.x - 2, y: r.y - 2, width: r.width + 4, height: r.height + 4).intersection(bounds)
                 ARGBScaleClip(frame.planes[0], Int32(frame.strides[0]), Int32(frame.width), Int32(frame.height),
                               scaled, Int32(stride), Int32(image.width), Int32(image.height),
-                              Int32(r.x), Int32(r.y), Int32(r.width), Int32(r.height), kFilterBilinear)
+                              Int32(clip.x), Int32(clip.y), Int32(clip.width), Int32(clip.height), kFilterBilinear)
                 packedToI420(format: frame.format, source: scaled + r.y * stride + r.x * 4, stride: stride, rect: r, into: image)
             }
             return sourceDamage.isEmpty ? nil : rects

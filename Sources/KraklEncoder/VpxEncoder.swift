@@ -68,13 +68,16 @@ final class VpxEncoder {
         config.rc_end_usage = VPX_CBR
         config.rc_target_bitrate = UInt32(bitrateKbps)
         config.rc_min_quantizer = codec == .vp8 ? 2 : 4  // text stays sharp on a static screen
-        config.rc_max_quantizer = 52
+        config.rc_max_quantizer = 56
         config.rc_undershoot_pct = 100
         config.rc_overshoot_pct = 15
         config.rc_buf_initial_sz = 500
         config.rc_buf_optimal_sz = 600
         config.rc_buf_sz = 1000
-        config.rc_dropframe_thresh = 0                   // damage already decides when to encode
+        // Over budget, libvpx may drop a frame rather than overshoot (as
+        // libwebrtc allows for screen sharing); the pipeline carries a dropped
+        // frame's damage into the next one.
+        config.rc_dropframe_thresh = 0
         config.kf_mode = VPX_KF_DISABLED                 // keyframes on request only
         config.g_pass = VPX_RC_ONE_PASS
 
@@ -87,7 +90,7 @@ final class VpxEncoder {
         switch codec {
         case .vp8:
             try control(Int32(VP8E_SET_CPUUSED.rawValue), -6)
-            try control(Int32(VP8E_SET_SCREEN_CONTENT_MODE.rawValue), 2)  // 2: screen content with frame dropping off
+            try control(Int32(VP8E_SET_SCREEN_CONTENT_MODE.rawValue), 2) // screen content, stricter rate control
             try control(Int32(VP8E_SET_STATIC_THRESHOLD.rawValue), 100)   // skip blocks that barely changed
             try control(Int32(VP8E_SET_NOISE_SENSITIVITY.rawValue), 0)
             try control(Int32(VP8E_SET_TOKEN_PARTITIONS.rawValue), Int32(VP8_ONE_TOKENPARTITION.rawValue))
@@ -99,7 +102,7 @@ final class VpxEncoder {
             try control(Int32(VP8E_SET_STATIC_THRESHOLD.rawValue), 1)
             try control(Int32(VP9E_SET_ROW_MT.rawValue), 1)
             try control(Int32(VP9E_SET_TILE_COLUMNS.rawValue), width >= 1280 ? 2 : 0)
-            try control(Int32(VP8E_SET_NOISE_SENSITIVITY.rawValue), 0)
+            try control(Int32(VP9E_SET_NOISE_SENSITIVITY.rawValue), 0)
             try control(Int32(VP8E_SET_MAX_INTRA_BITRATE_PCT.rawValue), maxIntraPct)
         }
         vpx_img_wrap(&image, VPX_IMG_FMT_I420, UInt32(width), UInt32(height), 1, UnsafeMutablePointer<UInt8>(bitPattern: 1))

@@ -1,0 +1,309 @@
+import Foundation
+import KraklBackendABI
+import Testing
+@testable import KraklCore
+@testable import KraklEncoder
+
+/// The encoder path through the real agent, judged by real decoders
+/// (ffmpeg/ffprobe).
+@Suite("Encoder: recordings judged by ffmpeg", .serialized)
+struct EncoderRecordingTests {
+    struct Run {
+        let dir: String
+        let result: Harness.Result
+        var recording: String { dir + "/out.webm" }
+        var input: String { dir + "/input.yuv" }
+        var stats: [String: Any] {
+            (try? JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: dir + "/stats.json")))) as? [String: Any] ?? [:]
+        }
+    }
+
+    /// Runs the agent on the file backend with `options`, recording to out.webm,
+    /// dumping the encoder's input and writing stats.json in a fresh folder.
+    func record(_ options: [String], _ flags: [String], timeout: Double = 120) throws -> Run {
+        try Harness.requireBuild()
+        let dir = try Harness.temporaryDirectory()
+        let registry = try Harness.registryForThisBuild(in: dir)
+        let result = try Harness.agent(["--plugins", registry, "-q"] + options.flatMap { ["--option", $0] } + flags
+                                       + ["--record", dir + "/out.webm", "--dump-input", dir + "/input.yuv", "--stats-json", dir + "/stats.json"],
+                                       timeout: timeout)
+        #expect(result.status == 0, "\(result.stderr)")
+        return Run(dir: dir, result: result)
+    }
+
+    struct Packet { let ptsMs: Double; let size: Int; let keyframe: Bool }
+
+    /// ffprobe's view of the recording's packets.
+    static func packets(_ file: String) throws -> [Packet] {
+        let probe = try Harness.run(Harness.which("ffprobe")!, ["-v", "error", "-select_streams", "v:0", "-show_entries", "packet=pts_time,size,flags",
+                                                                "-of", "csv=p=0", file])
+        try #require(probe.status == 0, "ffprobe: \(probe.stderr)")
+        return probe.stdout.split(separator: "\n").compactMap { line in
+            let f = line.split(separator: ",")
+            guard f.count >= 3, let t = Double(f[0]), let size = Int(f[1]) else { return nil }
+            return Packet(ptsMs: t * 1000, size: size, keyframe: f[2].hasPrefix("K"))
+        }
+    }
+
+    static func probe(_ file: String) throws -> String {
+        try Harness.run(Harness.which("ffprobe")!, ["-v", "error", "-count_frames", "-show_entries",
+                                                    "stream=codec_name,width,height,nb_read_frames", "-of", "default=nw=1", file]).stdout
+    }
+
+    /// Average PSNR (dB) of the decoded recording against the pictures the encoder was given, frame by frame.
+    static func psnr(recording: String, input: String, width: Int, height: Int) throws -> Double {
+        let result = try Harness.run(Harness.which("ffmpeg")!, ["-v", "info", "-i", recording, "-f", "rawvideo", "-pix_fmt", "yuv420p",
+            "-s", "\(width)x\(height)", "-i", input, "-lavfi", "[0:v]setpts=N/(25*TB)[a];[1:v]setpts=N/(25*TB)[b];[a][b]psnr", "-f", "null", "-"])
+        try #require(result.status == 0, "ffmpeg psnr: \(result.stderr.suffix(500))")
+        let line = try #require(result.stderr.split(separator: "\n").last { $0.contains("PSNR") && $0.contains("average:") })
+        let value = line.split(separator: " ").first { $0.hasPrefix("average:") }!.dropFirst("average:".count)
+        return value == "inf" ? 99 : Double(value) ?? 0
+    }
+
+    static var haveFfmpeg: Bool {
+        if Harness.which("ffmpeg") == nil || Harness.which("ffprobe") == nil {
+            print("SKIP: ffmpeg/ffprobe are not installed (scripts/setup installs them)")
+            return false
+        }
+        return true
+    }
+
+    /// Each scene at 640×480 and 1 Mbit/s: VP8 of the right size, as many
+    /// frames as the encoder wrote, PSNR above a floor.
+    @Test(arguments: [("typing", 42.0), ("scrolling", 28.0), ("video", 36.0), ("static", 33.0)])
+    func recordingDecodesAboveThePSNRFloor(scene: String, floor: Double) throws {
+        guard Self.haveFfmpeg else { return }
+        let limit = scene == "static" ? ["--seconds", "3"] : ["--frames", "60"]
+        let run = try record(["scene=\(scene)", "width=640", "height=480"], limit + ["--bitrate", "1000"])
+        let probe = try Self.probe(run.recording)
+        #expect(probe.contains("codec_name=vp8") && probe.contains("width=640") && probe.contains("height=480"), "\(probe)")
+        let frames = run.stats["encoded_frames"] as? Int ?? -1
+        #expect(probe.contains("nb_read_frames=\(frames)"), "ffprobe decoded a different count than the \(frames) encoded:\n\(probe)")
+        let inputSize = (try FileManager.default.attributesOfItem(atPath: run.input)[.size] as? Int) ?? 0
+        #expect(inputSize / (640 * 480 * 3 / 2) == frames)
+        let quality = try Self.psnr(recording: run.recording, input: run.input, width: 640, height: 480)
+        #expect(quality >= floor, "\(scene): PSNR \(quality) dB is below the \(floor) dB floor")
+        print("\(scene): \(frames) frames, PSNR \(String(format: "%.2f", quality)) dB (floor \(floor))")
+    }
+
+    @Test func vp9RecordsAndDecodes() throws {
+        guard Self.haveFfmpeg else { return }
+        let run = try record(["scene=typing", "width=640", "height=480"], ["--frames", "30", "--codec", "vp9", "--bitrate", "1000"])
+        let probe = try Self.probe(run.recording)
+        #expect(probe.contains("codec_name=vp9"), "\(probe)")
+        let frames = run.stats["encoded_frames"] as? Int ?? -1
+        #expect(probe.contains("nb_read_frames=\(frames)"), "\(probe)")
+        let quality = try Self.psnr(recording: run.recording, input: run.input, width: 640, height: 480)
+        #expect(quality >= 38, "VP9 typing PSNR \(quality)")
+    }
+
+    /// A static screen: the first frame, then only the periodic refresh frames, all of them together under a tenth of the first.
+    @Test func staticSceneCostsAlmostNothingAfterTheFirstFrame() throws {
+        guard Self.haveFfmpeg else { return }
+        let run = try record(["scene=static", "width=1280", "height=720"], ["--seconds", "5", "--refresh", "1"])
+        let packets = try Self.packets(run.recording)
+        try #require(packets.count >= 2, "\(packets.count) packets")
+        #expect(packets[0].keyframe)
+        let rest = packets.dropFirst()
+        #expect(rest.count <= 6, "\(rest.count) frames after the first in 5 s with a 1 s refresh")
+        #expect((run.stats["refresh_frames"] as? Int) == rest.count, "every later frame is a refresh")
+        let restBytes = rest.reduce(0) { $0 + $1.size }
+        #expect(restBytes * 10 < packets[0].size, "after the first frame: \(restBytes) bytes vs the first frame's \(packets[0].size)")
+    }
+
+    /// Over 20 s of scrolling at 1 Mbit/s CBR, the recording's bitrate (as
+    /// ffprobe measures it from the packets) is within ±15 %.
+    @Test func scrollingBitrateStaysWithin15PercentOfTarget() throws {
+        guard Self.haveFfmpeg else { return }
+        let run = try record(["scene=scrolling", "width=1280", "height=720"], ["--seconds", "20", "--bitrate", "1000"], timeout: 90)
+        let packets = try Self.packets(run.recording)
+        try #require(packets.count > 100)
+        let seconds = (packets.last!.ptsMs - packets.first!.ptsMs) / 1000 * Double(packets.count) / Double(packets.count - 1)
+        let kbps = Double(packets.reduce(0) { $0 + $1.size }) * 8 / seconds / 1000
+        #expect(abs(kbps - 1000) <= 150, "measured \(kbps) kbit/s over \(seconds) s for a 1000 kbit/s target")
+        print(String(format: "scrolling 1280x720, 1000 kbit/s target: %.0f kbit/s over %.1f s", kbps, seconds))
+    }
+
+    /// SIGUSR1 asks for a keyframe; the recording shows a second one.
+    @Test func keyframeOnRequestFromTheCommandLine() throws {
+        guard Self.haveFfmpeg else { return }
+        try Harness.requireBuild()
+        let dir = try Harness.temporaryDirectory()
+        let registry = try Harness.registryForThisBuild(in: dir)
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: Harness.agent)
+        process.arguments = ["--plugins", registry, "--option", "width=320", "--option", "height=240", "--record", dir + "/out.webm"]
+        let out = Pipe()
+        process.standardOutput = out
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        var text = ""
+        let deadline = Date().addingTimeInterval(20)
+        while !text.contains("kbit/s p50") && Date() < deadline {
+            let chunk = out.fileHandleForReading.availableData
+            if chunk.isEmpty { break }
+            text += String(decoding: chunk, as: UTF8.self)
+        }
+        kill(process.processIdentifier, SIGUSR1)
+        // Wait (bounded) for the next status line, so frames after the request were encoded.
+        let seen = text.count
+        while text.count == seen && Date() < deadline {
+            let chunk = out.fileHandleForReading.availableData
+            if chunk.isEmpty { break }
+            text += String(decoding: chunk, as: UTF8.self)
+        }
+        kill(process.processIdentifier, SIGINT)
+        _ = out.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 0)
+        let keyframes = try Self.packets(dir + "/out.webm").enumerated().filter { $0.element.keyframe }.map(\.offset)
+        #expect(keyframes.count == 2 && keyframes.first == 0, "keyframes at \(keyframes)")
+    }
+
+    @Test func recordingErrorsAreClear() throws {
+        try Harness.requireBuild()
+        let registry = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
+        let unwritable = try Harness.agent(["--plugins", registry, "--frames", "5", "--record", "/nonexistent/dir/out.webm", "-q"])
+        #expect(unwritable.status == 14 && unwritable.stderr.contains("cannot write /nonexistent/dir/out.webm"), "exit \(unwritable.status): \(unwritable.stderr)")
+        let extensionless = try Harness.agent(["--record", "out.mp4"])
+        #expect(extensionless.status == 2 && extensionless.stderr.contains("must end in .webm or .ivf"))
+        let tiny = try Harness.agent(["--max-size", "8x8"])
+        #expect(tiny.status == 2 && tiny.stderr.contains("--max-size 8x8"))
+    }
+}
+
+/// The pieces, in process: keyframe on request, conversion of damaged
+/// areas against libyuv's whole-frame conversion, active maps, errors.
+@Suite("Encoder: pipeline in process")
+struct EncoderPipelineTests {
+    /// Collects encoded frames and lets a test wait for a count.
+    final class Collector: EncodedFrameSink, @unchecked Sendable {
+        let condition = NSCondition()
+        var frames: [EncodedFrame] = []
+        var finished = false
+        func write(_ frame: EncodedFrame) throws(EncoderError) {
+            condition.lock(); frames.append(frame); condition.broadcast(); condition.unlock()
+        }
+        func finish() throws(EncoderError) { condition.lock(); finished = true; condition.unlock() }
+        func waitFor(_ count: Int, timeout: Double = 30) -> Int {
+            condition.lock(); defer { condition.unlock() }
+            _ = condition.wait(while: { frames.count < count }, until: Date().addingTimeInterval(timeout))
+            return frames.count
+        }
+    }
+
+    /// Feeds a backend's frames into a pipeline, as the agent does.
+    final class Feeder: FrameSink {
+        let pipeline: EncoderPipeline
+        init(_ pipeline: EncoderPipeline) { self.pipeline = pipeline }
+        func frame(_ frame: UnsafePointer<krakl_frame>) { pipeline.submit(FrameInfo(frame)) }
+        func event(_ event: SourceEvent) {}
+    }
+
+    @Test func keyframeRequestMakesTheNextFrameAKeyframe() throws {
+        try Harness.requireBuild()
+        let collector = Collector()
+        let pipeline = try EncoderPipeline(settings: EncoderSettings(), output: { _, _, _ in collector }, onFailure: { Issue.record("\($0)") })
+        let feeder = Feeder(pipeline)
+        let library = try BackendLibrary.load(path: Harness.library("BackendFile"), backend: "file")
+        var options = JSONObject()
+        options["scene"] = .string("typing"); options["width"] = .number("320"); options["height"] = .number("240")
+        let source = try BackendSource(library: library, backendName: "file", options: options, sink: feeder, logger: { _, _, _ in })
+        pipeline.start()
+        try source.start()
+        #expect(collector.waitFor(10) >= 10)
+        collector.condition.lock()
+        let before = collector.frames.count
+        collector.condition.unlock()
+        pipeline.requestKeyframe()
+        #expect(collector.waitFor(before + 3) >= before + 3)
+        source.stop()
+        pipeline.finish()
+        let keyframes = collector.frames.enumerated().filter { $0.element.keyframe }.map(\.offset)
+        // The frame being encoded when the request came may finish first; the one after is the keyframe.
+        #expect(keyframes.count == 2 && keyframes[0] == 0 && (before...before + 1).contains(keyframes[1]), "keyframes at \(keyframes), request after \(before)")
+        #expect(collector.finished)
+    }
+
+    /// Builds a BGRx frame over `pixels` and runs `body` with it.
+    func withFrame(_ pixels: [UInt8], width: Int, height: Int, damage: [krakl_rect], _ body: (FrameInfo) -> Void) {
+        pixels.withUnsafeBufferPointer { buffer in
+            damage.withUnsafeBufferPointer { rects in
+                var frame = krakl_frame()
+                frame.struct_size = UInt32(MemoryLayout<krakl_frame>.size)
+                frame.format = KRAKL_FORMAT_BGRX.rawValue
+                frame.width = UInt32(width); frame.height = UInt32(height)
+                frame.plane_count = 1
+                frame.stride.0 = UInt32(width * 4)
+                frame.plane.0 = buffer.baseAddress
+                frame.timestamp_ns = 1
+                frame.damage_count = UInt32(rects.count)
+                frame.damage = rects.count > 0 ? rects.baseAddress : nil
+                withUnsafePointer(to: &frame) { body(FrameInfo($0)) }
+            }
+        }
+    }
+
+    func packed(_ image: I420Image) -> [UInt8] {
+        var bytes: [UInt8] = []
+        image.appendPacked(to: &bytes)
+        return bytes
+    }
+
+    /// Converting only the damaged area gives exactly what converting the
+    /// whole changed frame gives, at the same size and scaled down.
+    @Test(arguments: [(640, 480), (1280, 960)])
+    func damagedConversionEqualsWholeFrameConversion(width: Int, height: Int) {
+        var random = SystemRandomNumberGenerator()
+        var pixels = (0..<(width * height * 4)).map { _ in UInt8.random(in: 0...255, using: &random) }
+        let maximum = (width: 640, height: 480)
+        let size = outputSize(width: width, height: height, maximum: maximum)
+        let partial = I420Image(width: size.width, height: size.height), whole = I420Image(width: size.width, height: size.height)
+        let converter = FrameConverter()
+        withFrame(pixels, width: width, height: height, damage: []) { #expect(converter.convert($0, into: partial) == nil) }
+        // Change two rectangles (one at an odd position) and convert only them.
+        let changes = [krakl_rect(x: 101, y: 33, width: 57, height: 21), krakl_rect(x: 0, y: Int32(height - 16), width: 16, height: 16)]
+        for r in changes {
+            for y in Int(r.y)..<Int(r.y + r.height) { for x in (Int(r.x) * 4)..<(Int(r.x + r.width) * 4) { pixels[y * width * 4 + x] &+= 77 } }
+        }
+        withFrame(pixels, width: width, height: height, damage: changes) { frame in
+            let rects = converter.convert(frame, into: partial)
+            #expect(rects != nil && rects!.count == 2)
+        }
+        withFrame(pixels, width: width, height: height, damage: []) { _ = FrameConverter().convert($0, into: whole) }
+        let a = packed(partial), b = packed(whole)
+        let first = a.indices.first { a[$0] != b[$0] }
+        #expect(first == nil, "damaged-area conversion differs from whole-frame conversion at \(width)x\(height), first at byte \(first ?? -1) of \(a.count)")
+    }
+
+    @Test func outputSizeFitsAndStaysEven() {
+        #expect(outputSize(width: 3840, height: 2160, maximum: (1920, 1080)) == (1920, 1080))
+        #expect(outputSize(width: 2560, height: 1600, maximum: (1920, 1080)) == (1728, 1080))
+        #expect(outputSize(width: 1281, height: 721, maximum: (1920, 1080)) == (1280, 720))
+        #expect(outputSize(width: 800, height: 600, maximum: (1920, 1080)) == (800, 600))
+    }
+
+    @Test func damageBecomesAPaddedMacroblockMap() {
+        var damage = DamageAccumulator()
+        damage.add(PixelRect(x: 17, y: 0, width: 2, height: 2))    // inside block (1, 0)
+        damage.add(PixelRect(x: 30, y: 30, width: 4, height: 4))   // straddles blocks (1,1) (2,1) (1,2) (2,2)
+        let (map, share) = damage.macroblockMap(width: 64, height: 48) // 4 × 3 blocks
+        #expect(map == [0, 1, 0, 0,
+                        0, 1, 1, 0,
+                        0, 1, 1, 0])
+        #expect(abs(share - 5.0 / 12.0) < 1e-9)
+        damage.addWhole()
+        #expect(damage.macroblockMap(width: 64, height: 48).activeShare == 1)
+    }
+
+    @Test func encoderRejectsBadSizesAndBitrates() {
+        #expect(throws: EncoderError.self) { try VpxEncoder(codec: .vp8, width: 15, height: 16, bitrateKbps: 1000, fps: 30, threads: 1) }
+        #expect(throws: EncoderError.self) { try VpxEncoder(codec: .vp8, width: 20000, height: 16, bitrateKbps: 1000, fps: 30, threads: 1) }
+        #expect(throws: EncoderError.self) { try VpxEncoder(codec: .vp9, width: 64, height: 64, bitrateKbps: 0, fps: 30, threads: 1) }
+        do {
+            _ = try VpxEncoder(codec: .vp8, width: 15, height: 16, bitrateKbps: 1000, fps: 30, threads: 1)
+        } catch {
+            #expect(error.message.contains("sizes must be even"))
+        }
+    }
+}
