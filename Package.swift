@@ -10,6 +10,7 @@ let package = Package(
     name: "krakl-agent",
     products: [
         .executable(name: "krakl-agent", targets: ["Agent"]),
+        .executable(name: "krakl-bench", targets: ["KraklBench"]),
         // Each backend is a shared library the agent dlopen()s at run time.
         .library(name: "BackendFile", type: .dynamic, targets: ["BackendFile"]),
         .library(name: "BackendX11", type: .dynamic, targets: ["BackendX11"]),
@@ -34,6 +35,8 @@ let package = Package(
         // Frames -> I420 -> VP8/VP9, damage-driven; WebM/IVF recording.
         .target(name: "KraklEncoder", dependencies: ["KraklCore", "CVpx", "CYuv"], swiftSettings: swift5),
         .executableTarget(name: "Agent", dependencies: ["KraklCore", "KraklEncoder"], swiftSettings: swift5),
+        // bench/: krakl vs ffmpeg vs GStreamer on the same content (docs/PERFORMANCE.md).
+        .executableTarget(name: "KraklBench", dependencies: ["KraklCore"], path: "bench", swiftSettings: swift5),
         .testTarget(name: "KraklTests", dependencies: ["KraklCore", "KraklEncoder", "FrameStamp"], swiftSettings: swift5),
     ]
 )

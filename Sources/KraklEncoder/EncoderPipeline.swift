@@ -32,6 +32,8 @@ public final class EncoderPipeline: @unchecked Sendable {
     private var stopping = false
     private var started = false
     private var inputDump: UnsafeMutablePointer<FILE>?
+    /// Frames a rolling refresh band takes to sweep the picture (0.5 s at 30 fps).
+    static let refreshSweep = 15
 
     /// - Parameters:
     ///   - dumpInput: a file to receive every encoded picture as raw I420
@@ -150,6 +152,7 @@ public final class EncoderPipeline: @unchecked Sendable {
 
         // Damage of a frame libvpx dropped: the next frame must encode it too.
         var carried = DamageAccumulator()
+        var refreshRow = 0
         loop: while true {
             guard var work = takeWork(picture: &picture, lastEncodeNs: lastEncodeNs, minimumInterval: minimumInterval, refreshNs: refreshNs) else { break }
             work.damage.merge(carried)
@@ -182,6 +185,17 @@ public final class EncoderPipeline: @unchecked Sendable {
                 var share = 1.0
                 if !work.damage.whole && !work.keyframe {
                     (map, share) = work.damage.macroblockMap(width: image.width, height: image.height)
+                    // A rolling band of block rows rides along with the damage, so
+                    // areas that stopped changing still get refined (the first
+                    // picture is coarse under CBR) and a lost packet heals within
+                    // a sweep: every row comes round every `refreshSweep` frames.
+                    let cols = (image.width + 15) / 16, rows = (image.height + 15) / 16
+                    let band = max(1, (rows + Self.refreshSweep - 1) / Self.refreshSweep)
+                    for row in refreshRow..<min(rows, refreshRow + band) {
+                        for col in 0..<cols { map![row * cols + col] = 1 }
+                    }
+                    refreshRow = refreshRow + band >= rows ? 0 : refreshRow + band
+                    share = Double(map!.reduce(0) { $0 + Int($1) }) / Double(cols * rows)
                 }
                 let encodeStart = monotonicNow()
                 let packets = try encoder.encode(image, pts: pts, duration: duration, keyframe: work.keyframe, activeMap: map)

@@ -64,7 +64,7 @@ final class VpxEncoder {
         config.g_threads = UInt32(threads > 0 ? threads : (width * height >= 1280 * 720 && cores >= 4 ? 2 : 1))
         config.g_timebase = vpx_rational(num: 1, den: 90_000) // RTP's video clock
         config.g_lag_in_frames = 0                       // realtime: every frame out at once
-        config.g_error_resilient = vpx_codec_er_flags_t(VPX_ERROR_RESILIENT_DEFAULT)
+        config.g_error_resilient = vpx_codec_er_flags_t(VPX_ERROR_RESILIENT_DEFAULT) // a lost packet spoils less
         config.rc_end_usage = VPX_CBR
         config.rc_target_bitrate = UInt32(bitrateKbps)
         config.rc_min_quantizer = codec == .vp8 ? 2 : 4  // text stays sharp on a static screen
@@ -90,7 +90,7 @@ final class VpxEncoder {
         switch codec {
         case .vp8:
             try control(Int32(VP8E_SET_CPUUSED.rawValue), -6)
-            try control(Int32(VP8E_SET_SCREEN_CONTENT_MODE.rawValue), 2) // screen content, stricter rate control
+            try control(Int32(VP8E_SET_SCREEN_CONTENT_MODE.rawValue), 2)  // screen content, stricter rate control
             try control(Int32(VP8E_SET_STATIC_THRESHOLD.rawValue), 100)   // skip blocks that barely changed
             try control(Int32(VP8E_SET_NOISE_SENSITIVITY.rawValue), 0)
             try control(Int32(VP8E_SET_TOKEN_PARTITIONS.rawValue), Int32(VP8_ONE_TOKENPARTITION.rawValue))

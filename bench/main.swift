@@ -1,0 +1,281 @@
+// krakl-bench: the encoder path side by side with ffmpeg and GStreamer on
+// the same content, same size, same bitrate, in one run.
+//
+//   swift build -c release && .build/release/krakl-bench [--seconds 10] [--scenes static,typing,scrolling,video]
+//
+// For each scene of the file backend at 1920x1080, 30 fps:
+//  1. krakl: `krakl-agent` captures and encodes live (damage-driven), as in use.
+//  2. The same scene is captured once more and written out as the constant
+//     30 fps BGRx stream a full-frame capturer hands an encoder (a frame every
+//     interval, changed or not); ffmpeg (-c:v libvpx, realtime) and GStreamer
+//     (vp8enc deadline=1) encode that file.
+// Reported per run: CPU seconds per minute of content, per-frame encode
+// latency p50/p99 (krakl: its own timing; ffmpeg: -benchmark_all; GStreamer
+// has no per-frame timing), bitrate (ffprobe over the output's packets),
+// PSNR/SSIM (ffmpeg's filters, decoded output against the encoder's input),
+// and peak RSS (wait4's ru_maxrss of the process).
+import Foundation
+import KraklBackendABI
+import KraklCore
+
+setvbuf(stdout, nil, _IOLBF, 0)
+
+// MARK: options
+
+var seconds = 10.0
+var scenes = ["static", "typing", "scrolling", "video"]
+var bitrateKbps = 2500
+var width = 1920, height = 1080
+let fps = 30
+var words = Array(CommandLine.arguments.dropFirst())[...]
+while let word = words.popFirst() {
+    switch word {
+    case "--seconds": seconds = Double(words.popFirst() ?? "") ?? seconds
+    case "--scenes": scenes = (words.popFirst() ?? "").split(separator: ",").map(String.init)
+    case "--bitrate": bitrateKbps = Int(words.popFirst() ?? "") ?? bitrateKbps
+    case "--size":
+        let parts = (words.popFirst() ?? "").split(separator: "x").compactMap { Int($0) }
+        if parts.count == 2 { (width, height) = (parts[0], parts[1]) }
+    default:
+        print("usage: krakl-bench [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
+        exit(2)
+    }
+}
+
+let buildDir = URL(fileURLWithPath: (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0])
+    .deletingLastPathComponent().path
+let agent = buildDir + "/krakl-agent"
+let backendLibrary = buildDir + "/libBackendFile.so"
+let work = NSTemporaryDirectory() + "krakl-bench-\(getpid())"
+try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
+defer { try? FileManager.default.removeItem(atPath: work) }
+let frameCount = Int(seconds * Double(fps))
+try "{\"version\": 1, \"default\": \"file\", \"backends\": {\"file\": {\"library\": \"\(backendLibrary)\"}}}"
+    .write(toFile: work + "/plugins.json", atomically: true, encoding: .utf8)
+
+func which(_ name: String) -> String {
+    for dir in (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin").split(separator: ":") where FileManager.default.isExecutableFile(atPath: "\(dir)/\(name)") {
+        return "\(dir)/\(name)"
+    }
+    print("krakl-bench: \(name) is not installed (scripts/setup installs it)")
+    exit(1)
+}
+let ffmpeg = which("ffmpeg"), ffprobe = which("ffprobe"), gst = which("gst-launch-1.0")
+
+// MARK: processes
+
+struct Measured {
+    var status: Int32 = 0
+    var cpuSeconds = 0.0
+    var peakRSSMB = 0.0
+    var stdout = ""
+    var stderr = ""
+}
+
+/// Runs a program to completion; CPU and peak RSS come from wait4.
+func measure(_ program: String, _ arguments: [String]) -> Measured {
+    let outPath = work + "/stdout", errPath = work + "/stderr"
+    var actions: posix_spawn_file_actions_t = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+    posix_spawn_file_actions_addopen(&actions, 1, outPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+    posix_spawn_file_actions_addopen(&actions, 2, errPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    let argv = ([program] + arguments).map { strdup($0) } + [nil]
+    defer { argv.forEach { free($0) } }
+    var pid: pid_t = 0
+    guard posix_spawn(&pid, program, &actions, nil, argv, environ) == 0 else { return Measured(status: -1) }
+    var status: Int32 = 0
+    var usage = rusage()
+    wait4(pid, &status, 0, &usage)
+    var m = Measured()
+    m.status = status
+    m.cpuSeconds = Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
+    m.peakRSSMB = Double(usage.ru_maxrss) / 1024
+    m.stdout = (try? String(contentsOfFile: outPath, encoding: .utf8)) ?? ""
+    m.stderr = (try? String(contentsOfFile: errPath, encoding: .utf8)) ?? ""
+    return m
+}
+
+/// Bitrate (kbit/s) of a recording from its packets, as ffprobe reads them.
+func bitrate(_ file: String) -> Double {
+    let probe = measure(ffprobe, ["-v", "error", "-select_streams", "v:0", "-show_entries", "packet=size", "-of", "csv=p=0", file])
+    let bytes = probe.stdout.split(separator: "\n").compactMap { Int($0) }.reduce(0, +)
+    return Double(bytes) * 8 / seconds / 1000
+}
+
+/// PSNR and SSIM (Y, dB / ratio) of `recording` against raw `reference` frames, frame by frame.
+func quality(_ recording: String, reference: String, pixelFormat: String) -> (psnr: Double, ssim: Double) {
+    let filter = "[0:v]format=yuv420p,setpts=N/(30*TB)[a];[1:v]format=yuv420p,setpts=N/(30*TB)[b];[a]split[a1][a2];[b]split[b1][b2];[a1][b1]psnr;[a2][b2]ssim"
+    let run = measure(ffmpeg, ["-v", "info", "-i", recording, "-f", "rawvideo", "-pix_fmt", pixelFormat, "-s", "\(width)x\(height)",
+                               "-i", reference, "-lavfi", filter, "-f", "null", "-"])
+    func number(after key: String, on marker: String) -> Double {
+        guard let line = run.stderr.split(separator: "\n").last(where: { $0.contains(marker) }),
+              let part = line.split(separator: " ").first(where: { $0.hasPrefix(key) }) else { return .nan }
+        let text = part.dropFirst(key.count)
+        return text == "inf" ? 99 : Double(text) ?? .nan
+    }
+    return (number(after: "average:", on: "PSNR y:"), number(after: "All:", on: "SSIM Y:"))
+}
+
+func percentile(_ values: [Double], _ p: Double) -> Double {
+    let sorted = values.sorted()
+    return sorted.isEmpty ? .nan : sorted[min(sorted.count - 1, Int(Double(sorted.count) * p))]
+}
+
+// MARK: the constant-rate raw stream for ffmpeg and GStreamer
+
+/// Keeps the newest frame and writes one frame per 1/30 s tick of capture
+/// time: what a capturer without damage delivers.
+final class RawStreamWriter: FrameSink, @unchecked Sendable {
+    let file: UnsafeMutablePointer<FILE>
+    let frameBytes: Int
+    var latest: [UInt8]
+    var written = 0
+    var start: UInt64?
+    let limit: Int
+    let done = DispatchSemaphore(value: 0)
+
+    init(path: String, limit: Int) {
+        file = fopen(path, "wb")!
+        frameBytes = width * height * 4
+        latest = [UInt8](repeating: 0, count: frameBytes)
+        self.limit = limit
+    }
+
+    func frame(_ pointer: UnsafePointer<krakl_frame>) {
+        let info = FrameInfo(pointer)
+        let stamp = info.raw.timestamp_ns
+        let first = start ?? stamp
+        start = first
+        let tick = Int((Double(stamp - first) / 1e9 * Double(fps)).rounded())
+        while written < min(tick, limit) { writeLatest() }   // unchanged ticks repeat the picture
+        let stride = info.strides[0]
+        latest.withUnsafeMutableBufferPointer { out in
+            for row in 0..<height { memcpy(out.baseAddress! + row * width * 4, info.planes[0]! + row * stride, width * 4) }
+        }
+        if written < limit { writeLatest() }
+        if written >= limit { done.signal() }
+    }
+
+    func writeLatest() {
+        fwrite(latest, 1, frameBytes, file)
+        written += 1
+    }
+
+    func event(_ event: SourceEvent) {}
+
+    func finish() {
+        while written < limit { writeLatest() }
+        fclose(file)
+    }
+}
+
+func makeRawStream(scene: String, path: String) throws {
+    let library = try BackendLibrary.load(path: backendLibrary, backend: "file")
+    var options = JSONObject()
+    options["scene"] = .string(scene)
+    options["width"] = .number("\(width)")
+    options["height"] = .number("\(height)")
+    options["fps"] = .number("\(fps)")
+    let writer = RawStreamWriter(path: path, limit: frameCount)
+    let source = try BackendSource(library: library, backendName: "file", options: options, sink: writer, logger: { _, _, _ in })
+    try source.start()
+    _ = writer.done.wait(timeout: .now() + seconds + 2)
+    source.stop()
+    source.destroy()
+    writer.finish()
+}
+
+// MARK: runs
+
+struct Row {
+    var scene = "", encoder = ""
+    var cpuPerMinute = 0.0, latencyP50 = Double.nan, latencyP99 = Double.nan
+    var kbps = 0.0, psnr = Double.nan, ssim = Double.nan, rssMB = 0.0
+    var note = ""
+}
+var rows: [Row] = []
+
+print("krakl-bench: \(scenes.joined(separator: ", ")) at \(width)x\(height), \(fps) fps, \(bitrateKbps) kbit/s, \(Int(seconds)) s of content each")
+for scene in scenes {
+    let options = ["--option", "scene=\(scene)", "--option", "width=\(width)", "--option", "height=\(height)", "--option", "fps=\(fps)"]
+    // krakl, measured run (no dumps, so nothing extra on its threads).
+    let stats = work + "/stats.json", recording = work + "/krakl.webm"
+    print("  \(scene): krakl-agent …")
+    let run = measure(agent, ["--plugins", work + "/plugins.json", "-q"] + options + ["--seconds", "\(seconds)", "--bitrate", "\(bitrateKbps)",
+                              "--record", recording, "--stats-json", stats])
+    _ = run
+    let json = (try? JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: stats)))) as? [String: Any] ?? [:]
+    var row = Row(scene: scene, encoder: "krakl (encoder path)")
+    let contentMinutes = seconds / 60
+    row.cpuPerMinute = (json["encoder_cpu_seconds"] as? Double ?? .nan) / contentMinutes
+    row.latencyP50 = json["encode_ms_p50"] as? Double ?? .nan
+    row.latencyP99 = json["encode_ms_p99"] as? Double ?? .nan
+    row.kbps = bitrate(recording)
+    row.rssMB = run.peakRSSMB
+    row.note = String(format: "%d frames encoded; whole agent incl. synthetic capture: %.1f CPU s/min", json["encoded_frames"] as? Int ?? 0,
+                      run.cpuSeconds / contentMinutes)
+    // Quality run: same scene, dumping the encoder's input to compare against.
+    let input = work + "/krakl-input.yuv", qualityRecording = work + "/krakl-q.webm"
+    _ = measure(agent, ["--plugins", work + "/plugins.json", "-q"] + options + ["--seconds", "\(seconds)", "--bitrate", "\(bitrateKbps)",
+                        "--record", qualityRecording, "--dump-input", input])
+    (row.psnr, row.ssim) = quality(qualityRecording, reference: input, pixelFormat: "yuv420p")
+    try? FileManager.default.removeItem(atPath: input)
+    rows.append(row)
+
+    print("  \(scene): writing the constant-rate raw stream …")
+    let raw = work + "/\(scene).bgrx"
+    try makeRawStream(scene: scene, path: raw)
+    let rawInput = ["-f", "rawvideo", "-pix_fmt", "bgr0", "-s", "\(width)x\(height)", "-r", "\(fps)", "-i", raw]
+
+    print("  \(scene): ffmpeg …")
+    let ffOut = work + "/ffmpeg.webm"
+    let ff = measure(ffmpeg, ["-y", "-loglevel", "info", "-benchmark_all"] + rawInput + ["-c:v", "libvpx", "-deadline", "realtime", "-cpu-used", "6",
+                     "-b:v", "\(bitrateKbps)k", "-minrate", "\(bitrateKbps)k", "-maxrate", "\(bitrateKbps)k", "-lag-in-frames", "0", ffOut])
+    var ffRow = Row(scene: scene, encoder: "ffmpeg -c:v libvpx")
+    ffRow.cpuPerMinute = ff.cpuSeconds / contentMinutes
+    // -benchmark_all logs two encode_video lines a frame (send, receive): sum each pair.
+    let encodeLines = ff.stderr.split(separator: "\n").filter { $0.contains("encode_video") }.compactMap { line -> Double? in
+        let fields = line.split(separator: " ")
+        guard let real = fields.firstIndex(of: "real"), real > 0 else { return nil }
+        return Double(fields[real - 1]).map { $0 / 1000 }
+    }
+    let perFrame = stride(from: 0, to: encodeLines.count - 1, by: 2).map { encodeLines[$0] + encodeLines[$0 + 1] }
+    ffRow.latencyP50 = percentile(perFrame, 0.5)
+    ffRow.latencyP99 = percentile(perFrame, 0.99)
+    ffRow.kbps = bitrate(ffOut)
+    (ffRow.psnr, ffRow.ssim) = quality(ffOut, reference: raw, pixelFormat: "bgr0")
+    ffRow.rssMB = ff.peakRSSMB
+    ffRow.note = ff.status == 0 ? "reads the raw file, converts, encodes" : "exit \(ff.status)"
+    rows.append(ffRow)
+
+    print("  \(scene): gst-launch-1.0 …")
+    let gstOut = work + "/gst.webm"
+    let g = measure(gst, ["-q", "filesrc", "location=\(raw)", "!", "rawvideoparse", "width=\(width)", "height=\(height)", "format=bgrx",
+                          "framerate=\(fps)/1", "!", "videoconvert", "!", "vp8enc", "deadline=1", "cpu-used=6", "end-usage=cbr",
+                          "target-bitrate=\(bitrateKbps * 1000)", "lag-in-frames=0", "!", "webmmux", "!", "filesink", "location=\(gstOut)"])
+    var gRow = Row(scene: scene, encoder: "gst vp8enc deadline=1")
+    gRow.cpuPerMinute = g.cpuSeconds / contentMinutes
+    gRow.kbps = bitrate(gstOut)
+    (gRow.psnr, gRow.ssim) = quality(gstOut, reference: raw, pixelFormat: "bgr0")
+    gRow.rssMB = g.peakRSSMB
+    gRow.note = g.status == 0 ? "no per-frame timing" : "exit \(g.status): \(g.stderr.prefix(200))"
+    rows.append(gRow)
+    try? FileManager.default.removeItem(atPath: raw)
+}
+
+func cell(_ value: Double, _ format: String) -> String { value.isNaN ? "n/a" : String(format: format, value) }
+print("")
+print("| scene | encoder | CPU s / min of content | encode latency p50 / p99 (ms) | bitrate (kbit/s) | PSNR Y (dB) | SSIM | peak RSS (MB) | note |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+for r in rows {
+    print("| \(r.scene) | \(r.encoder) | \(cell(r.cpuPerMinute, "%.2f")) | \(cell(r.latencyP50, "%.1f")) / \(cell(r.latencyP99, "%.1f")) | \(cell(r.kbps, "%.0f")) | \(cell(r.psnr, "%.2f")) | \(cell(r.ssim, "%.4f")) | \(cell(r.rssMB, "%.1f")) | \(r.note) |")
+}
+print("")
+for scene in scenes {
+    guard let k = rows.first(where: { $0.scene == scene && $0.encoder.hasPrefix("krakl") }),
+          let f = rows.first(where: { $0.scene == scene && $0.encoder.hasPrefix("ffmpeg") }),
+          let g = rows.first(where: { $0.scene == scene && $0.encoder.hasPrefix("gst") }) else { continue }
+    print(String(format: "%@: krakl uses %.1fx less CPU than ffmpeg and %.1fx less than GStreamer", scene, f.cpuPerMinute / k.cpuPerMinute, g.cpuPerMinute / k.cpuPerMinute))
+}
