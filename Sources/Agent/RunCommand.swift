@@ -133,10 +133,14 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     let isTerminal = isatty(STDOUT_FILENO) == 1
     let end = arguments.seconds.map { Date().addingTimeInterval($0) } ?? .distantFuture
     var reason: String?
+    var steadyRSSKB = 0   // highest VmRSS sampled once a second after the first second
+    var ticks = 0
     while reason == nil {
         let tick = min(end, Date().addingTimeInterval(1))
         reason = run.wait(until: tick)
         if reason == nil && Date() >= end { reason = "\(arguments.seconds!) seconds elapsed" }
+        ticks += 1
+        if ticks > 1 { steadyRSSKB = max(steadyRSSKB, currentRSSKB()) }
         if !arguments.quiet && reason == nil {
             var line = statusLine(run.statistics.snapshot(window: true), total: run.statistics.frameCount)
             if let pipeline = run.pipeline { line += " | " + encoderStatus(pipeline.statistics.summary(window: true)) }
@@ -164,7 +168,7 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
         print(String(format: "encoder path CPU: %.2f s (conversion on the capture thread + encoder thread); recording: %@", e.cpuSeconds, record))
     }
     if let path = arguments.frameLog, let pipeline = run.pipeline { writeFrameLog(path, pipeline.statistics.allFrames) }
-    if let path = arguments.statsJSON { writeStatistics(path, capture: summary, encoder: run.pipeline?.statistics.summary()) }
+    if let path = arguments.statsJSON { writeStatistics(path, capture: summary, encoder: run.pipeline?.statistics.summary(), steadyRSSKB: steadyRSSKB) }
     if let error = run.encoderError {
         fputs("krakl-agent: encoding failed: \(error)\n", stderr)
         return 14
@@ -186,7 +190,7 @@ func encoderStatus(_ e: EncoderStatistics.Summary) -> String {
 }
 
 /// The run's numbers for scripts (bench/, tests) to read.
-func writeStatistics(_ path: String, capture: CaptureStatistics.Snapshot, encoder: EncoderStatistics.Summary?) {
+func writeStatistics(_ path: String, capture: CaptureStatistics.Snapshot, encoder: EncoderStatistics.Summary?, steadyRSSKB: Int) {
     var object: [String: Any] = [
         "captured_frames": capture.frames, "capture_seconds": capture.seconds, "damage_share": capture.damageShareMean,
         "delivery_latency_ms_p50": capture.latencyMs.p50, "delivery_latency_ms_p99": capture.latencyMs.p99,
@@ -209,6 +213,7 @@ func writeStatistics(_ path: String, capture: CaptureStatistics.Snapshot, encode
     var usage = rusage()
     getrusage(RUSAGE_SELF.rawValue, &usage)
     object["peak_rss_kb"] = usage.ru_maxrss
+    object["steady_rss_kb"] = steadyRSSKB
     object["process_cpu_seconds"] = Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
     if let data = try? JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys]) {
         _ = FileManager.default.createFile(atPath: path, contents: data)
@@ -224,4 +229,11 @@ func writeFrameLog(_ path: String, _ frames: [EncoderStatistics.Frame]) {
                        f.refresh ? 1 : 0, f.activeShare, Double(f.encodeNs) / 1e6)
     }
     _ = FileManager.default.createFile(atPath: path, contents: Data(text.utf8))
+}
+
+/// VmRSS of this process, kB.
+func currentRSSKB() -> Int {
+    guard let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8),
+          let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }) else { return 0 }
+    return Int(line.split(separator: " ", omittingEmptySubsequences: true)[1]) ?? 0
 }
