@@ -12,6 +12,7 @@
  *   -DLATE_FRAMES       keep delivering after stop() returns
  *   -DBAD_DAMAGE        report a damage rectangle outside the frame
  *   -DBAD_STRIDE        report a stride smaller than width * 4
+ *   -DBAD_FORMAT        report a pixel format the ABI does not define
  */
 #include "krakl_backend.h"
 #include <errno.h>
@@ -54,6 +55,9 @@ static void *run(void *arg) {
         memset(&f, 0, sizeof f);
         f.struct_size = sizeof f;
         f.format = KRAKL_FORMAT_BGRX;
+#ifdef BAD_FORMAT
+        f.format = 99;
+#endif
         f.width = W;
         f.height = H;
         f.plane_count = 1;

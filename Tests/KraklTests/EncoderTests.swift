@@ -160,6 +160,34 @@ struct EncoderRecordingTests {
         #expect(keyframes.count == 2 && keyframes.first == 0, "keyframes at \(keyframes)")
     }
 
+    @Test func ivfRecordingIsReadable() throws {
+        guard Self.haveFfmpeg else { return }
+        try Harness.requireBuild()
+        let dir = try Harness.temporaryDirectory()
+        let registry = try Harness.registryForThisBuild(in: dir)
+        let result = try Harness.agent(["--plugins", registry, "-q", "-o", "width=320", "-o", "height=240", "--frames", "20",
+                                        "--record", dir + "/out.ivf", "--stats-json", dir + "/stats.json"])
+        #expect(result.status == 0, "\(result.stderr)")
+        let stats = (try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: dir + "/stats.json")))) as? [String: Any] ?? [:]
+        let probe = try Self.probe(dir + "/out.ivf")
+        #expect(probe.contains("codec_name=vp8") && probe.contains("nb_read_frames=\(stats["encoded_frames"] as? Int ?? -1)"), "\(probe)")
+    }
+
+    /// A backend that sends frames of an undefined format: each is dropped
+    /// before it reaches libyuv or libvpx, with one message that says why.
+    @Test func framesOfAnUnknownFormatAreDroppedWithAMessage() throws {
+        try Harness.requireBuild()
+        let dir = try Harness.temporaryDirectory()
+        _ = try Harness.compileBackend(Harness.repoRoot + "/Tests/Fixtures/fixture_backend.c", into: dir, name: "fixture", defines: ["-DBAD_FORMAT"])
+        try "{\"version\": 1, \"default\": \"fixture\", \"backends\": {\"fixture\": {\"library\": \"libfixture.so\"}}}"
+            .write(toFile: dir + "/plugins.json", atomically: true, encoding: .utf8)
+        let result = try Harness.agent(["--plugins", dir + "/plugins.json", "-q", "--seconds", "1", "--record", dir + "/out.webm"])
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(result.stderr.components(separatedBy: "unknown pixel format 99").count == 2, "one message: \(result.stderr)")
+        #expect(result.stdout.contains("dropped") && result.stdout.contains("invalid frames from the backend"), "\(result.stdout)")
+        #expect(result.stdout.contains("encoded: 0 frames"), "\(result.stdout)")
+    }
+
     @Test func recordingErrorsAreClear() throws {
         try Harness.requireBuild()
         let registry = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
