@@ -49,27 +49,10 @@ struct AgentCommandTests {
     @Test func ctrlCStopsCleanly() throws {
         try Harness.requireBuild()
         let registry = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: Harness.agent)
-        process.arguments = ["--plugins", registry, "--option", "width=320", "--option", "height=240"]
-        let out = Pipe()
-        process.standardOutput = out
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        // Wait (bounded) for the first status line, then interrupt.
-        var text = ""
-        let deadline = Date().addingTimeInterval(20)
-        while !text.contains(" fps |") && Date() < deadline {
-            let chunk = out.fileHandleForReading.availableData
-            if chunk.isEmpty { break }
-            text += String(decoding: chunk, as: UTF8.self)
-        }
-        #expect(text.contains(" fps |"), "no status line: \(text)")
-        kill(process.processIdentifier, SIGINT)
-        text += String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        #expect(process.terminationReason == .exit && process.terminationStatus == 0)
-        #expect(text.contains("stopped: interrupted (Ctrl-C)") && text.contains("summary:"), "\(text)")
+        let agent = try RunningAgent(["--plugins", registry, "--option", "width=320", "--option", "height=240", "--no-record"])
+        #expect(agent.read(until: " fps |"), "no status line: \(agent.output)")
+        #expect(agent.stop() == 0)
+        #expect(agent.output.contains("stopped: interrupted (Ctrl-C)") && agent.output.contains("summary:"), "\(agent.output)")
     }
 
     @Test func sourceEndIsANormalEnd() throws {

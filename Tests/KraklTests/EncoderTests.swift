@@ -130,32 +130,12 @@ struct EncoderRecordingTests {
         try Harness.requireBuild()
         let dir = try Harness.temporaryDirectory()
         let registry = try Harness.registryForThisBuild(in: dir)
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: Harness.agent)
-        process.arguments = ["--plugins", registry, "--option", "width=320", "--option", "height=240", "--record", dir + "/out.webm"]
-        let out = Pipe()
-        process.standardOutput = out
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        var text = ""
-        let deadline = Date().addingTimeInterval(20)
-        while !text.contains("kbit/s p50") && Date() < deadline {
-            let chunk = out.fileHandleForReading.availableData
-            if chunk.isEmpty { break }
-            text += String(decoding: chunk, as: UTF8.self)
-        }
-        kill(process.processIdentifier, SIGUSR1)
-        // Wait (bounded) for the next status line, so frames after the request were encoded.
-        let seen = text.count
-        while text.count == seen && Date() < deadline {
-            let chunk = out.fileHandleForReading.availableData
-            if chunk.isEmpty { break }
-            text += String(decoding: chunk, as: UTF8.self)
-        }
-        kill(process.processIdentifier, SIGINT)
-        _ = out.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        #expect(process.terminationStatus == 0)
+        let agent = try RunningAgent(["--plugins", registry, "--option", "width=320", "--option", "height=240", "--record", dir + "/out.webm"])
+        #expect(agent.read(until: "kbit/s p50"), "no status line: \(agent.output)")
+        agent.signal(SIGUSR1)
+        // The next status line comes after frames that followed the request.
+        #expect(agent.read(until: "kbit/s p50", count: 2))
+        #expect(agent.stop() == 0)
         let keyframes = try Self.packets(dir + "/out.webm").enumerated().filter { $0.element.keyframe }.map(\.offset)
         #expect(keyframes.count == 2 && keyframes.first == 0, "keyframes at \(keyframes)")
     }

@@ -86,8 +86,10 @@ enum Harness {
                       stderr: String(decoding: errData.data, as: UTF8.self), timedOut: timedOut)
     }
 
+    /// Runs krakl-agent in a fresh folder, so its default recording
+    /// (krakl-recording.webm) never lands in the repository.
     static func agent(_ arguments: [String], timeout: Double = 60, environment: [String: String]? = nil) throws -> Result {
-        try run(agent, arguments, timeout: timeout, environment: environment)
+        try run(agent, arguments, timeout: timeout, environment: environment, currentDirectory: try temporaryDirectory())
     }
 
     /// Compiles a C backend with nothing but the public header and `cc -shared`.
@@ -111,3 +113,43 @@ enum Harness {
 
 /// Filled by one reader thread, read after the group wait.
 final class DataBox: @unchecked Sendable { var data = Data() }
+
+/// A krakl-agent left running, for tests that signal it mid-run.
+final class RunningAgent {
+    let process = Process()
+    private let out = Pipe()
+    private(set) var output = ""
+
+    init(_ arguments: [String]) throws {
+        process.executableURL = URL(fileURLWithPath: Harness.agent)
+        process.arguments = arguments
+        process.currentDirectoryURL = URL(fileURLWithPath: try Harness.temporaryDirectory())
+        process.standardOutput = out
+        process.standardError = FileHandle.nullDevice
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+    }
+
+    /// Reads stdout until it holds `text` `count` times, or `timeout` passes,
+    /// or the output ends. Returns whether it got there.
+    @discardableResult
+    func read(until text: String, count: Int = 1, timeout: Double = 20) -> Bool {
+        let deadline = Date().addingTimeInterval(timeout)
+        while output.components(separatedBy: text).count - 1 < count && Date() < deadline {
+            let chunk = out.fileHandleForReading.availableData
+            if chunk.isEmpty { break }
+            output += String(decoding: chunk, as: UTF8.self)
+        }
+        return output.components(separatedBy: text).count - 1 >= count
+    }
+
+    func signal(_ number: Int32) { kill(process.processIdentifier, number) }
+
+    /// Interrupts it and waits for it to end; returns its exit status.
+    func stop() -> Int32 {
+        signal(SIGINT)
+        output += String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        return process.terminationReason == .exit ? process.terminationStatus : -1
+    }
+}
