@@ -24,7 +24,9 @@ let package = Package(
         // What every in-tree Swift backend shares: the exported table, host calls, pacing thread.
         .target(name: "BackendKit", dependencies: ["KraklBackendABI"], swiftSettings: swift5),
         .target(name: "BackendFile", dependencies: ["BackendKit", "FrameStamp"], swiftSettings: swift5),
-        .target(name: "BackendX11", dependencies: ["BackendKit"], swiftSettings: swift5),
+        // Xlib + MIT-SHM + XDamage + XFixes + XRandR (Debian libx11-dev and friends).
+        .systemLibrary(name: "CX11"),
+        .target(name: "BackendX11", dependencies: ["BackendKit", "KraklBackendABI", "CX11"], swiftSettings: swift5),
         .target(name: "BackendPipeWire", dependencies: ["BackendKit"], swiftSettings: swift5),
         // The host side: plugins.json, dlopen loader, source lifecycle, conformance suite.
         .target(name: "KraklCore", dependencies: ["KraklBackendABI"], swiftSettings: swift5),

@@ -1,14 +1,11 @@
 import BackendKit
 import Glibc
 
-/// X11 damage-tracked capture arrives with issue #4. Until then this
-/// library loads and says so through the ABI's error path.
+/// X11 capture: XDamage says what changed, MIT-SHM reads only that.
 @_cdecl("krakl_backend_v1")
 public func kraklBackendV1() -> UnsafeRawPointer {
     UnsafeRawPointer(exportBackend(
         name: "x11",
-        description: "X11 screen capture (not implemented yet: issue #4; create() fails with ENOSYS)"
-    ) { _ throws(BackendError) in
-        throw BackendError(-ENOSYS, "the x11 backend is not implemented yet (issue #4); use --backend file for now")
-    })
+        description: "X11 screen capture: XDamage-tracked, MIT-SHM reads of changed areas only, cursor, monitors"
+    ) { host throws(BackendError) in try X11Source(host: host) })
 }

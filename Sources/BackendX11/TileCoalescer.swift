@@ -1,0 +1,59 @@
+import KraklBackendABI
+
+/// Merges many small damage rectangles onto a grid of tiles, so that a
+/// burst of tiny changes (a terminal's glyphs) costs a few reads, not one
+/// per glyph: each run of touched tiles along a tile row becomes one
+/// rectangle, and identical runs on consecutive rows merge into one.
+struct TileCoalescer {
+    let width: Int
+    let height: Int
+    let tile: Int
+
+    init(width: Int, height: Int, tile: Int = 32) {
+        self.width = width
+        self.height = height
+        self.tile = tile
+    }
+
+    /// `rects` in capture-area pixels (clipped here); returns covering rectangles.
+    func coalesce(_ rects: [krakl_rect]) -> [krakl_rect] {
+        let cols = (width + tile - 1) / tile, rows = (height + tile - 1) / tile
+        var touched = [Bool](repeating: false, count: cols * rows)
+        for r in rects {
+            let x0 = max(0, Int(r.x)), y0 = max(0, Int(r.y))
+            let x1 = min(width, Int(r.x) + Int(r.width)), y1 = min(height, Int(r.y) + Int(r.height))
+            guard x0 < x1, y0 < y1 else { continue }
+            for ty in (y0 / tile)...((y1 - 1) / tile) {
+                for tx in (x0 / tile)...((x1 - 1) / tile) { touched[ty * cols + tx] = true }
+            }
+        }
+        var open: [Int: krakl_rect] = [:] // run start column -> rectangle growing downwards
+        var out: [krakl_rect] = []
+        for ty in 0..<rows {
+            var runs: [(Int, Int)] = []
+            var tx = 0
+            while tx < cols {
+                guard touched[ty * cols + tx] else { tx += 1; continue }
+                let start = tx
+                while tx < cols && touched[ty * cols + tx] { tx += 1 }
+                runs.append((start, tx))
+            }
+            var next: [Int: krakl_rect] = [:]
+            for (start, end) in runs {
+                let x = start * tile, w = min(width, end * tile) - x
+                let y = ty * tile, h = min(height, y + tile) - y
+                if var grown = open[start], Int(grown.width) == w {
+                    grown.height += Int32(h)
+                    next[start] = grown
+                    open[start] = nil
+                } else {
+                    next[start] = krakl_rect(x: Int32(x), y: Int32(y), width: Int32(w), height: Int32(h))
+                }
+            }
+            out += open.values
+            open = next
+        }
+        out += open.values
+        return out.sorted { ($0.y, $0.x) < ($1.y, $1.x) }
+    }
+}

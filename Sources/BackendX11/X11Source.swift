@@ -1,0 +1,430 @@
+import BackendKit
+import CX11
+import Glibc
+import KraklBackendABI
+
+/// The last X protocol error, set by the process-wide error handler. Xlib's
+/// default handler exits the process on any protocol error (a window that
+/// vanished mid-read, say); capture must report it instead.
+nonisolated(unsafe) private var lastXError: UInt8 = 0
+nonisolated(unsafe) private var handlersInstalled = false
+
+private let xErrorHandler: @convention(c) (OpaquePointer?, UnsafeMutablePointer<XErrorEvent>?) -> Int32 = { _, event in
+    lastXError = event?.pointee.error_code ?? 1
+    return 0
+}
+
+/// Xlib prints a line and then calls the per-display exit handler below;
+/// the message goes through the host's log instead.
+private let xIOErrorHandler: @convention(c) (OpaquePointer?) -> Int32 = { _ in 0 }
+
+/// Called instead of exit() when the connection to the X server breaks
+/// (libX11 ≥ 1.8). Marks the source lost; the capture thread then reports
+/// SOURCE_ENDED and never touches the display again.
+private let xIOErrorExit: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Void = { _, context in
+    guard let context else { return }
+    Unmanaged<LostFlag>.fromOpaque(context).takeUnretainedValue().lost = true
+}
+
+final class LostFlag: @unchecked Sendable {
+    var lost = false
+}
+
+/// A rectangle of the X screen being captured, in root-window pixels.
+struct CaptureArea: Equatable {
+    var x: Int, y: Int, width: Int, height: Int
+}
+
+/// One X11 capture source: a display connection, a MIT-SHM segment the
+/// size of the captured area, an XDamage object on the root window, and
+/// persistent picture buffers that only damaged areas are read into.
+final class X11Source: CaptureSource {
+    static let options = ["display", "monitor", "region", "cursor", "fps", "shm", "damage"]
+
+    let host: BackendHost
+    let fps: Double
+    let cursorEnabled: Bool
+    private let displayName: String
+    private let display: OpaquePointer
+    private let root: Window
+    private let monitor: String?
+    private let region: CaptureArea?
+    private var area: CaptureArea
+    private let visual: UnsafeMutablePointer<Visual>
+    private let depth: Int32
+    private var useShm = false
+    private var useDamage = false
+    private var shm = XShmSegmentInfo()
+    private var shmAttached = false
+    private var damage: Damage = 0
+    private var damageRegion: XserverRegion = 0
+    private var damageEventBase: Int32 = 0
+    private let lost = LostFlag()
+    private var lostRetained: Unmanaged<LostFlag>?
+
+    /// What the screen shows (no cursor), and what is delivered (cursor drawn in).
+    private var clean: UnsafeMutablePointer<UInt8>
+    private var output: UnsafeMutablePointer<UInt8>
+    private var stride: Int { area.width * 4 }
+
+    private var thread: PacedThread?
+    private var sequence: UInt64 = 0
+    private var lastTimestamp: UInt64 = 0
+    private var needWhole = true
+    private var ended = false
+    private var cursor = CursorState()
+
+    init(host: BackendHost) throws(BackendError) {
+        self.host = host
+        let options = try OptionReader(host: host, known: Self.options)
+        fps = try options.number("fps", default: 30, in: 1...240)
+        cursorEnabled = try options.bool("cursor", default: true)
+        let wantShm = try options.bool("shm", default: true)
+        let wantDamage = try options.bool("damage", default: true)
+        monitor = options.string("monitor")
+        let regionText = options.string("region")
+        if monitor != nil && regionText != nil { throw .invalidOption("give either monitor or region, not both") }
+        region = try regionText.map { text throws(BackendError) in
+            guard let parsed = Self.parseGeometry(text) else {
+                throw .invalidOption("option region=\(text) is not valid: use WIDTHxHEIGHT+X+Y, e.g. 800x600+0+0")
+            }
+            return parsed
+        }
+
+        displayName = options.string("display") ?? String(cString: getenv("DISPLAY") ?? strdup(""))
+        guard !displayName.isEmpty else {
+            throw BackendError(-ENODEV, "no X display given: set option display=:0 or the DISPLAY environment variable")
+        }
+        Self.installHandlers()
+        guard let display = Self.openDisplay(displayName) else {
+            throw BackendError(-ENODEV, "cannot open X display \(displayName): is an X server running there, and may this user connect (xhost/XAUTHORITY)?")
+        }
+        self.display = display
+        let screen = XDefaultScreen(display)
+        root = XDefaultRootWindow(display)
+        visual = XDefaultVisual(display, screen)
+        depth = XDefaultDepth(display, screen)
+        // Placeholders until the area is known; replaced below.
+        clean = .allocate(capacity: 4)
+        output = clean
+        area = CaptureArea(x: 0, y: 0, width: 1, height: 1)
+        lostRetained = Unmanaged.passRetained(lost)
+        XSetIOErrorExitHandler(display, xIOErrorExit, lostRetained!.toOpaque())
+
+        do throws(BackendError) {
+            guard depth == 24 || depth == 32, visual.pointee.red_mask == 0xFF0000, visual.pointee.green_mask == 0xFF00,
+                  visual.pointee.blue_mask == 0xFF else {
+                throw BackendError(-EOPNOTSUPP, "the X screen's visual (depth \(depth)) is not 24/32-bit TrueColor with BGRx pixels; this backend needs one")
+            }
+            area = try resolveArea()
+            useShm = wantShm && XShmQueryExtension(display) != 0
+            if wantShm && !useShm { host.log(KRAKL_LOG_WARNING, "the X server has no MIT-SHM (remote display?): reading pixels with XGetImage, which is slower") }
+            var errorBase: Int32 = 0
+            let haveDamage = XDamageQueryExtension(display, &damageEventBase, &errorBase) != 0
+            var fixesEvent: Int32 = 0, fixesError: Int32 = 0
+            let haveFixes = XFixesQueryExtension(display, &fixesEvent, &fixesError) != 0
+            useDamage = wantDamage && haveDamage && haveFixes
+            if wantDamage && !useDamage { host.log(KRAKL_LOG_WARNING, "the X server has no XDamage/XFixes: capturing the whole area every frame at \(fps) fps") }
+            if cursorEnabled && !haveFixes { host.log(KRAKL_LOG_WARNING, "the X server has no XFixes: the cursor is not drawn") }
+            try allocateBuffers()
+            XSelectInput(display, root, Int(StructureNotifyMask))
+        } catch {
+            teardown()
+            throw error
+        }
+    }
+
+    deinit { teardown() }
+
+    /// XOpenDisplay, retried while the server is busy: an X server tearing
+    /// down the previous client refuses connect() with EAGAIN or resets the
+    /// new connection (both seen with Xvfb on quick reconnects). At most 1 s.
+    private static func openDisplay(_ name: String) -> OpaquePointer? {
+        for attempt in 0..<50 {
+            errno = 0
+            if let display = XOpenDisplay(name) { return display }
+            guard errno == EAGAIN || errno == ECONNRESET else { return nil }
+            usleep(useconds_t(min(40_000, 2_000 * (attempt + 1))))
+        }
+        return nil
+    }
+
+    private static func installHandlers() {
+        guard !handlersInstalled else { return }
+        handlersInstalled = true
+        XSetErrorHandler(xErrorHandler)
+        XSetIOErrorHandler(xIOErrorHandler)
+    }
+
+    /// "WxH+X+Y" as in X geometry strings.
+    static func parseGeometry(_ text: String) -> CaptureArea? {
+        let parts = text.split(whereSeparator: { $0 == "x" || $0 == "+" })
+        guard parts.count == 4, text.contains("x"), let w = Int(parts[0]), let h = Int(parts[1]),
+              let x = Int(parts[2]), let y = Int(parts[3]), w > 0, h > 0, x >= 0, y >= 0 else { return nil }
+        return CaptureArea(x: x, y: y, width: w, height: h)
+    }
+
+    /// The monitors XRandR reports, as (name, area).
+    func monitors() -> [(name: String, area: CaptureArea)] {
+        var count: Int32 = 0
+        guard let list = XRRGetMonitors(display, root, 1, &count) else { return [] }
+        defer { XRRFreeMonitors(list) }
+        return (0..<Int(count)).map { i in
+            let m = list[i]
+            let name = XGetAtomName(display, m.name).map { text -> String in
+                defer { XFree(text) }
+                return String(cString: text)
+            } ?? "monitor-\(i)"
+            return (name, CaptureArea(x: Int(m.x), y: Int(m.y), width: Int(m.width), height: Int(m.height)))
+        }
+    }
+
+    private func screenSize() -> (width: Int, height: Int) {
+        var attributes = XWindowAttributes()
+        XGetWindowAttributes(display, root, &attributes)
+        return (Int(attributes.width), Int(attributes.height))
+    }
+
+    /// The part of the screen the options ask for, checked against the screen.
+    private func resolveArea() throws(BackendError) -> CaptureArea {
+        let screen = screenSize()
+        if let monitor {
+            let list = monitors()
+            let names = list.enumerated().map { "\($0.offset): \($0.element.name) \($0.element.area.width)x\($0.element.area.height)+\($0.element.area.x)+\($0.element.area.y)" }
+            if let index = Int(monitor), list.indices.contains(index) { return list[index].area }
+            if let match = list.first(where: { $0.name == monitor }) { return match.area }
+            throw BackendError(-ENODEV, "no monitor \"\(monitor)\" on display \(displayName); monitors: \(names.isEmpty ? "none reported" : names.joined(separator: ", "))")
+        }
+        if let region {
+            guard region.x + region.width <= screen.width, region.y + region.height <= screen.height else {
+                throw BackendError(-EINVAL, "region \(region.width)x\(region.height)+\(region.x)+\(region.y) lies outside the \(screen.width)x\(screen.height) screen of \(displayName)")
+            }
+            return region
+        }
+        return CaptureArea(x: 0, y: 0, width: screen.width, height: screen.height)
+    }
+
+    /// The picture buffers and the shared-memory segment, sized to the area.
+    private func allocateBuffers() throws(BackendError) {
+        releaseShm()
+        let bytes = area.width * area.height * 4
+        clean.deallocate()
+        if output != clean { output.deallocate() }
+        clean = .allocate(capacity: bytes)
+        clean.initialize(repeating: 0, count: bytes)
+        output = cursorEnabled ? .allocate(capacity: bytes) : clean
+        if cursorEnabled { output.initialize(repeating: 0, count: bytes) }
+        guard useShm else { return }
+        shm.shmid = shmget(IPC_PRIVATE, bytes, IPC_CREAT | 0o600)
+        guard shm.shmid >= 0 else {
+            useShm = false
+            host.log(KRAKL_LOG_WARNING, "shmget failed (\(String(cString: strerror(errno)))): reading pixels with XGetImage")
+            return
+        }
+        let address = shmat(shm.shmid, nil, 0)
+        guard let address, address != UnsafeMutableRawPointer(bitPattern: -1) else {
+            shmctl(shm.shmid, IPC_RMID, nil)
+            useShm = false
+            host.log(KRAKL_LOG_WARNING, "shmat failed: reading pixels with XGetImage")
+            return
+        }
+        shm.shmaddr = address.assumingMemoryBound(to: CChar.self)
+        shm.readOnly = 0
+        lastXError = 0
+        let attached = XShmAttach(display, &shm) != 0
+        XSync(display, 0)
+        // Removed now: the segment lives until both sides detach, even if we crash.
+        shmctl(shm.shmid, IPC_RMID, nil)
+        guard attached && lastXError == 0 else {
+            shmdt(address)
+            useShm = false
+            host.log(KRAKL_LOG_WARNING, "the X server could not attach shared memory (remote display?): reading pixels with XGetImage")
+            return
+        }
+        shmAttached = true
+    }
+
+    private func releaseShm() {
+        guard shmAttached else { return }
+        if !lost.lost { XShmDetach(display, &shm) }
+        shmdt(shm.shmaddr)
+        shmAttached = false
+    }
+
+    private func teardown() {
+        thread?.stop()
+        thread = nil
+        releaseShm()
+        if !lost.lost {
+            if damage != 0 { XDamageDestroy(display, damage) }
+            if damageRegion != 0 { XFixesDestroyRegion(display, damageRegion) }
+        }
+        damage = 0
+        damageRegion = 0
+        // A dead connection is closed too: Xlib only frees it (the exit handler
+        // keeps the flush from exiting the process).
+        XCloseDisplay(display)
+        if output != clean { output.deallocate() }
+        clean.deallocate()
+        lostRetained?.release()
+        lostRetained = nil
+    }
+
+    func start() throws(BackendError) {
+        guard thread == nil else { throw BackendError(-EBUSY, "the x11 source is already started") }
+        guard !lost.lost else { throw BackendError(-ENODEV, "the X display \(displayName) is gone") }
+        if useDamage && damage == 0 {
+            // Report each change of the root window's contents; the capture
+            // thread collects them with XDamageSubtract into a region.
+            damage = XDamageCreate(display, root, Int32(XDamageReportNonEmpty))
+            damageRegion = XFixesCreateRegion(display, nil, 0)
+        }
+        needWhole = true
+        ended = false
+        let thread = PacedThread(fps: fps) { [unowned self] in self.tick() }
+        try thread.start()
+        self.thread = thread
+    }
+
+    func stop() {
+        thread?.stop()
+        thread = nil
+    }
+
+    // MARK: capture thread
+
+    private func end(_ why: String) -> PacedThread.Step {
+        ended = true
+        host.sendEvent(KRAKL_EVENT_SOURCE_ENDED, error: -ENODEV, message: why)
+        return .end
+    }
+
+    private func tick() -> PacedThread.Step {
+        if lost.lost { return end("the X display \(displayName) went away (the X server exited or the connection broke)") }
+        var damaged = false
+        var resized = false
+        while XPending(display) > 0 {
+            var event = XEvent()
+            XNextEvent(display, &event)
+            if event.type == damageEventBase + Int32(XDamageNotify) { damaged = true }
+            if event.type == ConfigureNotify && event.xconfigure.window == root { resized = true }
+        }
+        if lost.lost { return end("the X display \(displayName) went away (the X server exited or the connection broke)") }
+        if resized, !handleResize() { return end("the screen of \(displayName) changed and the captured area no longer fits on it") }
+
+        var rects: [krakl_rect] = []
+        let whole = needWhole || !useDamage
+        if !whole && damaged {
+            XDamageSubtract(display, damage, 0, damageRegion)
+            var count: Int32 = 0
+            if let list = XFixesFetchRegion(display, damageRegion, &count) {
+                for i in 0..<Int(count) {
+                    let r = list[i]
+                    rects.append(krakl_rect(x: Int32(r.x) - Int32(area.x), y: Int32(r.y) - Int32(area.y),
+                                            width: Int32(r.width), height: Int32(r.height)))
+                }
+                XFree(list)
+            }
+            rects = TileCoalescer(width: area.width, height: area.height).coalesce(rects)
+        } else if whole && useDamage && damage != 0 {
+            XDamageSubtract(display, damage, 0, 0) // start counting changes from this picture
+        }
+        let full = krakl_rect(x: 0, y: 0, width: Int32(area.width), height: Int32(area.height))
+        let readRects = whole ? [full] : rects
+
+        let cursorChange = cursorEnabled ? cursor.update(display: display, area: area) : []
+        if readRects.isEmpty && cursorChange.isEmpty { return .next }
+        if lost.lost { return end("the X display \(displayName) went away (the X server exited or the connection broke)") }
+
+        lastXError = 0
+        for r in readRects { read(r) }
+        if lost.lost { return end("the X display \(displayName) went away (the X server exited or the connection broke)") }
+        if lastXError != 0 {
+            host.sendEvent(KRAKL_EVENT_ERROR, error: -EIO, message: "reading the screen failed with X error \(lastXError); frame skipped")
+            return .next
+        }
+
+        // Overlaps between read areas and cursor areas are allowed by the ABI.
+        let damageOut = whole ? [] : readRects + cursorChange
+        if cursorEnabled {
+            // Output = clean pixels where anything changed, then the cursor on top.
+            let copyRects = whole ? [full] : readRects + cursorChange
+            for r in copyRects { copyClean(r) }
+            cursor.draw(into: output, stride: stride, area: area)
+        }
+        deliver(damage: damageOut)
+        needWhole = false
+        return .next
+    }
+
+    /// Reads one rectangle (capture-area pixels) of the screen into `clean`.
+    private func read(_ r: krakl_rect) {
+        let x = Int32(area.x) + r.x, y = Int32(area.y) + r.y
+        if useShm {
+            guard let image = XShmCreateImage(display, visual, UInt32(depth), ZPixmap, nil, &shm, UInt32(r.width), UInt32(r.height)) else { return }
+            image.pointee.data = shm.shmaddr
+            if XShmGetImage(display, root, image, x, y, UInt.max) != 0 { copyRows(from: image, to: r) }
+            image.pointee.data = nil
+            _ = image.pointee.f.destroy_image(image)
+        } else {
+            guard let image = XGetImage(display, root, x, y, UInt32(r.width), UInt32(r.height), UInt.max, ZPixmap) else { return }
+            copyRows(from: image, to: r)
+            _ = image.pointee.f.destroy_image(image)
+        }
+    }
+
+    private func copyRows(from image: UnsafeMutablePointer<XImage>, to r: krakl_rect) {
+        guard image.pointee.bits_per_pixel == 32, let data = image.pointee.data else { return }
+        let source = UnsafeRawPointer(data).assumingMemoryBound(to: UInt8.self)
+        let lineBytes = Int(image.pointee.bytes_per_line)
+        for row in 0..<Int(r.height) {
+            memcpy(clean + (Int(r.y) + row) * stride + Int(r.x) * 4, source + row * lineBytes, Int(r.width) * 4)
+        }
+    }
+
+    private func copyClean(_ r: krakl_rect) {
+        for row in Int(r.y)..<Int(r.y + r.height) {
+            let offset = row * stride + Int(r.x) * 4
+            memcpy(output + offset, clean + offset, Int(r.width) * 4)
+        }
+    }
+
+    private func deliver(damage: [krakl_rect]) {
+        var frame = krakl_frame()
+        frame.struct_size = UInt32(MemoryLayout<krakl_frame>.size)
+        frame.format = KRAKL_FORMAT_BGRX.rawValue
+        frame.width = UInt32(area.width)
+        frame.height = UInt32(area.height)
+        frame.plane_count = 1
+        frame.stride.0 = UInt32(stride)
+        frame.plane.0 = UnsafePointer(output)
+        let now = max(monotonicNanoseconds(), lastTimestamp + 1)
+        frame.timestamp_ns = now
+        frame.sequence = sequence
+        damage.withUnsafeBufferPointer { rects in
+            frame.damage_count = UInt32(rects.count)
+            frame.damage = rects.count > 0 ? rects.baseAddress : nil
+            host.deliver(&frame)
+        }
+        lastTimestamp = now
+        sequence += 1
+    }
+
+    /// The root window changed size: follow it when capturing the whole
+    /// screen or a monitor; returns false when the area no longer fits.
+    private func handleResize() -> Bool {
+        do throws(BackendError) {
+            let newArea = try resolveArea()
+            guard newArea != area else { return true }
+            area = newArea
+            try allocateBuffers()
+        } catch {
+            host.log(KRAKL_LOG_ERROR, error.message)
+            return false
+        }
+        host.sendEvent(KRAKL_EVENT_FORMAT_CHANGED, message: "screen now \(area.width)x\(area.height)",
+                       format: KRAKL_FORMAT_BGRX, width: area.width, height: area.height)
+        needWhole = true
+        return true
+    }
+}
