@@ -129,7 +129,7 @@ final class X11Source: CaptureSource {
             try allocateBuffers()
             XSelectInput(display, root, Int(StructureNotifyMask))
         } catch {
-            teardown()
+            // All stored properties are set, so deinit runs and tears down.
             throw error
         }
     }
@@ -251,7 +251,11 @@ final class X11Source: CaptureSource {
         shmAttached = false
     }
 
+    private var tornDown = false
+
     private func teardown() {
+        guard !tornDown else { return }
+        tornDown = true
         thread?.stop()
         thread = nil
         releaseShm()
@@ -261,9 +265,14 @@ final class X11Source: CaptureSource {
         }
         damage = 0
         damageRegion = 0
-        // A dead connection is closed too: Xlib only frees it (the exit handler
-        // keeps the flush from exiting the process).
-        XCloseDisplay(display)
+        if lost.lost {
+            // The I/O error struck inside an Xlib call that still holds the
+            // display's lock, so XCloseDisplay would wait for it forever (seen).
+            // Close the socket and leave Xlib's few kB of state behind.
+            close(XConnectionNumber(display))
+        } else {
+            XCloseDisplay(display)
+        }
         if output != clean { output.deallocate() }
         clean.deallocate()
         lostRetained?.release()

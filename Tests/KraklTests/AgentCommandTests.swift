@@ -14,7 +14,7 @@ struct AgentCommandTests {
                     "\(name) not listed as loading:\n\(result.stdout)")
         }
         // Truthful about what is not there yet.
-        #expect(result.stdout.contains("not implemented yet: issue #4"))
+        #expect(result.stdout.contains("X11 screen capture: XDamage-tracked"))
         #expect(result.stdout.contains("not implemented yet: issue #5"))
     }
 

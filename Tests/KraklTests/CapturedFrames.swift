@@ -60,6 +60,31 @@ final class FrameCollector: FrameSink, @unchecked Sendable {
         return condition.wait(while: { !ended }, until: Date().addingTimeInterval(timeout))
     }
 
+    /// Waits (bounded) until at least `count` frames arrived.
+    @discardableResult
+    func waitForFrames(_ count: Int, timeout: Double) -> Bool {
+        condition.lock()
+        defer { condition.unlock() }
+        return condition.wait(while: { frames.count < count }, until: Date().addingTimeInterval(timeout))
+    }
+
+    var frameCount: Int {
+        condition.lock()
+        defer { condition.unlock() }
+        return frames.count
+    }
+
+    /// Starts a backend library with `options`; the caller stops it.
+    static func start(library path: String, options: [String: JSON]) throws -> (FrameCollector, BackendSource) {
+        let collector = FrameCollector()
+        let library = try BackendLibrary.load(path: path, backend: "test")
+        var object = JSONObject()
+        for key in options.keys.sorted() { object[key] = options[key] }
+        let source = try BackendSource(library: library, backendName: "test", options: object, sink: collector, logger: { _, _, _ in })
+        try source.start()
+        return (collector, source)
+    }
+
     /// Runs a backend library with `options` until it ends by itself.
     static func collect(library path: String, options: [String: JSON], timeout: Double = 60) throws -> FrameCollector {
         let collector = FrameCollector()

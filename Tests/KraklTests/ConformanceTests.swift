@@ -38,7 +38,7 @@ struct ConformanceTests {
 
     @Test func placeholderBackendsLoadAndRefuseHonestly() throws {
         try Harness.requireBuild()
-        for (name, issue) in [("BackendX11", "#4"), ("BackendPipeWire", "#5")] {
+        for (name, issue) in [("BackendPipeWire", "#5")] {
             let result = try conformance(Harness.library(name), [], expectEnd: false)
             #expect(result.status == 1)
             #expect(result.stdout.contains("PASS  abi-handshake"))

@@ -82,7 +82,9 @@ enum Harness {
             if finished.wait(timeout: .now() + 5) == .timedOut { kill(process.processIdentifier, SIGKILL); finished.wait() }
         }
         group.wait()
-        return Result(status: process.terminationStatus, stdout: String(decoding: outData.data, as: UTF8.self),
+        // A death by signal must not pass for an exit status of the same number.
+        let status = process.terminationReason == .uncaughtSignal ? 128 + process.terminationStatus : process.terminationStatus
+        return Result(status: status, stdout: String(decoding: outData.data, as: UTF8.self),
                       stderr: String(decoding: errData.data, as: UTF8.self), timedOut: timedOut)
     }
 
@@ -135,10 +137,16 @@ final class RunningAgent {
     @discardableResult
     func read(until text: String, count: Int = 1, timeout: Double = 20) -> Bool {
         let deadline = Date().addingTimeInterval(timeout)
-        while output.components(separatedBy: text).count - 1 < count && Date() < deadline {
-            let chunk = out.fileHandleForReading.availableData
-            if chunk.isEmpty { break }
-            output += String(decoding: chunk, as: UTF8.self)
+        let fd = out.fileHandleForReading.fileDescriptor
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while output.components(separatedBy: text).count - 1 < count {
+            // poll first, so a silent child cannot block the test past its deadline.
+            let left = Int32(max(0, deadline.timeIntervalSinceNow * 1000))
+            var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            guard left > 0, poll(&pfd, 1, left) > 0 else { break }
+            let n = Glibc.read(fd, &buffer, buffer.count)
+            if n <= 0 { break }
+            output += String(decoding: buffer[0..<n], as: UTF8.self)
         }
         return output.components(separatedBy: text).count - 1 >= count
     }
@@ -148,8 +156,89 @@ final class RunningAgent {
     /// Interrupts it and waits for it to end; returns its exit status.
     func stop() -> Int32 {
         signal(SIGINT)
-        output += String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
+        read(until: "\u{0}", timeout: 20) // reads to the end of its output (bounded)
+        if !Harness.waitForExit(process, seconds: 10) {
+            signal(SIGKILL)
+            process.waitUntilExit()
+            return -1
+        }
         return process.terminationReason == .exit ? process.terminationStatus : -1
+    }
+
+    deinit {
+        if process.isRunning { signal(SIGKILL) }
+    }
+}
+
+/// An Xvfb of the test's own on a free display number, stopped on deinit.
+/// `-noreset`: an X server resets (root window back to its default, every
+/// drawing gone) whenever its last client disconnects, which is what
+/// happens between the test drawing with a short-lived client and the
+/// backend connecting.
+final class XvfbServer {
+    let display: String
+    let process = Process()
+
+    /// nil (after printing SKIP) when Xvfb is not installed.
+    init?(width: Int = 1024, height: Int = 768) throws {
+        guard let xvfb = Harness.which("Xvfb") else {
+            print("SKIP: Xvfb is not installed (scripts/setup installs it)")
+            return nil
+        }
+        let number = try #require((90..<190).first { !FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\($0)") && !FileManager.default.fileExists(atPath: "/tmp/.X\($0)-lock") })
+        display = ":\(number)"
+        process.executableURL = URL(fileURLWithPath: xvfb)
+        process.arguments = [display, "-screen", "0", "\(width)x\(height)x24", "-nolisten", "tcp", "-noreset"]
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        // Ready when a client can connect (bounded: 10 s).
+        let deadline = Date().addingTimeInterval(10)
+        while Date() < deadline {
+            if FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\(number)"),
+               (try? Harness.run("/usr/bin/xsetroot", ["-display", display, "-solid", "#336699"], timeout: 5).status) == 0 { return }
+            _ = Harness.waitForExit(process, seconds: 0.05)
+        }
+        throw XvfbFailed()
+    }
+
+    struct XvfbFailed: Error {}
+
+    /// Fills a rectangle of the root window (Tests/Fixtures/xfill.c).
+    func fill(x: Int, y: Int, width: Int, height: Int, rgb: String) throws {
+        let tool = try XvfbServer.xfill()
+        let result = try Harness.run(tool, [display, "\(x)", "\(y)", "\(width)", "\(height)", rgb])
+        try #require(result.status == 0, "xfill: \(result.stderr)")
+    }
+
+    nonisolated(unsafe) private static var xfillPath: String?
+    static func xfill() throws -> String {
+        if let path = xfillPath { return path }
+        let dir = try Harness.temporaryDirectory()
+        let out = dir + "/xfill"
+        let cc = try Harness.run("/usr/bin/cc", [Harness.repoRoot + "/Tests/Fixtures/xfill.c", "-o", out, "-lX11"])
+        try #require(cc.status == 0, "cc xfill: \(cc.stderr)")
+        xfillPath = out
+        return out
+    }
+
+    /// SIGKILL: children of the test runner inherit a signal mask that
+    /// blocks SIGTERM (seen: Xvfb ignored terminate()), and a killed server
+    /// is also what "the X server died" means.
+    func kill() {
+        if process.isRunning { Glibc.kill(process.processIdentifier, SIGKILL) }
+        process.waitUntilExit()
+    }
+
+    deinit { kill() }
+}
+
+extension Harness {
+    /// Waits up to `seconds` for `process` to exit (a bounded pause between polls).
+    @discardableResult
+    static func waitForExit(_ process: Process, seconds: Double) -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        while process.isRunning && Date() < deadline { usleep(5_000) }
+        return !process.isRunning
     }
 }

@@ -1,0 +1,121 @@
+import Foundation
+import KraklBackendABI
+import Testing
+@testable import KraklCore
+
+/// The X11 backend against a real X server (Xvfb started by the test).
+@Suite("X11 backend under Xvfb", .serialized)
+struct X11BackendTests {
+    func options(_ x: XvfbServer, _ extra: [String: JSON] = [:]) -> [String: JSON] {
+        var options: [String: JSON] = ["display": .string(x.display), "cursor": .bool(false)]
+        extra.forEach { options[$0.key] = $0.value }
+        return options
+    }
+
+    /// The BGRx pixel at (x, y) of a frame, as 0xRRGGBB.
+    func pixel(_ frame: CapturedFrame, _ x: Int, _ y: Int) -> UInt32 {
+        let p = (y * frame.width + x) * 4
+        return UInt32(frame.planes[0][p + 2]) << 16 | UInt32(frame.planes[0][p + 1]) << 8 | UInt32(frame.planes[0][p])
+    }
+
+    @Test func conformance() throws {
+        try Harness.requireBuild()
+        guard let x = try XvfbServer() else { return }
+        let result = try Harness.agent(["conformance", Harness.library("BackendX11"), "--option", "display=\(x.display)"], timeout: 120)
+        #expect(result.status == 0, "\(result.stdout)\(result.stderr)")
+        #expect(!result.stdout.contains("FAIL"), "\(result.stdout)")
+    }
+
+    /// Pixels are exact, damage covers a drawn rectangle and is small, and
+    /// a static screen delivers nothing after the first frame.
+    @Test func pixelsDamageAndStaticScreen() throws {
+        try Harness.requireBuild()
+        guard let x = try XvfbServer() else { return }
+        try x.fill(x: 100, y: 100, width: 200, height: 150, rgb: "ff8000")
+        let (collector, source) = try FrameCollector.start(library: Harness.library("BackendX11"), options: options(x))
+        defer { source.destroy() }
+        #expect(collector.waitForFrames(1, timeout: 10))
+        let first = collector.frames[0]
+        #expect(first.width == 1024 && first.height == 768 && first.damage.isEmpty)
+        #expect(pixel(first, 150, 150) == 0xFF8000, "inside: \(String(pixel(first, 150, 150), radix: 16))")
+        #expect(pixel(first, 10, 10) == 0x336699, "background: \(String(pixel(first, 10, 10), radix: 16))")
+
+        // Nothing drawn for 5 s: no further frame (an observation window).
+        _ = collector.waitForFrames(2, timeout: 5)
+        #expect(collector.frameCount == 1, "\(collector.frameCount) frames from a static screen")
+
+        try x.fill(x: 600, y: 400, width: 40, height: 30, rgb: "00ff00")
+        #expect(collector.waitForFrames(2, timeout: 10))
+        let second = collector.frames[1]
+        #expect(pixel(second, 620, 415) == 0x00FF00)
+        let covers = second.damage.contains { $0.x <= 600 && $0.y <= 400 && $0.x + $0.width >= 640 && $0.y + $0.height >= 430 }
+            || second.damage.count > 1 // may be split along tile rows; checked by pixels below
+        #expect(covers, "damage \(second.damage) does not cover the 40x30 change")
+        let diff = FrameDiff(first, second)
+        #expect(diff.uncovered(by: second.damage) == nil, "a changed pixel lies outside the damage")
+        let area = second.damage.reduce(0) { $0 + Int($1.width * $1.height) }
+        #expect(area > 0 && area < 1024 * 768 / 50, "damage area \(area) px for a 40x30 change")
+        source.stop()
+    }
+
+    @Test func cursorIsDrawnAndItsMovesAreDamage() throws {
+        try Harness.requireBuild()
+        guard let x = try XvfbServer() else { return }
+        let (collector, source) = try FrameCollector.start(library: Harness.library("BackendX11"), options: options(x, ["cursor": .bool(true)]))
+        defer { source.destroy() }
+        #expect(collector.waitForFrames(1, timeout: 10))
+        // Xvfb's default cursor (an X) sits in the middle of the screen: some pixel near it is not the background.
+        let first = collector.frames[0]
+        var drawn = false
+        for y in 370..<400 { for x in 500..<530 where pixel(first, x, y) != 0x336699 { drawn = true } }
+        #expect(drawn, "no cursor pixels near the screen centre")
+        source.stop()
+    }
+
+    @Test func monitorsAndRegions() throws {
+        try Harness.requireBuild()
+        guard let x = try XvfbServer() else { return }
+        let xrandr = try #require(Harness.which("xrandr"))
+        let set = try Harness.run(xrandr, ["--display", x.display, "--setmonitor", "left", "512/100x768/100+0+0", "none"])
+        try #require(set.status == 0, "xrandr: \(set.stderr)")
+        let (collector, source) = try FrameCollector.start(library: Harness.library("BackendX11"), options: options(x, ["monitor": .string("left")]))
+        #expect(collector.waitForFrames(1, timeout: 10))
+        #expect(collector.frames.first?.width == 512 && collector.frames.first?.height == 768)
+        source.destroy()
+        let (regionFrames, regionSource) = try FrameCollector.start(library: Harness.library("BackendX11"), options: options(x, ["region": .string("200x100+50+60")]))
+        #expect(regionFrames.waitForFrames(1, timeout: 10))
+        #expect(regionFrames.frames.first?.width == 200 && regionFrames.frames.first?.height == 100)
+        regionSource.destroy()
+    }
+
+    @Test func badOptionsAreClearErrors() throws {
+        try Harness.requireBuild()
+        guard let x = try XvfbServer() else { return }
+        let registry = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
+        let cases: [([String], String)] = [
+            (["display=:189"], "cannot open X display :189"),
+            (["display=\(x.display)", "monitor=nowhere"], "no monitor \"nowhere\""),
+            (["display=\(x.display)", "region=400x400+800+600"], "lies outside the 1024x768 screen"),
+            (["display=\(x.display)", "region=wide"], "use WIDTHxHEIGHT+X+Y"),
+        ]
+        for (options, message) in cases {
+            let result = try Harness.agent(["--plugins", registry, "--backend", "x11", "--no-record", "--frames", "1"] + options.flatMap { ["--option", $0] })
+            #expect(result.status == 11 && result.stderr.contains(message), "\(options): exit \(result.status): \(result.stderr)")
+        }
+    }
+
+    /// The X server goes away: the source ends with a clear message and the
+    /// agent itself stays alive to say so and exit normally.
+    @Test func lostDisplayEndsTheSourceNotTheAgent() throws {
+        try Harness.requireBuild()
+        guard let x = try XvfbServer() else { return }
+        let registry = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
+        let agent = try RunningAgent(["--plugins", registry, "--backend", "x11", "--option", "display=\(x.display)", "--no-record"])
+        #expect(agent.read(until: " fps |"), "no status line: \(agent.output)")
+        x.kill()
+        #expect(agent.read(until: "summary:", timeout: 20), "\(agent.output)")
+        #expect(Harness.waitForExit(agent.process, seconds: 10))
+        #expect(agent.process.terminationReason == .exit && agent.process.terminationStatus == 0, "status \(agent.process.terminationStatus)")
+        #expect(agent.output.contains("the source ended: the X display \(x.display) went away"), "\(agent.output)")
+    }
+}
