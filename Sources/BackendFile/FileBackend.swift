@@ -24,8 +24,7 @@ final class FileSource: CaptureSource {
     let frameLimit: Int
     private var thread: PacedThread?
     private var intervals = 0
-    private var sequence: UInt64 = 0
-    private var lastTimestamp: UInt64 = 0
+    private var sender = FrameSender()
     private var needWhole = true
     private var ended = false
 
@@ -60,9 +59,7 @@ final class FileSource: CaptureSource {
         intervals = 0
         needWhole = true
         ended = false
-        let thread = PacedThread(fps: fps) { [unowned self] in self.tick() }
-        try thread.start()
-        self.thread = thread
+        thread = try PacedThread.started(fps: fps) { [unowned self] in self.tick() }
     }
 
     func stop() {
@@ -74,9 +71,8 @@ final class FileSource: CaptureSource {
     private func tick() -> PacedThread.Step {
         if frameLimit > 0 && intervals >= frameLimit { return end("played \(frameLimit) frame intervals") }
         intervals += 1
-        // Strictly increasing even if the clock has not moved since the last frame.
-        let now = max(monotonicNanoseconds(), lastTimestamp + 1)
-        switch producer.next(whole: needWhole, sequence: sequence, timestampNs: now) {
+        let now = sender.nextTimestamp()
+        switch producer.next(whole: needWhole, sequence: sender.sequence, timestampNs: now) {
         case .unchanged:
             return .next
         case .ended(let why):
@@ -86,17 +82,8 @@ final class FileSource: CaptureSource {
             return end(why)
         case .changed(let damage):
             var frame = krakl_frame()
-            frame.struct_size = UInt32(MemoryLayout<krakl_frame>.size)
             producer.describe(&frame)
-            frame.timestamp_ns = now
-            frame.sequence = sequence
-            damage.withUnsafeBufferPointer { rects in
-                frame.damage_count = UInt32(rects.count)
-                frame.damage = rects.count > 0 ? rects.baseAddress : nil
-                host.deliver(&frame)
-            }
-            lastTimestamp = now
-            sequence += 1
+            sender.send(&frame, timestamp: now, damage: damage, to: host)
             needWhole = false
             return .next
         }

@@ -38,6 +38,13 @@ public final class PacedThread: @unchecked Sendable {
 
     public var isRunning: Bool { thread != nil }
 
+    /// A thread already ticking: what a source's start() needs.
+    public static func started(fps: Double, tick: @escaping () -> Step) throws(BackendError) -> PacedThread {
+        let thread = PacedThread(fps: fps, tick: tick)
+        try thread.start()
+        return thread
+    }
+
     /// Control thread. Starts ticking; the first tick is immediate.
     public func start() throws(BackendError) {
         guard thread == nil else { throw BackendError(-EBUSY, "already started") }

@@ -68,8 +68,7 @@ final class X11Source: CaptureSource {
     private var stride: Int { area.width * 4 }
 
     private var thread: PacedThread?
-    private var sequence: UInt64 = 0
-    private var lastTimestamp: UInt64 = 0
+    private var sender = FrameSender()
     private var needWhole = true
     private var ended = false
     private var cursor = CursorState()
@@ -290,9 +289,7 @@ final class X11Source: CaptureSource {
         }
         needWhole = true
         ended = false
-        let thread = PacedThread(fps: fps) { [unowned self] in self.tick() }
-        try thread.start()
-        self.thread = thread
+        thread = try PacedThread.started(fps: fps) { [unowned self] in self.tick() }
     }
 
     func stop() {
@@ -400,23 +397,13 @@ final class X11Source: CaptureSource {
 
     private func deliver(damage: [krakl_rect]) {
         var frame = krakl_frame()
-        frame.struct_size = UInt32(MemoryLayout<krakl_frame>.size)
         frame.format = KRAKL_FORMAT_BGRX.rawValue
         frame.width = UInt32(area.width)
         frame.height = UInt32(area.height)
         frame.plane_count = 1
         frame.stride.0 = UInt32(stride)
         frame.plane.0 = UnsafePointer(output)
-        let now = max(monotonicNanoseconds(), lastTimestamp + 1)
-        frame.timestamp_ns = now
-        frame.sequence = sequence
-        damage.withUnsafeBufferPointer { rects in
-            frame.damage_count = UInt32(rects.count)
-            frame.damage = rects.count > 0 ? rects.baseAddress : nil
-            host.deliver(&frame)
-        }
-        lastTimestamp = now
-        sequence += 1
+        sender.send(&frame, timestamp: sender.nextTimestamp(), damage: damage, to: host)
     }
 
     /// The root window changed size: follow it when capturing the whole

@@ -87,12 +87,7 @@ final class FrameCollector: FrameSink, @unchecked Sendable {
 
     /// Runs a backend library with `options` until it ends by itself.
     static func collect(library path: String, options: [String: JSON], timeout: Double = 60) throws -> FrameCollector {
-        let collector = FrameCollector()
-        let library = try BackendLibrary.load(path: path, backend: "test")
-        var object = JSONObject()
-        for key in options.keys.sorted() { object[key] = options[key] }
-        let source = try BackendSource(library: library, backendName: "test", options: object, sink: collector, logger: { _, _, _ in })
-        try source.start()
+        let (collector, source) = try start(library: path, options: options)
         let ended = collector.waitForEnd(timeout: timeout)
         source.stop()
         source.destroy()
