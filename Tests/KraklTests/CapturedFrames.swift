@@ -63,9 +63,15 @@ final class FrameCollector: FrameSink, @unchecked Sendable {
     /// Waits (bounded) until at least `count` frames arrived.
     @discardableResult
     func waitForFrames(_ count: Int, timeout: Double) -> Bool {
+        waitUntil(timeout: timeout) { $0.count >= count }
+    }
+
+    /// Waits (bounded) until the frames so far satisfy `done`.
+    @discardableResult
+    func waitUntil(timeout: Double, _ done: ([CapturedFrame]) -> Bool) -> Bool {
         condition.lock()
         defer { condition.unlock() }
-        return condition.wait(while: { frames.count < count }, until: Date().addingTimeInterval(timeout))
+        return condition.wait(while: { !done(frames) }, until: Date().addingTimeInterval(timeout))
     }
 
     var frameCount: Int {

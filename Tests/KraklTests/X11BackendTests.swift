@@ -88,6 +88,28 @@ struct X11BackendTests {
         regionSource.destroy()
     }
 
+    /// The screen changes size (a new XRandR mode on Xvfb): FORMAT_CHANGED,
+    /// then whole frames at the new size.
+    @Test func resizeSendsFormatChangedAndContinues() throws {
+        try Harness.requireBuild()
+        guard let x = try XvfbServer() else { return }
+        let xrandr = try #require(Harness.which("xrandr"))
+        let (collector, source) = try FrameCollector.start(library: Harness.library("BackendX11"), options: options(x))
+        defer { source.destroy() }
+        #expect(collector.waitForFrames(1, timeout: 10))
+        #expect(collector.frames.first?.width == 1024)
+        for step in [["--newmode", "800x600", "40", "800", "840", "968", "1056", "600", "601", "605", "628"],
+                     ["--addmode", "screen", "800x600"], ["--output", "screen", "--mode", "800x600"]] {
+            let result = try Harness.run(xrandr, ["--display", x.display] + step)
+            try #require(result.status == 0, "xrandr \(step): \(result.stderr)")
+        }
+        #expect(collector.waitUntil(timeout: 10) { $0.last?.width == 800 }, "no 800-wide frame after the mode change")
+        let resized = try #require(collector.frames.first { $0.width == 800 })
+        #expect(resized.height == 600 && resized.damage.isEmpty, "the first frame at the new size is whole")
+        #expect(collector.events.contains { $0.kind == .formatChanged && $0.width == 800 && $0.height == 600 }, "\(collector.events)")
+        source.stop()
+    }
+
     @Test func badOptionsAreClearErrors() throws {
         try Harness.requireBuild()
         guard let x = try XvfbServer() else { return }
