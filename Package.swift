@@ -38,7 +38,7 @@ let package = Package(
         .target(name: "KraklEncoder", dependencies: ["KraklCore", "CVpx", "CYuv"], swiftSettings: swift5),
         .executableTarget(name: "Agent", dependencies: ["KraklCore", "KraklEncoder"], swiftSettings: swift5),
         // bench/: krakl vs ffmpeg vs GStreamer on the same content (docs/PERFORMANCE.md).
-        .executableTarget(name: "KraklBench", dependencies: ["KraklCore"], path: "bench", swiftSettings: swift5),
+        .executableTarget(name: "KraklBench", dependencies: ["KraklCore"], path: "bench", exclude: ["xactivity.c"], swiftSettings: swift5),
         .testTarget(name: "KraklTests", dependencies: ["KraklCore", "KraklEncoder", "FrameStamp"], swiftSettings: swift5),
     ]
 )

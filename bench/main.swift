@@ -27,9 +27,11 @@ var scenes = ["static", "typing", "scrolling", "video"]
 var bitrateKbps = 2500
 var width = 1920, height = 1080
 let fps = 30
+var x11Mode = false
 var words = Array(CommandLine.arguments.dropFirst())[...]
 while let word = words.popFirst() {
     switch word {
+    case "x11": x11Mode = true
     case "--seconds": seconds = Double(words.popFirst() ?? "") ?? seconds
     case "--scenes": scenes = (words.popFirst() ?? "").split(separator: ",").map(String.init)
     case "--bitrate": bitrateKbps = Int(words.popFirst() ?? "") ?? bitrateKbps
@@ -37,7 +39,7 @@ while let word = words.popFirst() {
         let parts = (words.popFirst() ?? "").split(separator: "x").compactMap { Int($0) }
         if parts.count == 2 { (width, height) = (parts[0], parts[1]) }
     default:
-        print("usage: krakl-bench [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
+        print("usage: krakl-bench [x11] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
         exit(2)
     }
 }
@@ -50,6 +52,8 @@ let work = NSTemporaryDirectory() + "krakl-bench-\(getpid())"
 try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
 defer { try? FileManager.default.removeItem(atPath: work) }
 let frameCount = Int(seconds * Double(fps))
+try "{\"version\": 1, \"default\": \"x11\", \"backends\": {\"x11\": {\"library\": \"\(buildDir)/libBackendX11.so\"}}}"
+    .write(toFile: work + "/plugins-x11.json", atomically: true, encoding: .utf8)
 try "{\"version\": 1, \"default\": \"file\", \"backends\": {\"file\": {\"library\": \"\(backendLibrary)\"}}}"
     .write(toFile: work + "/plugins.json", atomically: true, encoding: .utf8)
 
@@ -116,6 +120,11 @@ func quality(_ recording: String, reference: String, pixelFormat: String) -> (ps
         return text == "inf" ? 99 : Double(text) ?? .nan
     }
     return (number(after: "average:", on: "PSNR y:"), number(after: "All:", on: "SSIM Y:"))
+}
+
+if x11Mode {
+    try runX11Bench(seconds: seconds)
+    exit(0)
 }
 
 func percentile(_ values: [Double], _ p: Double) -> Double {

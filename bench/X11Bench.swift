@@ -1,0 +1,139 @@
+// krakl-bench x11: the X11 backend vs GStreamer's ximagesrc (use-damage=true)
+// and ffmpeg's x11grab, each capturing a 1920x1080 Xvfb at 30 fps into a
+// null sink, for a static screen, a terminal being typed into, and a
+// full-screen change every frame (bench/xactivity.c draws them).
+//
+// Reported: the capturer's CPU seconds per minute (wait4), the X server's
+// extra CPU seconds per minute while it runs (the server copies the pixels
+// a capturer asks for; measured from /proc over an idle baseline of the same
+// scene), and the capturer's peak RSS.
+import Foundation
+
+struct X11Row {
+    var scene = "", capturer = ""
+    var capturerCpu = 0.0, serverCpu = 0.0, rssMB = 0.0
+    var note = ""
+}
+
+/// CPU seconds a process has used so far (utime + stime from /proc).
+func processCpuSeconds(_ pid: pid_t) -> Double {
+    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+          let close = stat.lastIndex(of: ")") else { return 0 }
+    let fields = stat[stat.index(after: close)...].split(separator: " ")
+    // After the comm field: state is fields[0], utime fields[11], stime fields[12].
+    guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return 0 }
+    return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+}
+
+/// Starts a program in the background; returns its pid.
+func spawn(_ program: String, _ arguments: [String]) -> pid_t {
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
+    posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    let argv = ([program] + arguments).map { strdup($0) } + [nil]
+    defer { argv.forEach { free($0) } }
+    var pid: pid_t = 0
+    return posix_spawn(&pid, program, &actions, nil, argv, environ) == 0 ? pid : -1
+}
+
+func stopAndReap(_ pid: pid_t) {
+    kill(pid, SIGKILL)
+    var status: Int32 = 0
+    waitpid(pid, &status, 0)
+}
+
+/// Runs a capturer for `seconds`, then SIGINT (SIGKILL 5 s later if needed).
+func measureFor(_ seconds: Double, _ program: String, _ arguments: [String]) -> Measured {
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+    posix_spawn_file_actions_addopen(&actions, 1, work + "/x11-stdout", O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+    posix_spawn_file_actions_addopen(&actions, 2, work + "/x11-stderr", O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    let argv = ([program] + arguments).map { strdup($0) } + [nil]
+    defer { argv.forEach { free($0) } }
+    var pid: pid_t = 0
+    guard posix_spawn(&pid, program, &actions, nil, argv, environ) == 0 else { return Measured(status: -1) }
+    usleep(useconds_t(seconds * 1_000_000))
+    kill(pid, SIGINT)
+    var status: Int32 = 0
+    var usage = rusage()
+    let deadline = Date().addingTimeInterval(5)
+    while wait4(pid, &status, WNOHANG, &usage) == 0 {
+        if Date() > deadline { kill(pid, SIGKILL) }
+        usleep(10_000)
+    }
+    var m = Measured()
+    m.status = status
+    m.cpuSeconds = Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
+    m.peakRSSMB = Double(usage.ru_maxrss) / 1024
+    m.stdout = (try? String(contentsOfFile: work + "/x11-stdout", encoding: .utf8)) ?? ""
+    m.stderr = (try? String(contentsOfFile: work + "/x11-stderr", encoding: .utf8)) ?? ""
+    return m
+}
+
+func runX11Bench(seconds: Double) throws {
+    let xvfb = which("Xvfb"), xsetroot = which("xsetroot"), cc = which("cc")
+    let source = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("xactivity.c").path
+    let activity = work + "/xactivity"
+    let built = measure(cc, ["-O2", source, "-o", activity, "-lX11"])
+    guard built.status == 0 else { print("krakl-bench: cannot build xactivity: \(built.stderr)"); exit(1) }
+    let display = ":\((150..<250).first { !FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\($0)") } ?? 150)"
+    let minutes = seconds / 60
+    var rows: [X11Row] = []
+    print("krakl-bench x11: static, typing, full at 1920x1080, 30 fps, \(Int(seconds)) s each, on Xvfb \(display)")
+    for scene in ["static", "typing", "full"] {
+        let server = spawn(xvfb, [display, "-screen", "0", "1920x1080x24", "-nolisten", "tcp", "-noreset"])
+        defer { stopAndReap(server) }
+        let ready = Date().addingTimeInterval(10)
+        while measure(xsetroot, ["-display", display, "-solid", "#1e1e1e"]).status != 0 && Date() < ready { usleep(20_000) }
+        let painter = spawn(activity, [display, scene])
+        defer { stopAndReap(painter) }
+        usleep(500_000) // let the painter reach its steady rhythm before measuring
+        let idleStart = processCpuSeconds(server)
+        usleep(useconds_t(seconds * 1_000_000))
+        let idle = (processCpuSeconds(server) - idleStart) / seconds // server CPU/s for the scene alone
+
+        let runs: [(String, String, [String])] = [
+            ("krakl x11 backend", agent, ["--plugins", work + "/plugins-x11.json", "--backend", "x11", "--option", "display=\(display)",
+                                          "--no-record", "-q", "--seconds", "\(seconds)", "--stats-json", work + "/x11-stats.json"]),
+            ("gst ximagesrc use-damage=true", gst, ["-q", "-e", "ximagesrc", "display-name=\(display)", "use-damage=true", "!",
+                                                   "video/x-raw,framerate=30/1", "!", "fakesink"]),
+            ("ffmpeg -f x11grab", ffmpeg, ["-loglevel", "info", "-f", "x11grab", "-framerate", "30", "-video_size", "1920x1080",
+                                          "-i", display, "-t", "\(seconds)", "-f", "null", "-"]),
+        ]
+        for (name, program, arguments) in runs {
+            print("  \(scene): \(name) …")
+            let before = processCpuSeconds(server)
+            let m = measureFor(seconds + 0.5, program, arguments)
+            let serverExtra = max(0, (processCpuSeconds(server) - before) - idle * (seconds + 0.5))
+            var row = X11Row(scene: scene, capturer: name)
+            row.capturerCpu = m.cpuSeconds / minutes
+            row.serverCpu = serverExtra / minutes
+            row.rssMB = m.peakRSSMB
+            if name.hasPrefix("krakl") {
+                let json = (try? JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: work + "/x11-stats.json")))) as? [String: Any] ?? [:]
+                row.note = String(format: "%d frames delivered, damage %.1f%% of the frame", json["captured_frames"] as? Int ?? 0,
+                                  (json["damage_share"] as? Double ?? 0) * 100)
+            } else if name.hasPrefix("ffmpeg"), let line = m.stderr.split(separator: "\r").last(where: { $0.contains("frame=") }) {
+                row.note = String(line.split(separator: "fps=").first ?? "").trimmingCharacters(in: .whitespaces) + " grabbed"
+            }
+            rows.append(row)
+        }
+    }
+    print("")
+    print("| scene | capturer | capturer CPU s / min | X server extra CPU s / min | total CPU s / min | peak RSS (MB) | note |")
+    print("|---|---|---:|---:|---:|---:|---|")
+    for r in rows {
+        print(String(format: "| %@ | %@ | %.2f | %.2f | %.2f | %.1f | %@ |", r.scene, r.capturer, r.capturerCpu, r.serverCpu,
+                     r.capturerCpu + r.serverCpu, r.rssMB, r.note))
+    }
+    print("")
+    for scene in ["static", "typing", "full"] {
+        let total = { (prefix: String) in rows.first { $0.scene == scene && $0.capturer.hasPrefix(prefix) }.map { $0.capturerCpu + $0.serverCpu } ?? .nan }
+        print(String(format: "%@: krakl total CPU is %.1fx lower than ffmpeg x11grab and %.1fx lower than GStreamer ximagesrc",
+                     scene, total("ffmpeg") / total("krakl"), total("gst") / total("krakl")))
+    }
+}
