@@ -1,4 +1,5 @@
 import CX11
+import Glibc
 import KraklBackendABI
 
 /// The pointer as XFixes reports it, kept between frames so that only a
@@ -42,20 +43,37 @@ struct CursorState {
         return krakl_rect(x: Int32(x0), y: Int32(y0), width: Int32(x1 - x0), height: Int32(y1 - y0))
     }
 
-    /// Blends the cursor (premultiplied alpha) over BGRx pixels.
-    func draw(into output: UnsafeMutablePointer<UInt8>, stride: Int, area: CaptureArea) {
-        guard let rect else { return }
+    /// Blends the cursor (premultiplied alpha) over BGRx pixels and returns
+    /// the pixels it covered, for `restore` after the frame is delivered.
+    func draw(into pixels: UnsafeMutablePointer<UInt8>, stride: Int) -> [UInt8]? {
+        guard let rect else { return nil }
+        var under: [UInt8] = []
+        under.reserveCapacity(Int(rect.width * rect.height) * 4)
         for row in Int(rect.y)..<Int(rect.y + rect.height) {
+            let line = pixels + row * stride + Int(rect.x) * 4
+            under.append(contentsOf: UnsafeBufferPointer(start: line, count: Int(rect.width) * 4))
             let sy = row - y
             for col in Int(rect.x)..<Int(rect.x + rect.width) {
-                let p = pixels[sy * width + (col - x)]
+                let p = self.pixels[sy * width + (col - x)]
                 let alpha = p >> 24
                 guard alpha > 0 else { continue }
-                let out = output + row * stride + col * 4
+                let out = pixels + row * stride + col * 4
                 let keep = 255 - alpha
                 out[0] = UInt8(min(255, (p & 0xFF) + UInt32(out[0]) * keep / 255))
                 out[1] = UInt8(min(255, ((p >> 8) & 0xFF) + UInt32(out[1]) * keep / 255))
                 out[2] = UInt8(min(255, ((p >> 16) & 0xFF) + UInt32(out[2]) * keep / 255))
+            }
+        }
+        return under
+    }
+
+    /// Puts back the pixels `draw` covered.
+    func restore(_ under: [UInt8], into pixels: UnsafeMutablePointer<UInt8>, stride: Int) {
+        guard let rect else { return }
+        let rowBytes = Int(rect.width) * 4
+        under.withUnsafeBufferPointer { saved in
+            for (i, row) in (Int(rect.y)..<Int(rect.y + rect.height)).enumerated() {
+                memcpy(pixels + row * stride + Int(rect.x) * 4, saved.baseAddress! + i * rowBytes, rowBytes)
             }
         }
     }

@@ -54,17 +54,23 @@ final class X11Source: CaptureSource {
     private let depth: Int32
     private var useShm = false
     private var useDamage = false
-    private var shm = XShmSegmentInfo()
-    private var shmAttached = false
+    /// The screen picture itself when MIT-SHM works: a full-area read lands
+    /// in place, with no copy.
+    private var screenShm: SharedSegment?
+    /// Where reads of smaller damaged rectangles land before being copied
+    /// into the picture (the X server writes sub-images packed).
+    private var scratchShm: SharedSegment?
     private var damage: Damage = 0
     private var damageRegion: XserverRegion = 0
     private var damageEventBase: Int32 = 0
     private let lost = LostFlag()
     private var lostRetained: Unmanaged<LostFlag>?
 
-    /// What the screen shows (no cursor), and what is delivered (cursor drawn in).
+    /// What the screen shows (no cursor). The cursor is drawn into it only
+    /// for the length of a delivery, then the pixels under it are restored.
     private var clean: UnsafeMutablePointer<UInt8>
-    private var output: UnsafeMutablePointer<UInt8>
+    /// `clean` when it is ours to free (no MIT-SHM).
+    private var cleanOwned: UnsafeMutablePointer<UInt8>?
     private var stride: Int { area.width * 4 }
 
     private var thread: PacedThread?
@@ -105,7 +111,7 @@ final class X11Source: CaptureSource {
         depth = XDefaultDepth(display, screen)
         // Placeholders until the area is known; replaced below.
         clean = .allocate(capacity: 4)
-        output = clean
+        cleanOwned = clean
         area = CaptureArea(x: 0, y: 0, width: 1, height: 1)
         lostRetained = Unmanaged.passRetained(lost)
         XSetIOErrorExitHandler(display, xIOErrorExit, lostRetained!.toOpaque())
@@ -203,51 +209,32 @@ final class X11Source: CaptureSource {
         return CaptureArea(x: 0, y: 0, width: screen.width, height: screen.height)
     }
 
-    /// The picture buffers and the shared-memory segment, sized to the area.
+    /// The picture, in a shared-memory segment the size of the area when
+    /// MIT-SHM works, else in ordinary memory.
     private func allocateBuffers() throws(BackendError) {
         releaseShm()
+        cleanOwned?.deallocate()
+        cleanOwned = nil
         let bytes = area.width * area.height * 4
-        clean.deallocate()
-        if output != clean { output.deallocate() }
+        if useShm, let segment = SharedSegment(display: display, bytes: bytes) {
+            screenShm = segment
+            clean = segment.address
+            return
+        }
+        if useShm {
+            useShm = false
+            host.log(KRAKL_LOG_WARNING, "the X server could not share memory with this process (remote display?): reading pixels with XGetImage")
+        }
         clean = .allocate(capacity: bytes)
         clean.initialize(repeating: 0, count: bytes)
-        output = cursorEnabled ? .allocate(capacity: bytes) : clean
-        if cursorEnabled { output.initialize(repeating: 0, count: bytes) }
-        guard useShm else { return }
-        shm.shmid = shmget(IPC_PRIVATE, bytes, IPC_CREAT | 0o600)
-        guard shm.shmid >= 0 else {
-            useShm = false
-            host.log(KRAKL_LOG_WARNING, "shmget failed (\(String(cString: strerror(errno)))): reading pixels with XGetImage")
-            return
-        }
-        let address = shmat(shm.shmid, nil, 0)
-        guard let address, address != UnsafeMutableRawPointer(bitPattern: -1) else {
-            shmctl(shm.shmid, IPC_RMID, nil)
-            useShm = false
-            host.log(KRAKL_LOG_WARNING, "shmat failed: reading pixels with XGetImage")
-            return
-        }
-        shm.shmaddr = address.assumingMemoryBound(to: CChar.self)
-        shm.readOnly = 0
-        lastXError = 0
-        let attached = XShmAttach(display, &shm) != 0
-        XSync(display, 0)
-        // Removed now: the segment lives until both sides detach, even if we crash.
-        shmctl(shm.shmid, IPC_RMID, nil)
-        guard attached && lastXError == 0 else {
-            shmdt(address)
-            useShm = false
-            host.log(KRAKL_LOG_WARNING, "the X server could not attach shared memory (remote display?): reading pixels with XGetImage")
-            return
-        }
-        shmAttached = true
+        cleanOwned = clean
     }
 
     private func releaseShm() {
-        guard shmAttached else { return }
-        if !lost.lost { XShmDetach(display, &shm) }
-        shmdt(shm.shmaddr)
-        shmAttached = false
+        screenShm?.detach(display: display, alive: !lost.lost)
+        scratchShm?.detach(display: display, alive: !lost.lost)
+        screenShm = nil
+        scratchShm = nil
     }
 
     private var tornDown = false
@@ -272,8 +259,8 @@ final class X11Source: CaptureSource {
         } else {
             XCloseDisplay(display)
         }
-        if output != clean { output.deallocate() }
-        clean.deallocate()
+        cleanOwned?.deallocate()
+        cleanOwned = nil
         lostRetained?.release()
         lostRetained = nil
     }
@@ -352,13 +339,9 @@ final class X11Source: CaptureSource {
 
         // Overlaps between read areas and cursor areas are allowed by the ABI.
         let damageOut = whole ? [] : readRects + cursorChange
-        if cursorEnabled {
-            // Output = clean pixels where anything changed, then the cursor on top.
-            let copyRects = whole ? [full] : readRects + cursorChange
-            for r in copyRects { copyClean(r) }
-            cursor.draw(into: output, stride: stride, area: area)
-        }
+        let under = cursorEnabled ? cursor.draw(into: clean, stride: stride) : nil
         deliver(damage: damageOut)
+        if let under { cursor.restore(under, into: clean, stride: stride) }
         needWhole = false
         return .next
     }
@@ -366,10 +349,18 @@ final class X11Source: CaptureSource {
     /// Reads one rectangle (capture-area pixels) of the screen into `clean`.
     private func read(_ r: krakl_rect) {
         let x = Int32(area.x) + r.x, y = Int32(area.y) + r.y
-        if useShm {
-            guard let image = XShmCreateImage(display, visual, UInt32(depth), ZPixmap, nil, &shm, UInt32(r.width), UInt32(r.height)) else { return }
-            image.pointee.data = shm.shmaddr
-            if XShmGetImage(display, root, image, x, y, UInt.max) != 0 { copyRows(from: image, to: r) }
+        if useShm, let screen = screenShm {
+            let inPlace = r.x == 0 && r.y == 0 && Int(r.width) == area.width && Int(r.height) == area.height
+            if !inPlace && (scratchShm?.bytes ?? 0) < Int(r.width * r.height) * 4 {
+                scratchShm?.detach(display: display, alive: true)
+                // Grown in steps of a quarter of the area, so a few sizes serve a session.
+                let quarter = area.width * area.height
+                scratchShm = SharedSegment(display: display, bytes: (Int(r.width * r.height) * 4 + quarter - 1) / quarter * quarter)
+            }
+            guard var segment = inPlace ? screen : scratchShm else { return }
+            guard let image = XShmCreateImage(display, visual, UInt32(depth), ZPixmap, nil, &segment.info, UInt32(r.width), UInt32(r.height)) else { return }
+            image.pointee.data = segment.info.shmaddr
+            if XShmGetImage(display, root, image, x, y, UInt.max) != 0 && !inPlace { copyRows(from: image, to: r) }
             image.pointee.data = nil
             _ = image.pointee.f.destroy_image(image)
         } else {
@@ -388,13 +379,6 @@ final class X11Source: CaptureSource {
         }
     }
 
-    private func copyClean(_ r: krakl_rect) {
-        for row in Int(r.y)..<Int(r.y + r.height) {
-            let offset = row * stride + Int(r.x) * 4
-            memcpy(output + offset, clean + offset, Int(r.width) * 4)
-        }
-    }
-
     private func deliver(damage: [krakl_rect]) {
         var frame = krakl_frame()
         frame.format = KRAKL_FORMAT_BGRX.rawValue
@@ -402,7 +386,7 @@ final class X11Source: CaptureSource {
         frame.height = UInt32(area.height)
         frame.plane_count = 1
         frame.stride.0 = UInt32(stride)
-        frame.plane.0 = UnsafePointer(output)
+        frame.plane.0 = UnsafePointer(clean)
         sender.send(&frame, timestamp: sender.nextTimestamp(), damage: damage, to: host)
     }
 
@@ -424,3 +408,40 @@ final class X11Source: CaptureSource {
         return true
     }
 }
+
+/// A System V shared-memory segment attached to the X server (MIT-SHM).
+struct SharedSegment {
+    var info = XShmSegmentInfo()
+    let bytes: Int
+    var address: UnsafeMutablePointer<UInt8> { UnsafeMutableRawPointer(info.shmaddr).assumingMemoryBound(to: UInt8.self) }
+
+    /// nil when the segment cannot be made or the server cannot attach it.
+    init?(display: OpaquePointer, bytes: Int) {
+        self.bytes = bytes
+        info.shmid = shmget(IPC_PRIVATE, bytes, IPC_CREAT | 0o600)
+        guard info.shmid >= 0 else { return nil }
+        guard let address = shmat(info.shmid, nil, 0), address != UnsafeMutableRawPointer(bitPattern: -1) else {
+            shmctl(info.shmid, IPC_RMID, nil)
+            return nil
+        }
+        info.shmaddr = address.assumingMemoryBound(to: CChar.self)
+        info.readOnly = 0
+        lastXErrorReset()
+        let attached = XShmAttach(display, &info) != 0
+        XSync(display, 0)
+        // Removed now: the segment lives until both sides detach, even after a crash.
+        shmctl(info.shmid, IPC_RMID, nil)
+        guard attached && lastXErrorCode() == 0 else {
+            shmdt(address)
+            return nil
+        }
+    }
+
+    mutating func detach(display: OpaquePointer, alive: Bool) {
+        if alive { XShmDetach(display, &info) }
+        shmdt(info.shmaddr)
+    }
+}
+
+func lastXErrorReset() { lastXError = 0 }
+func lastXErrorCode() -> UInt8 { lastXError }
