@@ -86,7 +86,12 @@ func runX11Bench(seconds: Double) throws {
     print("krakl-bench x11: static, typing, full at 1920x1080, 30 fps, \(Int(seconds)) s each, on Xvfb \(display)")
     for scene in ["static", "typing", "full"] {
         let server = spawn(xvfb, [display, "-screen", "0", "1920x1080x24", "-nolisten", "tcp", "-noreset"])
-        defer { stopAndReap(server) }
+        defer {
+            stopAndReap(server)
+            // A killed server leaves its socket and lock file behind.
+            try? FileManager.default.removeItem(atPath: "/tmp/.X11-unix/X\(display.dropFirst())")
+            try? FileManager.default.removeItem(atPath: "/tmp/.X\(display.dropFirst())-lock")
+        }
         let ready = Date().addingTimeInterval(10)
         while measure(xsetroot, ["-display", display, "-solid", "#1e1e1e"]).status != 0 && Date() < ready { usleep(20_000) }
         let painter = spawn(activity, [display, scene])

@@ -228,6 +228,10 @@ final class XvfbServer {
     func kill() {
         if process.isRunning { Glibc.kill(process.processIdentifier, SIGKILL) }
         process.waitUntilExit()
+        // A killed server leaves its socket and lock file; free the number.
+        let number = display.dropFirst()
+        try? FileManager.default.removeItem(atPath: "/tmp/.X11-unix/X\(number)")
+        try? FileManager.default.removeItem(atPath: "/tmp/.X\(number)-lock")
     }
 
     deinit { kill() }
