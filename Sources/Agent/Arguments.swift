@@ -170,6 +170,10 @@ FILE BACKEND OPTIONS (--backend file)
   fps=1..240   frames=N (end after N frame intervals)   speed=1..256 (scrolling px/frame)
   seed=N   path=FILE.y4m (play a 4:2:0 Y4M file instead)   loop=true|false
 
+X11 BACKEND OPTIONS (--backend x11)
+  display=:N (default $DISPLAY)   monitor=NAME|INDEX (XRandR)   region=WxH+X+Y
+  cursor=true|false   fps=1..240   shm=true|false   damage=true|false (force fallbacks)
+
 EXIT STATUS
    0 done (stopped, frame/time limit reached, or the source ended)
    1 conformance: a check failed

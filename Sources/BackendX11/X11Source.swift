@@ -76,7 +76,6 @@ final class X11Source: CaptureSource {
     private var thread: PacedThread?
     private var sender = FrameSender()
     private var needWhole = true
-    private var ended = false
     private var cursor = CursorState()
 
     init(host: BackendHost) throws(BackendError) {
@@ -275,7 +274,6 @@ final class X11Source: CaptureSource {
             damageRegion = XFixesCreateRegion(display, nil, 0)
         }
         needWhole = true
-        ended = false
         thread = try PacedThread.started(fps: fps) { [unowned self] in self.tick() }
     }
 
@@ -287,7 +285,6 @@ final class X11Source: CaptureSource {
     // MARK: capture thread
 
     private func end(_ why: String) -> PacedThread.Step {
-        ended = true
         host.sendEvent(KRAKL_EVENT_SOURCE_ENDED, error: -ENODEV, message: why)
         return .end
     }
