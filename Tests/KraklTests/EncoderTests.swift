@@ -233,6 +233,35 @@ struct EncoderPipelineTests {
         #expect(collector.finished)
     }
 
+    /// setBitrate while running: the frames after the change follow the new target.
+    @Test func bitrateChangesWhileRunning() throws {
+        try Harness.requireBuild()
+        let collector = Collector()
+        var settings = EncoderSettings()
+        settings.bitrateKbps = 2000
+        let pipeline = try EncoderPipeline(settings: settings, output: { _, _, _ in collector }, onFailure: { Issue.record("\($0)") })
+        let feeder = Feeder(pipeline)
+        let library = try BackendLibrary.load(path: Harness.library("BackendFile"), backend: "file")
+        var options = JSONObject()
+        options["scene"] = .string("scrolling"); options["width"] = .number("640"); options["height"] = .number("480")
+        let source = try BackendSource(library: library, backendName: "file", options: options, sink: feeder, logger: { _, _, _ in })
+        pipeline.start()
+        try source.start()
+        #expect(collector.waitFor(90) >= 90)
+        pipeline.setBitrate(kbps: 800)
+        collector.condition.lock()
+        let changeAt = collector.frames.count
+        collector.condition.unlock()
+        #expect(collector.waitFor(changeAt + 120) >= changeAt + 120)
+        source.stop()
+        pipeline.finish()
+        // Mean bytes per frame over a second before the change and the last second after it.
+        func kbps(_ frames: ArraySlice<EncodedFrame>) -> Double { Double(frames.reduce(0) { $0 + $1.data.count }) * 8 * 30 / Double(frames.count) / 1000 }
+        let before = kbps(collector.frames[(changeAt - 30)..<changeAt])
+        let after = kbps(collector.frames[(collector.frames.count - 30)...])
+        #expect(before > 1500 && after > 600 && after < 1000, "before \(before) kbit/s, after \(after) kbit/s (2000 then 800 target)")
+    }
+
     /// Builds a BGRx frame over `pixels` and runs `body` with it.
     func withFrame(_ pixels: [UInt8], width: Int, height: Int, damage: [krakl_rect], _ body: (FrameInfo) -> Void) {
         pixels.withUnsafeBufferPointer { buffer in
