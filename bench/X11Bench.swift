@@ -3,10 +3,11 @@
 // null sink, for a static screen, a terminal being typed into, and a
 // full-screen change every frame (bench/xactivity.c draws them).
 //
-// Reported: the capturer's CPU seconds per minute (wait4), the X server's
-// extra CPU seconds per minute while it runs (the server copies the pixels
-// a capturer asks for; measured from /proc over an idle baseline of the same
-// scene), and the capturer's peak RSS.
+// Reported, in steady state (a 2 s warm-up is left out, so start-up does not
+// count): the capturer's CPU seconds per minute and the X server's extra CPU
+// seconds per minute while it runs (the server copies the pixels a capturer
+// asks for; over a baseline of the same scene with no capturer), both from
+// /proc; and the capturer's peak RSS (wait4).
 import Foundation
 
 struct X11Row {
@@ -44,8 +45,10 @@ func stopAndReap(_ pid: pid_t) {
     waitpid(pid, &status, 0)
 }
 
-/// Runs a capturer for `seconds`, then SIGINT (SIGKILL 5 s later if needed).
-func measureFor(_ seconds: Double, _ program: String, _ arguments: [String]) -> Measured {
+/// Runs a capturer: 2 s of warm-up, then `seconds` measured (its CPU and the
+/// X server's, from /proc), then SIGINT (SIGKILL 5 s later if needed).
+/// `cpuSeconds` is the measured window only.
+func measureFor(_ seconds: Double, _ program: String, _ arguments: [String], server: pid_t) -> (Measured, serverCpu: Double) {
     var actions = posix_spawn_file_actions_t()
     posix_spawn_file_actions_init(&actions)
     posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
@@ -55,8 +58,11 @@ func measureFor(_ seconds: Double, _ program: String, _ arguments: [String]) -> 
     let argv = ([program] + arguments).map { strdup($0) } + [nil]
     defer { argv.forEach { free($0) } }
     var pid: pid_t = 0
-    guard posix_spawn(&pid, program, &actions, nil, argv, environ) == 0 else { return Measured(status: -1) }
+    guard posix_spawn(&pid, program, &actions, nil, argv, environ) == 0 else { return (Measured(status: -1), 0) }
+    usleep(2_000_000)
+    let start = (processCpuSeconds(pid), processCpuSeconds(server))
     usleep(useconds_t(seconds * 1_000_000))
+    let end = (processCpuSeconds(pid), processCpuSeconds(server))
     kill(pid, SIGINT)
     var status: Int32 = 0
     var usage = rusage()
@@ -67,11 +73,11 @@ func measureFor(_ seconds: Double, _ program: String, _ arguments: [String]) -> 
     }
     var m = Measured()
     m.status = status
-    m.cpuSeconds = Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
+    m.cpuSeconds = end.0 - start.0
     m.peakRSSMB = Double(usage.ru_maxrss) / 1024
     m.stdout = (try? String(contentsOfFile: work + "/x11-stdout", encoding: .utf8)) ?? ""
     m.stderr = (try? String(contentsOfFile: work + "/x11-stderr", encoding: .utf8)) ?? ""
-    return m
+    return (m, end.1 - start.1)
 }
 
 func runX11Bench(seconds: Double) throws {
@@ -103,17 +109,16 @@ func runX11Bench(seconds: Double) throws {
 
         let runs: [(String, String, [String])] = [
             ("krakl x11 backend", agent, ["--plugins", work + "/plugins-x11.json", "--backend", "x11", "--option", "display=\(display)",
-                                          "--no-record", "-q", "--seconds", "\(seconds)", "--stats-json", work + "/x11-stats.json"]),
+                                          "--no-record", "-q", "--seconds", "\(seconds + 3)", "--stats-json", work + "/x11-stats.json"]),
             ("gst ximagesrc use-damage=true", gst, ["-q", "-e", "ximagesrc", "display-name=\(display)", "use-damage=true", "!",
                                                    "video/x-raw,framerate=30/1", "!", "fakesink"]),
             ("ffmpeg -f x11grab", ffmpeg, ["-loglevel", "info", "-f", "x11grab", "-framerate", "30", "-video_size", "1920x1080",
-                                          "-i", display, "-t", "\(seconds)", "-f", "null", "-"]),
+                                          "-i", display, "-t", "\(seconds + 3)", "-f", "null", "-"]),
         ]
         for (name, program, arguments) in runs {
             print("  \(scene): \(name) …")
-            let before = processCpuSeconds(server)
-            let m = measureFor(seconds + 0.5, program, arguments)
-            let serverExtra = max(0, (processCpuSeconds(server) - before) - idle * (seconds + 0.5))
+            let (m, serverCpu) = measureFor(seconds, program, arguments, server: server)
+            let serverExtra = max(0, serverCpu - idle * seconds)
             var row = X11Row(scene: scene, capturer: name)
             row.capturerCpu = m.cpuSeconds / minutes
             row.serverCpu = serverExtra / minutes

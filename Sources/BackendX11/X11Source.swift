@@ -77,6 +77,12 @@ final class X11Source: CaptureSource {
     private var sender = FrameSender()
     private var needWhole = true
     private var cursor = CursorState()
+    /// Cursor changes come as events when the server has XInput2 (raw
+    /// pointer motion) and XFixes (shape changes), so an idle pointer costs
+    /// no round trips; without XInput2 the cursor is polled every frame.
+    private var xiOpcode: Int32 = -1
+    private var fixesEventBase: Int32 = 0
+    private var cursorDirty = true
 
     init(host: BackendHost) throws(BackendError) {
         self.host = host
@@ -125,13 +131,14 @@ final class X11Source: CaptureSource {
             if wantShm && !useShm { host.log(KRAKL_LOG_WARNING, "the X server has no MIT-SHM (remote display?): reading pixels with XGetImage, which is slower") }
             var errorBase: Int32 = 0
             let haveDamage = XDamageQueryExtension(display, &damageEventBase, &errorBase) != 0
-            var fixesEvent: Int32 = 0, fixesError: Int32 = 0
-            let haveFixes = XFixesQueryExtension(display, &fixesEvent, &fixesError) != 0
+            var fixesError: Int32 = 0
+            let haveFixes = XFixesQueryExtension(display, &fixesEventBase, &fixesError) != 0
             useDamage = wantDamage && haveDamage && haveFixes
             if wantDamage && !useDamage { host.log(KRAKL_LOG_WARNING, "the X server has no XDamage/XFixes: capturing the whole area every frame at \(fps) fps") }
             if cursorEnabled && !haveFixes { host.log(KRAKL_LOG_WARNING, "the X server has no XFixes: the cursor is not drawn") }
             try allocateBuffers()
             XSelectInput(display, root, Int(StructureNotifyMask))
+            if cursorEnabled && haveFixes { followCursorByEvents() }
         } catch {
             // All stored properties are set, so deinit runs and tears down.
             throw error
@@ -158,6 +165,23 @@ final class X11Source: CaptureSource {
         handlersInstalled = true
         XSetErrorHandler(xErrorHandler)
         XSetIOErrorHandler(xIOErrorHandler)
+    }
+
+    /// Asks for XFixes cursor-shape events and XInput2 raw motion on the root
+    /// window; leaves `xiOpcode` at -1 (polling) when XInput2 is missing.
+    private func followCursorByEvents() {
+        XFixesSelectCursorInput(display, root, UInt(XFixesDisplayCursorNotifyMask))
+        var opcode: Int32 = 0, event: Int32 = 0, error: Int32 = 0
+        var major: Int32 = 2, minor: Int32 = 0
+        guard XQueryExtension(display, "XInputExtension", &opcode, &event, &error) != 0,
+              XIQueryVersion(display, &major, &minor) == Success else { return }
+        var bits = [UInt8](repeating: 0, count: (Int(XI_LASTEVENT) + 7) / 8)
+        bits[Int(XI_RawMotion) >> 3] |= UInt8(1 << (Int(XI_RawMotion) & 7))
+        let selected = bits.withUnsafeMutableBufferPointer { buffer -> Bool in
+            var mask = XIEventMask(deviceid: XIAllMasterDevices, mask_len: Int32(buffer.count), mask: buffer.baseAddress)
+            return XISelectEvents(display, root, &mask, 1) == Success
+        }
+        if selected { xiOpcode = opcode }
     }
 
     /// "WxH+X+Y" as in X geometry strings.
@@ -298,6 +322,8 @@ final class X11Source: CaptureSource {
             XNextEvent(display, &event)
             if event.type == damageEventBase + Int32(XDamageNotify) { damaged = true }
             if event.type == ConfigureNotify && event.xconfigure.window == root { resized = true }
+            if event.type == fixesEventBase + Int32(XFixesCursorNotify) { cursorDirty = true }
+            if event.type == GenericEvent && event.xcookie.extension == xiOpcode { cursorDirty = true }
         }
         if lost.lost { return end("the X display \(displayName) went away (the X server exited or the connection broke)") }
         if resized, !handleResize() { return end("the screen of \(displayName) changed and the captured area no longer fits on it") }
@@ -322,7 +348,11 @@ final class X11Source: CaptureSource {
         let full = krakl_rect(x: 0, y: 0, width: Int32(area.width), height: Int32(area.height))
         let readRects = whole ? [full] : rects
 
-        let cursorChange = cursorEnabled ? cursor.update(display: display, area: area) : []
+        var cursorChange: [krakl_rect] = []
+        if cursorEnabled && (cursorDirty || xiOpcode < 0 || whole) {
+            cursorChange = cursor.update(display: display, area: area)
+            cursorDirty = false
+        }
         if readRects.isEmpty && cursorChange.isEmpty { return .next }
         if lost.lost { return end("the X display \(displayName) went away (the X server exited or the connection broke)") }
 
