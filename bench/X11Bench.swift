@@ -16,14 +16,19 @@ struct X11Row {
     var note = ""
 }
 
-/// CPU seconds a process has used so far (utime + stime from /proc).
+/// CPU seconds a process's threads have used so far, from each thread's
+/// /proc/PID/task/TID/schedstat (nanoseconds; utime/stime tick only every
+/// 10 ms, too coarse for an idle capturer).
 func processCpuSeconds(_ pid: pid_t) -> Double {
-    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
-          let close = stat.lastIndex(of: ")") else { return 0 }
-    let fields = stat[stat.index(after: close)...].split(separator: " ")
-    // After the comm field: state is fields[0], utime fields[11], stime fields[12].
-    guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return 0 }
-    return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+    guard let threads = try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task") else { return 0 }
+    var total = 0.0
+    for tid in threads {
+        if let text = try? String(contentsOfFile: "/proc/\(pid)/task/\(tid)/schedstat", encoding: .utf8),
+           let ns = text.split(separator: " ").first.flatMap({ Double($0) }) {
+            total += ns / 1e9
+        }
+    }
+    return total
 }
 
 /// Starts a program in the background; returns its pid.

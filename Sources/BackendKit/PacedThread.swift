@@ -5,7 +5,14 @@ import Glibc
 /// variable on the monotonic clock, not a sleep), so stop returns in
 /// microseconds rather than up to one frame interval.
 public final class PacedThread: @unchecked Sendable {
-    public enum Step { case next, end }
+    public enum Step {
+        /// Tick again at the next interval.
+        case next
+        /// Nothing is happening: sleep until `idleFD` is readable (or stop),
+        /// then tick at once. Only with an `idleFD`; otherwise like `.next`.
+        case idle
+        case end
+    }
 
     private let periodNs: UInt64
     private let tick: () -> Step
@@ -13,13 +20,26 @@ public final class PacedThread: @unchecked Sendable {
     private let cond = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
     private var thread: pthread_t?
     private var stopRequested = false
+    /// A descriptor that becomes readable when there may be work (the X
+    /// connection, say), so an idle source sleeps instead of ticking.
+    private let idleFD: Int32?
+    /// A pipe stop() writes to, waking a thread sleeping in poll() on `idleFD`.
+    private var stopPipe: [Int32] = [-1, -1]
+    private var stopEvent: Int32 { stopPipe[0] }
 
     /// - Parameters:
     ///   - fps: ticks per second.
     ///   - tick: runs on the capture thread; return `.end` to finish.
-    public init(fps: Double, tick: @escaping () -> Step) {
+    public init(fps: Double, idleFD: Int32? = nil, tick: @escaping () -> Step) {
         periodNs = UInt64(1_000_000_000 / fps)
         self.tick = tick
+        self.idleFD = idleFD
+        if idleFD != nil, pipe(&stopPipe) == 0 {
+            for fd in stopPipe {
+                _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+                _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+            }
+        }
         pthread_mutex_init(mutex, nil)
         var attr = pthread_condattr_t()
         pthread_condattr_init(&attr)
@@ -34,13 +54,14 @@ public final class PacedThread: @unchecked Sendable {
         pthread_mutex_destroy(mutex)
         cond.deallocate()
         mutex.deallocate()
+        stopPipe.filter { $0 >= 0 }.forEach { close($0) }
     }
 
     public var isRunning: Bool { thread != nil }
 
     /// A thread already ticking: what a source's start() needs.
-    public static func started(fps: Double, tick: @escaping () -> Step) throws(BackendError) -> PacedThread {
-        let thread = PacedThread(fps: fps, tick: tick)
+    public static func started(fps: Double, idleFD: Int32? = nil, tick: @escaping () -> Step) throws(BackendError) -> PacedThread {
+        let thread = PacedThread(fps: fps, idleFD: idleFD, tick: tick)
         try thread.start()
         return thread
     }
@@ -70,7 +91,15 @@ public final class PacedThread: @unchecked Sendable {
         stopRequested = true
         pthread_cond_signal(cond)
         pthread_mutex_unlock(mutex)
+        if stopPipe[1] >= 0 {
+            var one: UInt8 = 1
+            _ = write(stopPipe[1], &one, 1)
+        }
         pthread_join(handle, nil)
+        if stopEvent >= 0 { // drain it for a later start()
+            var byte: UInt8 = 0
+            while read(stopEvent, &byte, 1) > 0 {}
+        }
         thread = nil
     }
 
@@ -84,7 +113,19 @@ public final class PacedThread: @unchecked Sendable {
             }
             let stopping = stopRequested
             pthread_mutex_unlock(mutex)
-            if stopping || tick() == .end { return }
+            if stopping { return }
+            switch tick() {
+            case .end:
+                return
+            case .idle where idleFD != nil:
+                // Sleep until there may be work or stop() writes stopEvent.
+                var fds = [pollfd(fd: idleFD!, events: Int16(POLLIN), revents: 0), pollfd(fd: stopEvent, events: Int16(POLLIN), revents: 0)]
+                _ = poll(&fds, 2, -1)
+                deadline = max(deadline + periodNs, monotonicNanoseconds())
+                continue
+            case .next, .idle:
+                break
+            }
             deadline += periodNs
             // Fell behind by more than a frame: skip ahead instead of bursting.
             let now = monotonicNanoseconds()

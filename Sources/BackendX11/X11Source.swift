@@ -298,7 +298,10 @@ final class X11Source: CaptureSource {
             damageRegion = XFixesCreateRegion(display, nil, 0)
         }
         needWhole = true
-        thread = try PacedThread.started(fps: fps) { [unowned self] in self.tick() }
+        // While nothing changes, the thread sleeps on the X connection instead
+        // of ticking (unless something must be polled every frame).
+        let idleFD: Int32? = useDamage && (!cursorEnabled || xiOpcode >= 0) ? XConnectionNumber(display) : nil
+        thread = try PacedThread.started(fps: fps, idleFD: idleFD) { [unowned self] in self.tick() }
     }
 
     func stop() {
@@ -353,7 +356,7 @@ final class X11Source: CaptureSource {
             cursorChange = cursor.update(display: display, area: area)
             cursorDirty = false
         }
-        if readRects.isEmpty && cursorChange.isEmpty { return .next }
+        if readRects.isEmpty && cursorChange.isEmpty { return XQLength(display) > 0 ? .next : .idle }
         if lost.lost { return end("the X display \(displayName) went away (the X server exited or the connection broke)") }
 
         lastXError = 0
