@@ -61,7 +61,6 @@ final class X11Source: CaptureSource {
     /// into the picture (the X server writes sub-images packed).
     private var scratchShm: SharedSegment?
     private var damage: Damage = 0
-    private var damageRegion: XserverRegion = 0
     private var damageEventBase: Int32 = 0
     private let lost = LostFlag()
     private var lostRetained: Unmanaged<LostFlag>?
@@ -270,10 +269,8 @@ final class X11Source: CaptureSource {
         releaseShm()
         if !lost.lost {
             if damage != 0 { XDamageDestroy(display, damage) }
-            if damageRegion != 0 { XFixesDestroyRegion(display, damageRegion) }
         }
         damage = 0
-        damageRegion = 0
         if lost.lost {
             // The I/O error struck inside an Xlib call that still holds the
             // display's lock, so XCloseDisplay would wait for it forever (seen).
@@ -292,10 +289,9 @@ final class X11Source: CaptureSource {
         guard thread == nil else { throw BackendError(-EBUSY, "the x11 source is already started") }
         guard !lost.lost else { throw BackendError(-ENODEV, "the X display \(displayName) is gone") }
         if useDamage && damage == 0 {
-            // Report each change of the root window's contents; the capture
-            // thread collects them with XDamageSubtract into a region.
-            damage = XDamageCreate(display, root, Int32(XDamageReportNonEmpty))
-            damageRegion = XFixesCreateRegion(display, nil, 0)
+            // One event per drawing operation on the root window, each with
+            // its rectangle; the capture thread coalesces them per frame.
+            damage = XDamageCreate(display, root, Int32(XDamageReportRawRectangles))
         }
         needWhole = true
         // While nothing changes, the thread sleeps on the X connection instead
@@ -318,12 +314,17 @@ final class X11Source: CaptureSource {
 
     private func tick() -> PacedThread.Step {
         if lost.lost { return end("the X display \(displayName) went away (the X server exited or the connection broke)") }
-        var damaged = false
+        var rects: [krakl_rect] = []
         var resized = false
         while XPending(display) > 0 {
             var event = XEvent()
             XNextEvent(display, &event)
-            if event.type == damageEventBase + Int32(XDamageNotify) { damaged = true }
+            if event.type == damageEventBase + Int32(XDamageNotify) {
+                // Raw rectangles: each event carries its area, so collecting
+                // damage costs no round trip (no XDamageSubtract + fetch).
+                let r = withUnsafePointer(to: &event) { $0.withMemoryRebound(to: XDamageNotifyEvent.self, capacity: 1) { $0.pointee.area } }
+                rects.append(krakl_rect(x: Int32(r.x) - Int32(area.x), y: Int32(r.y) - Int32(area.y), width: Int32(r.width), height: Int32(r.height)))
+            }
             if event.type == ConfigureNotify && event.xconfigure.window == root { resized = true }
             if event.type == fixesEventBase + Int32(XFixesCursorNotify) { cursorDirty = true }
             if event.type == GenericEvent && event.xcookie.extension == xiOpcode { cursorDirty = true }
@@ -331,22 +332,9 @@ final class X11Source: CaptureSource {
         if lost.lost { return end("the X display \(displayName) went away (the X server exited or the connection broke)") }
         if resized, !handleResize() { return end("the screen of \(displayName) changed and the captured area no longer fits on it") }
 
-        var rects: [krakl_rect] = []
         let whole = needWhole || !useDamage
-        if !whole && damaged {
-            XDamageSubtract(display, damage, 0, damageRegion)
-            var count: Int32 = 0
-            if let list = XFixesFetchRegion(display, damageRegion, &count) {
-                for i in 0..<Int(count) {
-                    let r = list[i]
-                    rects.append(krakl_rect(x: Int32(r.x) - Int32(area.x), y: Int32(r.y) - Int32(area.y),
-                                            width: Int32(r.width), height: Int32(r.height)))
-                }
-                XFree(list)
-            }
+        if !whole && !rects.isEmpty {
             rects = TileCoalescer(width: area.width, height: area.height).coalesce(rects)
-        } else if whole && useDamage && damage != 0 {
-            XDamageSubtract(display, damage, 0, 0) // start counting changes from this picture
         }
         let full = krakl_rect(x: 0, y: 0, width: Int32(area.width), height: Int32(area.height))
         let readRects = whole ? [full] : rects
