@@ -4,7 +4,7 @@ import KraklEncoder
 /// The command line, parsed. Parsing never exits: errors are AgentError
 /// .usage / .invalidOption so main() can print them and pick the status.
 struct Arguments {
-    enum Command: Equatable { case run, backends, conformance(String), help, version }
+    enum Command: Equatable { case run, backends, sources, conformance(String), help, version }
 
     var command: Command = .run
     var backend: String?
@@ -103,13 +103,14 @@ struct Arguments {
         switch positional.first {
         case nil, "run": command = .run
         case "backends": command = .backends
+        case "sources": command = .sources
         case "conformance":
             guard positional.count >= 2 else { throw .usage("conformance needs the path of a backend library (.so)") }
             command = .conformance(positional[1])
         case "help": command = .help; return
         default: throw .usage("unknown command \(positional[0]) (commands: run, backends, conformance)")
         }
-        let expected = command == .run || command == .backends ? 1 : 2
+        let expected = command == .run || command == .backends || command == .sources ? 1 : 2
         if positional.count > expected { throw .usage("unexpected argument \(positional[expected])") }
     }
 }
@@ -123,6 +124,7 @@ USAGE
   krakl-agent [run] [--backend NAME] [--option KEY=VALUE]... [--frames N] [--seconds S]
                     [--record FILE.webm|FILE.ivf | --no-record] [ENCODER OPTIONS]
   krakl-agent backends
+  krakl-agent sources [--backend NAME] [--option KEY=VALUE]...
   krakl-agent conformance LIBRARY.so [--option KEY=VALUE]... [--expect-end] [--timeout S]
 
 COMMANDS
@@ -131,6 +133,8 @@ COMMANDS
                   latency; encoded kbit/s, encode time, active blocks) until Ctrl-C,
                   --frames or --seconds, then a summary.
   backends        List the backends in plugins.json and whether each one loads.
+  sources         List what a backend can capture (X11: the screen and each XRandR
+                  monitor), with the option value that selects it.
   conformance     Run the backend conformance checks on a backend library; one line
                   per check (PASS/FAIL/SKIP), exit status 1 if any check fails.
 
@@ -185,4 +189,5 @@ EXIT STATUS
   11 backend create() failed         12 backend start() failed
   13 the source reported an error while capturing
   14 encoding or writing the recording failed
+  15 the backend could not list its sources
 """

@@ -25,6 +25,20 @@ do throws(AgentError) {
         print(helpText)
     case .version:
         print("krakl-agent 0.1.0 (backend ABI \(BackendLibrary.hostVersion.major).\(BackendLibrary.hostVersion.minor))")
+    case .sources:
+        let registry = try PluginRegistry.load(path: arguments.plugins ?? PluginRegistry.defaultPath())
+        let entry = try registry.entry(named: arguments.backend ?? registry.defaultBackend)
+        var options = entry.options
+        for (key, value) in arguments.options { options[key] = value }
+        let library = try BackendLibrary.load(path: entry.library, backend: entry.name)
+        guard library.canListSources else {
+            print("backend \(entry.name) does not list sources (it has no list_sources; ABI \(library.abiMajor).\(library.abiMinor))")
+            break
+        }
+        let sources = try library.listSources(backendName: entry.name, options: options, logger: logger)
+        print("Sources of backend \(entry.name):")
+        let width = sources.map(\.name.count).max() ?? 0
+        for source in sources { print("  \(source.name.padding(toLength: width, withPad: " ", startingAt: 0))  \(source.description)") }
     case .backends:
         listBackends(try PluginRegistry.load(path: arguments.plugins ?? PluginRegistry.defaultPath()))
     case .conformance(let path):

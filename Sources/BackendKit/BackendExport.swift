@@ -12,18 +12,22 @@ public protocol CaptureSource: AnyObject {
 }
 
 public typealias SourceFactory = (BackendHost) throws(BackendError) -> CaptureSource
+/// Reports the sources the options could select through `host.sourceFound`.
+public typealias SourceLister = (BackendHost) throws(BackendError) -> Void
 
 /// One backend per shared library, so one factory per image. Written once
 /// by the entry point before the host can call create().
 nonisolated(unsafe) private var registeredFactory: SourceFactory?
+nonisolated(unsafe) private var registeredLister: SourceLister?
 nonisolated(unsafe) private let table = UnsafeMutablePointer<krakl_backend>.allocate(capacity: 1)
 
 /// Fills this library's `krakl_backend` table and returns it. Call it from
 /// the `@_cdecl("krakl_backend_v1")` entry point. `name` and `description`
 /// are StaticStrings so their C pointers live as long as the process.
-public func exportBackend(name: StaticString, description: StaticString,
+public func exportBackend(name: StaticString, description: StaticString, lister: SourceLister? = nil,
                           factory: @escaping SourceFactory) -> UnsafePointer<krakl_backend> {
     registeredFactory = factory
+    registeredLister = lister
     var entry = krakl_backend()
     entry.struct_size = UInt32(MemoryLayout<krakl_backend>.size)
     entry.abi_version = UInt32(KRAKL_ABI_MAJOR << 16 | KRAKL_ABI_MINOR)
@@ -49,6 +53,23 @@ public func exportBackend(name: StaticString, description: StaticString,
         guard let source else { return }
         let box = Unmanaged<SourceBox>.fromOpaque(UnsafeRawPointer(source)).takeRetainedValue()
         box.source.stop()
+    }
+    if lister != nil {
+        entry.list_sources = { options, rawHost in
+            guard let rawHost, let lister = registeredLister else { return -EINVAL }
+            do throws(BackendError) {
+                let host = try BackendHost(rawHost)
+                do throws(BackendError) {
+                    try lister(host)
+                    return 0
+                } catch {
+                    if !error.alreadyLogged { host.log(KRAKL_LOG_ERROR, error.message) }
+                    return error.code
+                }
+            } catch {
+                return error.code
+            }
+        }
     }
     table.initialize(to: entry)
     return UnsafePointer(table)

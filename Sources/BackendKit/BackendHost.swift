@@ -51,6 +51,13 @@ public final class BackendHost: @unchecked Sendable {
         raw.pointee.option(data, key).map { String(cString: $0) }
     }
 
+    /// Reports one source from list_sources (ABI 1.1 hosts; ignored by 1.0 ones).
+    public func sourceFound(name: String, description: String) {
+        let needed = MemoryLayout<krakl_host>.offset(of: \krakl_host.source_found)! + MemoryLayout<UnsafeRawPointer>.size
+        guard Int(raw.pointee.struct_size) >= needed, let found = raw.pointee.source_found else { return }
+        found(data, name, description)
+    }
+
     /// Rejects options that are not a JSON object or carry a key not in
     /// `known` (the host logs which one).
     public func checkOptions(known: [String]) throws(BackendError) {

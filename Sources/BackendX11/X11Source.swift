@@ -183,6 +183,16 @@ final class X11Source: CaptureSource {
         if selected { xiOpcode = opcode }
     }
 
+    /// list_sources: the whole screen and each XRandR monitor of the display.
+    static func listSources(host: BackendHost) throws(BackendError) {
+        let source = try X11Source(host: host)
+        let screen = source.area
+        host.sourceFound(name: "screen", description: "the whole screen, \(screen.width)x\(screen.height) (no monitor option)")
+        for (index, monitor) in source.monitors().enumerated() {
+            host.sourceFound(name: monitor.name, description: "monitor \(index): \(monitor.area.width)x\(monitor.area.height)+\(monitor.area.x)+\(monitor.area.y) (monitor=\(monitor.name) or monitor=\(index))")
+        }
+    }
+
     /// "WxH+X+Y" as in X geometry strings.
     static func parseGeometry(_ text: String) -> CaptureArea? {
         let parts = text.split(whereSeparator: { $0 == "x" || $0 == "+" })
@@ -292,6 +302,10 @@ final class X11Source: CaptureSource {
             // One event per drawing operation on the root window, each with
             // its rectangle; the capture thread coalesces them per frame.
             damage = XDamageCreate(display, root, Int32(XDamageReportRawRectangles))
+            // The server reports the whole window as damaged on creation; wait
+            // for that event now so the first (whole) frame absorbs it rather
+            // than a second frame repeating it.
+            XSync(display, 0)
         }
         needWhole = true
         // While nothing changes, the thread sleeps on the X connection instead

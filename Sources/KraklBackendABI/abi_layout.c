@@ -13,8 +13,10 @@ _Static_assert(offsetof(krakl_frame, damage) == 96, "krakl_frame.damage");
 _Static_assert(sizeof(krakl_frame) == 112, "krakl_frame size (ABI 1.0)");
 _Static_assert(sizeof(krakl_cursor) == 56, "krakl_cursor size (ABI 1.0)");
 _Static_assert(sizeof(krakl_event) == 40, "krakl_event size (ABI 1.0)");
-_Static_assert(sizeof(krakl_host) == 56, "krakl_host size (ABI 1.0)");
-_Static_assert(sizeof(krakl_backend) == 56, "krakl_backend size (ABI 1.0)");
+_Static_assert(offsetof(krakl_host, source_found) == 56, "krakl_host: 1.0 ends at 56");
+_Static_assert(sizeof(krakl_host) == 64, "krakl_host size (ABI 1.1)");
+_Static_assert(offsetof(krakl_backend, list_sources) == 56, "krakl_backend: 1.0 ends at 56");
+_Static_assert(sizeof(krakl_backend) == 64, "krakl_backend size (ABI 1.1)");
 #endif
 
 // A C target needs one translation unit; this is it.

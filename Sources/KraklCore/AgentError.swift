@@ -14,6 +14,7 @@ public enum AgentError: Error, Equatable, CustomStringConvertible {
     case createFailed(backend: String, code: Int32, message: String)
     case startFailed(backend: String, code: Int32, message: String)
     case encoderFailed(String)
+    case listFailed(backend: String, code: Int32, message: String)
 
     /// Process exit status. 1 stays free for "ran, but a check failed"
     /// (conformance) so a script can tell the two apart.
@@ -31,6 +32,7 @@ public enum AgentError: Error, Equatable, CustomStringConvertible {
         case .createFailed: return 11
         case .startFailed: return 12
         case .encoderFailed: return 14
+        case .listFailed: return 15
         }
     }
 
@@ -60,6 +62,8 @@ public enum AgentError: Error, Equatable, CustomStringConvertible {
             return "backend \(backend) could not start: \(message) (\(errnoName(code)))"
         case .encoderFailed(let message):
             return "encoding failed: \(message)"
+        case .listFailed(let backend, let code, let message):
+            return "backend \(backend) could not list its sources: \(message) (\(errnoName(code)))"
         }
     }
 }

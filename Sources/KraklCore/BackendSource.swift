@@ -111,6 +111,8 @@ final class HostContext {
     let parsed: Result<JSON, JSONParseError>
     /// C strings handed out by host->option(), kept until destroy.
     private var optionStrings: [String: UnsafeMutablePointer<CChar>] = [:]
+    /// What list_sources reported through source_found.
+    var found: [(name: String, description: String)] = []
     private let lock = PThreadLock()
     private var lastError: String?
     /// While create() or start() runs, error lines are kept for the
@@ -137,6 +139,7 @@ final class HostContext {
         value.event = hostEvent
         value.option = hostOption
         value.check_options = hostCheckOptions
+        value.source_found = hostSourceFound
         host.initialize(to: value)
         host.pointee.host_data = Unmanaged.passUnretained(self).toOpaque()
     }
@@ -229,4 +232,31 @@ private let hostOption: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<
 private let hostCheckOptions: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<UnsafePointer<CChar>?>?, Int) -> Int32 = { data, keys, count in
     let known = (0..<max(count, 0)).compactMap { keys?[$0].map { String(cString: $0) } }
     return HostContext.from(data).checkOptions(known)
+}
+
+private let hostSourceFound: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<CChar>?, UnsafePointer<CChar>?) -> Void = { data, name, description in
+    let context = HostContext.from(data)
+    context.found.append((name.map { String(cString: $0) } ?? "", description.map { String(cString: $0) } ?? ""))
+}
+
+extension BackendLibrary {
+    /// Whether the backend implements list_sources (ABI 1.1, optional).
+    public var canListSources: Bool {
+        declaredSize >= MemoryLayout<krakl_backend>.offset(of: \krakl_backend.list_sources)! + MemoryLayout<UnsafeRawPointer>.size
+            && table.list_sources != nil
+    }
+
+    /// The sources the options could select (monitors, windows), as the
+    /// backend's list_sources reports them.
+    public func listSources(backendName: String, options: JSONObject, logger: @escaping BackendLogger) throws(AgentError) -> [(name: String, description: String)] {
+        guard canListSources else { return [] }
+        let context = HostContext(backend: backendName, optionsText: JSON.object(options).serialized, sink: nil, logger: logger)
+        context.capturingErrors = true
+        let status = JSON.object(options).serialized.withCString { table.list_sources!($0, context.host) }
+        context.capturingErrors = false
+        guard status >= 0 else {
+            throw .listFailed(backend: backendName, code: status, message: context.takeLastError() ?? "the backend gave no reason")
+        }
+        return context.found
+    }
 }

@@ -10,7 +10,7 @@ struct AgentCommandTests {
         let result = try Harness.agent(["backends", "--plugins", registry])
         #expect(result.status == 0, "\(result.stderr)")
         for name in ["file", "x11", "pipewire"] {
-            #expect(result.stdout.contains("  \(name) ") && result.stdout.range(of: "\\b\(name)\\s+loads\\s+ABI 1\\.0", options: .regularExpression) != nil,
+            #expect(result.stdout.contains("  \(name) ") && result.stdout.range(of: "\\b\(name)\\s+loads\\s+ABI 1\\.1", options: .regularExpression) != nil,
                     "\(name) not listed as loading:\n\(result.stdout)")
         }
         // Truthful about what is not there yet.

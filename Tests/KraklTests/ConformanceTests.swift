@@ -74,7 +74,22 @@ struct ConformanceTests {
         let library = try Harness.compileBackend(Harness.repoRoot + "/Tests/Fixtures/fixture_backend.c", into: dir, name: "fixture", defines: ["-DBIGGER_TABLE"])
         let result = try conformance(library, [], expectEnd: false)
         #expect(result.status == 0, "\(result.stdout)")
-        #expect(result.stdout.contains("ABI minor 7 is newer than the agent's 0, extra members ignored"), "\(result.stdout)")
+        #expect(result.stdout.contains("ABI minor 7 is newer than the agent's 1, extra members ignored"), "\(result.stdout)")
+    }
+
+    /// A backend built for ABI 1.0 (a 56-byte table, no list_sources) keeps
+    /// working with this 1.1 agent: the size rule at work.
+    @Test func anABI10TableStillLoadsAndPasses() throws {
+        try Harness.requireBuild()
+        let dir = try Harness.temporaryDirectory()
+        let library = try Harness.compileBackend(Harness.repoRoot + "/Tests/Fixtures/fixture_backend.c", into: dir, name: "fixture", defines: ["-DTABLE_SIZE=56"])
+        let result = try conformance(library, [], expectEnd: false)
+        #expect(result.status == 0, "\(result.stdout)")
+        #expect(result.stdout.contains("table is 56 bytes (agent knows 64)"), "\(result.stdout)")
+        try "{\"version\": 1, \"default\": \"fixture\", \"backends\": {\"fixture\": {\"library\": \"libfixture.so\"}}}"
+            .write(toFile: dir + "/plugins.json", atomically: true, encoding: .utf8)
+        let sources = try Harness.agent(["sources", "--plugins", dir + "/plugins.json"])
+        #expect(sources.status == 0 && sources.stdout.contains("does not list sources"), "\(sources.stdout)\(sources.stderr)")
     }
 
     @Test(arguments: [("-DLATE_FRAMES", "FAIL  no-frame-after-stop"),

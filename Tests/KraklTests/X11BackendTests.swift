@@ -86,6 +86,15 @@ struct X11BackendTests {
         #expect(regionFrames.waitForFrames(1, timeout: 10))
         #expect(regionFrames.frames.first?.width == 200 && regionFrames.frames.first?.height == 100)
         regionSource.destroy()
+
+        // `krakl-agent sources` lists the screen and the monitor, with the option value that selects each.
+        let registry = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
+        let listed = try Harness.agent(["sources", "--plugins", registry, "--backend", "x11", "--option", "display=\(x.display)"])
+        #expect(listed.status == 0, "\(listed.stderr)")
+        #expect(listed.stdout.contains("screen") && listed.stdout.contains("1024x768"), "\(listed.stdout)")
+        #expect(listed.stdout.contains("left") && listed.stdout.contains("512x768+0+0") && listed.stdout.contains("monitor=left"), "\(listed.stdout)")
+        let failed = try Harness.agent(["sources", "--plugins", registry, "--backend", "x11", "--option", "display=:189"])
+        #expect(failed.status == 15 && failed.stderr.contains("could not list its sources"), "\(failed.stderr)")
     }
 
     /// The screen changes size (a new XRandR mode on Xvfb): FORMAT_CHANGED,

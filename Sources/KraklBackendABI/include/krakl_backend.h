@@ -53,7 +53,7 @@ extern "C" {
 #endif
 
 #define KRAKL_ABI_MAJOR 1
-#define KRAKL_ABI_MINOR 0
+#define KRAKL_ABI_MINOR 1
 /* Swift cannot import this macro (it has a cast): Swift code builds the
  * value from KRAKL_ABI_MAJOR and KRAKL_ABI_MINOR. */
 #define KRAKL_ABI_VERSION ((uint32_t)((KRAKL_ABI_MAJOR << 16) | KRAKL_ABI_MINOR))
@@ -196,6 +196,12 @@ typedef struct krakl_host {
      * Call it first thing in create(): a typo in an option must be an
      * error, not silently ignored. */
     int (*check_options)(void *host_data, const char *const *known_keys, size_t count);
+
+    /* ABI 1.1: what list_sources() reports, one call per source: `name` is
+     * what the backend's option for choosing it accepts (e.g. a monitor
+     * name), `description` a line for people (size, position). Borrowed
+     * until the call returns. */
+    void (*source_found)(void *host_data, const char *name, const char *description);
 } krakl_host;
 
 /* ------------------------------------------------------------------------ */
@@ -234,7 +240,14 @@ typedef struct krakl_backend {
     void (*destroy)(krakl_source *source);
 
     /* ABI 1.0 ends here. Later minor versions append optional members;
-     * check KRAKL_HAS_FIELD before use. */
+     * the host checks KRAKL_HAS_FIELD and NULL before use. */
+
+    /* ABI 1.1, optional (NULL: the backend cannot list). Control thread.
+     * Reports every source the options could select (monitors, windows)
+     * through host->source_found, without starting anything; `options_json`
+     * and `host` as for create(), valid for this call only. Returns 0 or a
+     * negative errno after logging why. */
+    int (*list_sources)(const char *options_json, const krakl_host *host);
 } krakl_backend;
 
 /* The entry point. Returns a pointer to static storage that stays valid
