@@ -225,6 +225,16 @@ final class XvfbServer {
     /// SIGKILL: children of the test runner inherit a signal mask that
     /// blocks SIGTERM (seen: Xvfb ignored terminate()), and a killed server
     /// is also what "the X server died" means.
+    /// Moves the pointer as a device would (Tests/Fixtures/xpointer.c, XTest).
+    func movePointer(x: Int, y: Int) throws {
+        let dir = try Harness.temporaryDirectory()
+        let tool = dir + "/xpointer"
+        let cc = try Harness.run("/usr/bin/cc", [Harness.repoRoot + "/Tests/Fixtures/xpointer.c", "-o", tool, "-lX11", "-lXtst"])
+        try #require(cc.status == 0, "cc xpointer: \(cc.stderr)")
+        let result = try Harness.run(tool, [display, "\(x)", "\(y)"])
+        try #require(result.status == 0, "xpointer: \(result.stderr)")
+    }
+
     func kill() {
         if process.isRunning { Glibc.kill(process.processIdentifier, SIGKILL) }
         process.waitUntilExit()

@@ -69,6 +69,41 @@ struct X11BackendTests {
         var drawn = false
         for y in 370..<400 { for x in 500..<530 where pixel(first, x, y) != 0x336699 { drawn = true } }
         #expect(drawn, "no cursor pixels near the screen centre")
+
+        // Moving the pointer delivers a frame whose damage covers the old and
+        // the new cursor place, and nothing else changed.
+        try x.movePointer(x: 100, y: 600)
+        #expect(collector.waitForFrames(2, timeout: 10), "no frame after the pointer moved")
+        let moved = collector.frames[1]
+        let diff = FrameDiff(first, moved)
+        #expect(diff.changedCount > 0 && diff.uncovered(by: moved.damage) == nil, "changed pixels outside the damage \(moved.damage)")
+        #expect(moved.damage.contains { $0.x <= 100 && $0.x + $0.width > 100 && $0.y <= 600 && $0.y + $0.height > 600 }, "new place not in \(moved.damage)")
+        #expect(moved.damage.contains { $0.x < 530 && $0.x + $0.width > 500 && $0.y < 400 && $0.y + $0.height > 370 }, "old place not in \(moved.damage)")
+        var near = false
+        for y in 590..<620 { for x in 90..<120 where pixel(moved, x, y) != 0x336699 { near = true } }
+        #expect(near, "no cursor pixels at its new place")
+        source.stop()
+    }
+
+    /// The fallbacks (no MIT-SHM: XGetImage; no XDamage: whole frames at the
+    /// frame rate) pass conformance and deliver the same pixels.
+    @Test(arguments: [["shm=false"], ["damage=false"], ["shm=false", "damage=false"]])
+    func fallbacksConformAndReadTheSamePixels(options: [String]) throws {
+        try Harness.requireBuild()
+        guard let x = try XvfbServer() else { return }
+        try x.fill(x: 100, y: 100, width: 200, height: 150, rgb: "ff8000")
+        let result = try Harness.agent(["conformance", Harness.library("BackendX11"), "--option", "display=\(x.display)"] + options.flatMap { ["--option", $0] }, timeout: 120)
+        #expect(result.status == 0 && !result.stdout.contains("FAIL"), "\(result.stdout)\(result.stderr)")
+        var extra: [String: JSON] = [:]
+        for option in options { let kv = option.split(separator: "="); extra[String(kv[0])] = .bool(kv[1] == "true") }
+        let (collector, source) = try FrameCollector.start(library: Harness.library("BackendX11"), options: self.options(x, extra))
+        defer { source.destroy() }
+        #expect(collector.waitForFrames(1, timeout: 10))
+        #expect(pixel(collector.frames[0], 150, 150) == 0xFF8000 && pixel(collector.frames[0], 10, 10) == 0x336699)
+        if options.contains("damage=false") {
+            // Whole frames at the frame rate, changed or not.
+            #expect(collector.waitForFrames(5, timeout: 10), "the no-XDamage fallback delivers every interval")
+        }
         source.stop()
     }
 
