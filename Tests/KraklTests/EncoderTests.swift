@@ -208,17 +208,30 @@ struct EncoderPipelineTests {
         func event(_ event: SourceEvent) {}
     }
 
-    @Test func keyframeRequestMakesTheNextFrameAKeyframe() throws {
-        try Harness.requireBuild()
+    /// A running pipeline fed by the file backend's `scene`, as the agent runs it.
+    struct Running {
         let collector = Collector()
-        let pipeline = try EncoderPipeline(settings: EncoderSettings(), output: { _, _, _ in collector }, onFailure: { Issue.record("\($0)") })
-        let feeder = Feeder(pipeline)
-        let library = try BackendLibrary.load(path: Harness.library("BackendFile"), backend: "file")
-        var options = JSONObject()
-        options["scene"] = .string("typing"); options["width"] = .number("320"); options["height"] = .number("240")
-        let source = try BackendSource(library: library, backendName: "file", options: options, sink: feeder, logger: { _, _, _ in })
-        pipeline.start()
-        try source.start()
+        let pipeline: EncoderPipeline
+        let feeder: Feeder
+        let source: BackendSource
+
+        init(settings: EncoderSettings = EncoderSettings(), scene: String, width: Int, height: Int) throws {
+            try Harness.requireBuild()
+            let collector = self.collector
+            pipeline = try EncoderPipeline(settings: settings, output: { _, _, _ in collector }, onFailure: { Issue.record("\($0)") })
+            feeder = Feeder(pipeline)
+            let library = try BackendLibrary.load(path: Harness.library("BackendFile"), backend: "file")
+            var options = JSONObject()
+            options["scene"] = .string(scene); options["width"] = .number("\(width)"); options["height"] = .number("\(height)")
+            source = try BackendSource(library: library, backendName: "file", options: options, sink: feeder, logger: { _, _, _ in })
+            pipeline.start()
+            try source.start()
+        }
+    }
+
+    @Test func keyframeRequestMakesTheNextFrameAKeyframe() throws {
+        let run = try Running(scene: "typing", width: 320, height: 240)
+        let (collector, pipeline, source) = (run.collector, run.pipeline, run.source)
         #expect(collector.waitFor(10) >= 10)
         collector.condition.lock()
         let before = collector.frames.count
@@ -235,18 +248,10 @@ struct EncoderPipelineTests {
 
     /// setBitrate while running: the frames after the change follow the new target.
     @Test func bitrateChangesWhileRunning() throws {
-        try Harness.requireBuild()
-        let collector = Collector()
         var settings = EncoderSettings()
         settings.bitrateKbps = 2000
-        let pipeline = try EncoderPipeline(settings: settings, output: { _, _, _ in collector }, onFailure: { Issue.record("\($0)") })
-        let feeder = Feeder(pipeline)
-        let library = try BackendLibrary.load(path: Harness.library("BackendFile"), backend: "file")
-        var options = JSONObject()
-        options["scene"] = .string("scrolling"); options["width"] = .number("640"); options["height"] = .number("480")
-        let source = try BackendSource(library: library, backendName: "file", options: options, sink: feeder, logger: { _, _, _ in })
-        pipeline.start()
-        try source.start()
+        let run = try Running(settings: settings, scene: "scrolling", width: 640, height: 480)
+        let (collector, pipeline, source) = (run.collector, run.pipeline, run.source)
         #expect(collector.waitFor(90) >= 90)
         pipeline.setBitrate(kbps: 800)
         collector.condition.lock()
