@@ -31,19 +31,6 @@ func processCpuSeconds(_ pid: pid_t) -> Double {
     return total
 }
 
-/// Starts a program in the background; returns its pid.
-func spawn(_ program: String, _ arguments: [String]) -> pid_t {
-    var actions = posix_spawn_file_actions_t()
-    posix_spawn_file_actions_init(&actions)
-    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
-    posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
-    defer { posix_spawn_file_actions_destroy(&actions) }
-    let argv = ([program] + arguments).map { strdup($0) } + [nil]
-    defer { argv.forEach { free($0) } }
-    var pid: pid_t = 0
-    return posix_spawn(&pid, program, &actions, nil, argv, environ) == 0 ? pid : -1
-}
-
 func stopAndReap(_ pid: pid_t) {
     kill(pid, SIGKILL)
     var status: Int32 = 0
@@ -54,16 +41,9 @@ func stopAndReap(_ pid: pid_t) {
 /// X server's, from /proc), then SIGINT (SIGKILL 5 s later if needed).
 /// `cpuSeconds` is the measured window only.
 func measureFor(_ seconds: Double, _ program: String, _ arguments: [String], server: pid_t) -> (Measured, serverCpu: Double) {
-    var actions = posix_spawn_file_actions_t()
-    posix_spawn_file_actions_init(&actions)
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-    posix_spawn_file_actions_addopen(&actions, 1, work + "/x11-stdout", O_WRONLY | O_CREAT | O_TRUNC, 0o644)
-    posix_spawn_file_actions_addopen(&actions, 2, work + "/x11-stderr", O_WRONLY | O_CREAT | O_TRUNC, 0o644)
-    defer { posix_spawn_file_actions_destroy(&actions) }
-    let argv = ([program] + arguments).map { strdup($0) } + [nil]
-    defer { argv.forEach { free($0) } }
-    var pid: pid_t = 0
-    guard posix_spawn(&pid, program, &actions, nil, argv, environ) == 0 else { return (Measured(status: -1), 0) }
+    let outPath = work + "/x11-stdout", errPath = work + "/x11-stderr"
+    let pid = launch(program, arguments, stdout: outPath, stderr: errPath)
+    guard pid > 0 else { return (Measured(status: -1), 0) }
     usleep(2_000_000)
     let start = (processCpuSeconds(pid), processCpuSeconds(server))
     usleep(useconds_t(seconds * 1_000_000))
@@ -76,12 +56,8 @@ func measureFor(_ seconds: Double, _ program: String, _ arguments: [String], ser
         if Date() > deadline { kill(pid, SIGKILL) }
         usleep(10_000)
     }
-    var m = Measured()
-    m.status = status
-    m.cpuSeconds = end.0 - start.0
-    m.peakRSSMB = Double(usage.ru_maxrss) / 1024
-    m.stdout = (try? String(contentsOfFile: work + "/x11-stdout", encoding: .utf8)) ?? ""
-    m.stderr = (try? String(contentsOfFile: work + "/x11-stderr", encoding: .utf8)) ?? ""
+    var m = Measured(status: status, usage: usage, out: outPath, err: errPath)
+    m.cpuSeconds = end.0 - start.0 // the measured window, not the whole life
     return (m, end.1 - start.1)
 }
 
@@ -96,7 +72,7 @@ func runX11Bench(seconds: Double) throws {
     var rows: [X11Row] = []
     print("krakl-bench x11: static, typing, full at 1920x1080, 30 fps, \(Int(seconds)) s each, on Xvfb \(display)")
     for scene in ["static", "typing", "full"] {
-        let server = spawn(xvfb, [display, "-screen", "0", "1920x1080x24", "-nolisten", "tcp", "-noreset"])
+        let server = launch(xvfb, [display, "-screen", "0", "1920x1080x24", "-nolisten", "tcp", "-noreset"])
         defer {
             stopAndReap(server)
             // A killed server leaves its socket and lock file behind.
@@ -105,7 +81,7 @@ func runX11Bench(seconds: Double) throws {
         }
         let ready = Date().addingTimeInterval(10)
         while measure(xsetroot, ["-display", display, "-solid", "#1e1e1e"]).status != 0 && Date() < ready { usleep(20_000) }
-        let painter = spawn(activity, [display, scene])
+        let painter = launch(activity, [display, scene])
         defer { stopAndReap(painter) }
         usleep(500_000) // let the painter reach its steady rhythm before measuring
         let idleStart = processCpuSeconds(server)

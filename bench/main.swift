@@ -76,29 +76,41 @@ struct Measured {
     var stderr = ""
 }
 
-/// Runs a program to completion; CPU and peak RSS come from wait4.
-func measure(_ program: String, _ arguments: [String]) -> Measured {
-    let outPath = work + "/stdout", errPath = work + "/stderr"
-    var actions: posix_spawn_file_actions_t = posix_spawn_file_actions_t()
+/// posix_spawn with stdin from /dev/null and stdout/stderr to the given
+/// files (or /dev/null); returns the pid, or -1.
+func launch(_ program: String, _ arguments: [String], stdout: String = "/dev/null", stderr: String = "/dev/null") -> pid_t {
+    var actions = posix_spawn_file_actions_t()
     posix_spawn_file_actions_init(&actions)
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-    posix_spawn_file_actions_addopen(&actions, 1, outPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
-    posix_spawn_file_actions_addopen(&actions, 2, errPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
     defer { posix_spawn_file_actions_destroy(&actions) }
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+    posix_spawn_file_actions_addopen(&actions, 1, stdout, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+    posix_spawn_file_actions_addopen(&actions, 2, stderr, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
     let argv = ([program] + arguments).map { strdup($0) } + [nil]
     defer { argv.forEach { free($0) } }
     var pid: pid_t = 0
-    guard posix_spawn(&pid, program, &actions, nil, argv, environ) == 0 else { return Measured(status: -1) }
+    return posix_spawn(&pid, program, &actions, nil, argv, environ) == 0 ? pid : -1
+}
+
+extension Measured {
+    /// What wait4 reported for a finished child whose output went to `out` and `err`.
+    init(status: Int32, usage: rusage, out: String, err: String) {
+        self.status = status
+        cpuSeconds = Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
+        peakRSSMB = Double(usage.ru_maxrss) / 1024
+        stdout = (try? String(contentsOfFile: out, encoding: .utf8)) ?? ""
+        stderr = (try? String(contentsOfFile: err, encoding: .utf8)) ?? ""
+    }
+}
+
+/// Runs a program to completion; CPU and peak RSS come from wait4.
+func measure(_ program: String, _ arguments: [String]) -> Measured {
+    let outPath = work + "/stdout", errPath = work + "/stderr"
+    let pid = launch(program, arguments, stdout: outPath, stderr: errPath)
+    guard pid > 0 else { return Measured(status: -1) }
     var status: Int32 = 0
     var usage = rusage()
     wait4(pid, &status, 0, &usage)
-    var m = Measured()
-    m.status = status
-    m.cpuSeconds = Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
-    m.peakRSSMB = Double(usage.ru_maxrss) / 1024
-    m.stdout = (try? String(contentsOfFile: outPath, encoding: .utf8)) ?? ""
-    m.stderr = (try? String(contentsOfFile: errPath, encoding: .utf8)) ?? ""
-    return m
+    return Measured(status: status, usage: usage, out: outPath, err: errPath)
 }
 
 /// Bitrate (kbit/s) of a recording from its packets, as ffprobe reads them.

@@ -33,8 +33,9 @@ final class CaptureRun: FrameSink, @unchecked Sendable {
 
     func frame(_ pointer: UnsafePointer<krakl_frame>) {
         let received = DispatchTime.now().uptimeNanoseconds
-        let problem = FrameCheck.geometryProblem(pointer) ?? FrameCheck.damageProblem(FrameInfo(pointer))
-        if let problem {
+        let geometry = FrameCheck.geometryProblem(pointer)
+        let info = FrameInfo(pointer)
+        if let problem = geometry ?? FrameCheck.damageProblem(info) {
             statistics.recordInvalid()
             if !reportedInvalid {
                 reportedInvalid = true
@@ -42,7 +43,6 @@ final class CaptureRun: FrameSink, @unchecked Sendable {
             }
             return
         }
-        let info = FrameInfo(pointer)
         statistics.record(info, receivedNs: received)
         pipeline?.submit(info)
         if let frameLimit, statistics.frameCount >= frameLimit { finish("\(frameLimit) frames captured") }

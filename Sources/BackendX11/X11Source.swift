@@ -321,13 +321,15 @@ final class X11Source: CaptureSource {
 
     // MARK: capture thread
 
+    private var lostMessage: String { "the X display \(displayName) went away (the X server exited or the connection broke)" }
+
     private func end(_ why: String) -> PacedThread.Step {
         host.sendEvent(KRAKL_EVENT_SOURCE_ENDED, error: -ENODEV, message: why)
         return .end
     }
 
     private func tick() -> PacedThread.Step {
-        if lost.lost { return end("the X display \(displayName) went away (the X server exited or the connection broke)") }
+        if lost.lost { return end(lostMessage) }
         var rects: [krakl_rect] = []
         var resized = false
         while XPending(display) > 0 {
@@ -343,7 +345,7 @@ final class X11Source: CaptureSource {
             if event.type == fixesEventBase + Int32(XFixesCursorNotify) { cursorDirty = true }
             if event.type == GenericEvent && event.xcookie.extension == xiOpcode { cursorDirty = true }
         }
-        if lost.lost { return end("the X display \(displayName) went away (the X server exited or the connection broke)") }
+        if lost.lost { return end(lostMessage) }
         if resized, !handleResize() { return end("the screen of \(displayName) changed and the captured area no longer fits on it") }
 
         let whole = needWhole || !useDamage
@@ -359,11 +361,11 @@ final class X11Source: CaptureSource {
             cursorDirty = false
         }
         if readRects.isEmpty && cursorChange.isEmpty { return XQLength(display) > 0 ? .next : .idle }
-        if lost.lost { return end("the X display \(displayName) went away (the X server exited or the connection broke)") }
+        if lost.lost { return end(lostMessage) }
 
         lastXError = 0
         for r in readRects { read(r) }
-        if lost.lost { return end("the X display \(displayName) went away (the X server exited or the connection broke)") }
+        if lost.lost { return end(lostMessage) }
         if lastXError != 0 {
             host.sendEvent(KRAKL_EVENT_ERROR, error: -EIO, message: "reading the screen failed with X error \(lastXError); frame skipped")
             return .next

@@ -146,10 +146,6 @@ public final class EncoderPipeline: @unchecked Sendable {
         let refreshNs = UInt64(settings.refreshInterval * 1e9)
         let keyframeNs = UInt64(settings.keyframeInterval * 1e9)
 
-        func fail(_ error: EncoderError) {
-            onFailure(error)
-        }
-
         // Damage of a frame libvpx dropped: the next frame must encode it too.
         var carried = DamageAccumulator()
         var refreshRow = 0
@@ -220,7 +216,7 @@ public final class EncoderPipeline: @unchecked Sendable {
                 }
                 lastEncodeNs = now
             } catch {
-                fail(error)
+                onFailure(error)
                 break loop
             }
         }
@@ -229,7 +225,7 @@ public final class EncoderPipeline: @unchecked Sendable {
         do throws(EncoderError) {
             try output?.finish()
         } catch {
-            fail(error)
+            onFailure(error)
         }
     }
 
