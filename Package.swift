@@ -36,9 +36,14 @@ let package = Package(
         .systemLibrary(name: "CYuv"),
         // Frames -> I420 -> VP8/VP9, damage-driven; WebM/IVF recording.
         .target(name: "KraklEncoder", dependencies: ["KraklCore", "CVpx", "CYuv"], swiftSettings: swift5),
+        // OpenSSL (DTLS 1.2, certificates, HMAC) and libsrtp2 (SRTP), both from Debian.
+        .systemLibrary(name: "COpenSSL", pkgConfig: "openssl"),
+        .systemLibrary(name: "CSrtp", pkgConfig: "libsrtp2"),
+        // The send-only WebRTC stack: SDP, ICE/STUN, DTLS-SRTP, RTP/RTCP, pacing, bandwidth estimate.
+        .target(name: "KraklRTC", dependencies: ["KraklCore", "COpenSSL", "CSrtp"], swiftSettings: swift5),
         .executableTarget(name: "Agent", dependencies: ["KraklCore", "KraklEncoder"], swiftSettings: swift5),
         // bench/: krakl vs ffmpeg vs GStreamer on the same content (docs/PERFORMANCE.md).
         .executableTarget(name: "KraklBench", dependencies: ["KraklCore"], path: "bench", exclude: ["xactivity.c"], swiftSettings: swift5),
-        .testTarget(name: "KraklTests", dependencies: ["KraklCore", "KraklEncoder", "FrameStamp"], swiftSettings: swift5),
+        .testTarget(name: "KraklTests", dependencies: ["KraklCore", "KraklEncoder", "FrameStamp", "KraklRTC"], swiftSettings: swift5),
     ]
 )
