@@ -322,7 +322,11 @@ private let dtlsVerifyCallback: @convention(c) (Int32, OpaquePointer?) -> Int32 
           let ssl = X509_STORE_CTX_get_ex_data(store, SSL_get_ex_data_X509_STORE_CTX_idx()),
           let owner = SSL_get_ex_data(OpaquePointer(ssl), 0) else { return 0 }
     let transport = Unmanaged<DtlsTransport>.fromOpaque(owner).takeUnretainedValue()
-    return transport.verifyPeer(certificate) ? 1 : 0
+    if transport.verifyPeer(certificate) { return 1 }
+    // Maps to a bad_certificate alert, which tells the peer what is wrong
+    // (the default for a failed verify is unknown_ca, which misleads).
+    X509_STORE_CTX_set_error(store, X509_V_ERR_CERT_REJECTED)
+    return 0
 }
 
 /// Retransmission back-off: 250 ms first, doubling to at most 4 s. OpenSSL's
