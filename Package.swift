@@ -27,7 +27,10 @@ let package = Package(
         // Xlib + MIT-SHM + XDamage + XFixes + XRandR (Debian libx11-dev and friends).
         .systemLibrary(name: "CX11"),
         .target(name: "BackendX11", dependencies: ["BackendKit", "KraklBackendABI", "CX11"], swiftSettings: swift5),
-        .target(name: "BackendPipeWire", dependencies: ["BackendKit"], swiftSettings: swift5),
+        // libpipewire-0.3 (macro and SPA pod helpers) and sd-bus (the ScreenCast portal client), from Debian.
+        .systemLibrary(name: "CPipeWire", pkgConfig: "libpipewire-0.3"),
+        .systemLibrary(name: "CSdBus", pkgConfig: "libsystemd"),
+        .target(name: "BackendPipeWire", dependencies: ["BackendKit", "KraklBackendABI", "CPipeWire", "CSdBus"], swiftSettings: swift5),
         // The host side: plugins.json, dlopen loader, source lifecycle, conformance suite.
         .target(name: "KraklCore", dependencies: ["KraklBackendABI"], swiftSettings: swift5),
         // libvpx (Debian libvpx-dev) with shims for its macro-only calls.

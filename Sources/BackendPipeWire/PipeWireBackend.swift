@@ -1,14 +1,12 @@
 import BackendKit
 import Glibc
 
-/// PipeWire ScreenCast portal capture arrives with issue #5. Until then
-/// this library loads and says so through the ABI's error path.
+/// PipeWire capture: the ScreenCast portal (persistent restore tokens,
+/// damage and cursor metadata), or a PipeWire node directly (option node).
 @_cdecl("krakl_backend_v1")
 public func kraklBackendV1() -> UnsafeRawPointer {
     UnsafeRawPointer(exportBackend(
         name: "pipewire",
-        description: "PipeWire ScreenCast portal capture (not implemented yet: issue #5; create() fails with ENOSYS)"
-    ) { _ throws(BackendError) in
-        throw BackendError(-ENOSYS, "the pipewire backend is not implemented yet (issue #5); use --backend file for now")
-    })
+        description: "PipeWire screen capture through the ScreenCast portal (restore tokens, damage, cursor) or a node directly"
+    ) { host throws(BackendError) in try PipeWireSource(host: host) })
 }

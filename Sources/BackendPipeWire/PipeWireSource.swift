@@ -1,0 +1,538 @@
+import BackendKit
+import CPipeWire
+import Glibc
+import KraklBackendABI
+
+/// One PipeWire capture source. create() (this init) goes through the
+/// ScreenCast portal (or, with option `node`, straight to a node on the
+/// default PipeWire socket), connects a pw_stream to the node and starts
+/// its pw_thread_loop: everything that can fail, fails here. Buffers are
+/// read on that loop's thread from then on into a picture of our own
+/// (only damaged areas are copied), so start() can hand over the current
+/// picture at once and stop() only has to stop delivering. The session
+/// bus is watched on the same thread, so frames and events (format
+/// changes, the end of the session) come from one thread.
+final class PipeWireSource: CaptureSource {
+    static let options = ["source", "cursor", "restore", "node", "timeout"]
+
+    let host: BackendHost
+    private var portal: ScreenCastPortal?
+    private var threadLoop: OpaquePointer?
+    private var loop: UnsafeMutablePointer<pw_loop>?
+    private var context: OpaquePointer?
+    private var core: OpaquePointer?
+    private var registry: OpaquePointer?
+    private var stream: OpaquePointer?
+    private var busSource: UnsafeMutablePointer<spa_source>?
+    private var kickSource: UnsafeMutablePointer<spa_source>?
+    private let coreHook = UnsafeMutablePointer<spa_hook>.allocate(capacity: 1)
+    private let registryHook = UnsafeMutablePointer<spa_hook>.allocate(capacity: 1)
+    private let streamHook = UnsafeMutablePointer<spa_hook>.allocate(capacity: 1)
+    private let coreEvents = UnsafeMutablePointer<pw_core_events>.allocate(capacity: 1)
+    private let registryEvents = UnsafeMutablePointer<pw_registry_events>.allocate(capacity: 1)
+    private let streamEvents = UnsafeMutablePointer<pw_stream_events>.allocate(capacity: 1)
+    private var me: UnsafeMutableRawPointer { Unmanaged.passUnretained(self).toOpaque() }
+
+    /// What is being read, for messages.
+    private var nodeID: UInt32 = 0
+    private var what = "the PipeWire node"
+    private var cursorMeta = false
+
+    // Registry look-up (control thread waits, loop thread fills).
+    private var syncSeq: Int32 = -1
+    private var syncDone = false
+    private var nodes: [(id: UInt32, name: String, mediaClass: String)] = []
+    private var coreFailure: String?
+
+    // Loop thread state (read or written by the control thread only with the loop locked).
+    private var delivering = false
+    private var ended = false
+    private var endReported = false
+    private var endMessage = ""
+    private var tearingDown = false
+    private var streamingSeen = false
+    private var negotiated: (format: krakl_format, width: Int, height: Int)?
+    private var picture: UnsafeMutablePointer<UInt8>?
+    private var pictureSize = (width: 0, height: 0)
+    private var pictureFormat = KRAKL_FORMAT_INVALID
+    private var pictureOrigin = (x: 0, y: 0)
+    private var havePicture = false
+    /// Damage of buffers dropped (older than the newest, or corrupted), in
+    /// buffer pixels, still to be copied from the next good buffer.
+    private var pendingDamage: [krakl_rect] = []
+    private var pendingWhole = true
+    /// Damage since the last delivered frame, in picture pixels.
+    private var deliveryDamage: [krakl_rect] = []
+    private var deliveryWhole = true
+    private var lastDelivered: (format: krakl_format, width: Int, height: Int)?
+    private var cursor = CursorOverlay()
+    private var sender = FrameSender()
+    private var regions = [spa_region](repeating: spa_region(), count: 16)
+
+    init(host: BackendHost) throws(BackendError) {
+        self.host = host
+        let options = try OptionReader(host: host, known: Self.options)
+        let sourceKind = try options.choice("source", default: "monitor", from: ["monitor", "window", "any"])
+        let cursorMode = try options.choice("cursor", default: "embedded", from: ["hidden", "embedded", "metadata"])
+        let restore = try options.bool("restore", default: true)
+        let timeout = try options.number("timeout", default: 60, in: 1...600)
+        let node = options.string("node")
+        if let node, node.isEmpty { throw .invalidOption("option node is empty: give a node id (a number) or a node.name") }
+
+        coreHook.initialize(to: spa_hook())
+        registryHook.initialize(to: spa_hook())
+        streamHook.initialize(to: spa_hook())
+        coreEvents.initialize(to: pw_core_events())
+        registryEvents.initialize(to: pw_registry_events())
+        streamEvents.initialize(to: pw_stream_events())
+
+        var portalFD: Int32 = -1
+        if node == nil {
+            let portal = try ScreenCastPortal(responseTimeout: timeout) { [host] level, message in host.log(level, message) }
+            self.portal = portal
+            let started = try startPortal(portal, source: sourceKind, cursor: cursorMode, restore: restore)
+            portalFD = started.fd
+            nodeID = started.nodeID
+            cursorMeta = started.cursorMode == 4
+            what = "the screen-cast node \(started.nodeID)"
+        } else {
+            cursorMeta = cursorMode == "metadata"
+        }
+
+        pw_init(nil, nil)
+        guard let threadLoop = pw_thread_loop_new("krakl-pipewire", nil) else {
+            if portalFD >= 0 { close(portalFD) }
+            throw BackendError(-ENOMEM, "could not create a PipeWire loop")
+        }
+        self.threadLoop = threadLoop
+        loop = pw_thread_loop_get_loop(threadLoop)
+        guard let context = pw_context_new(loop, nil, 0) else {
+            if portalFD >= 0 { close(portalFD) }
+            throw BackendError(-ENOMEM, "could not create a PipeWire context")
+        }
+        self.context = context
+        guard pw_thread_loop_start(threadLoop) == 0 else {
+            if portalFD >= 0 { close(portalFD) }
+            throw BackendError(-EAGAIN, "could not start the PipeWire thread")
+        }
+        pw_thread_loop_lock(threadLoop)
+        defer { pw_thread_loop_unlock(threadLoop) }
+        try connect(portalFD: portalFD)
+        try listNodes(timeout: min(timeout, 10))
+        if let node {
+            try resolve(node)
+        } else if !nodes.contains(where: { $0.id == nodeID }) {
+            throw BackendError(-ENODEV, "the portal's node \(nodeID) is not visible on its PipeWire connection")
+        }
+        try connectStream()
+        watchBus()
+    }
+
+    deinit { teardown() }
+
+    // MARK: control thread: portal, connection, look-up
+
+    /// Runs the portal's session and keeps its restore token.
+    private func startPortal(_ portal: ScreenCastPortal, source: String, cursor: String, restore: Bool) throws(BackendError) -> PortalStream {
+        let wanted: UInt32 = source == "monitor" ? 1 : source == "window" ? 2 : 3
+        let types = wanted & portal.availableSourceTypes
+        guard types != 0 else {
+            let offered = [(1, "monitor"), (2, "window"), (4, "virtual")].filter { portal.availableSourceTypes & UInt32($0.0) != 0 }.map(\.1)
+            throw BackendError(-EOPNOTSUPP, "the ScreenCast portal cannot share a \(source) (it offers: \(offered.isEmpty ? "nothing" : offered.joined(separator: ", "))); set option source")
+        }
+        let modes: [String: UInt32] = ["hidden": 1, "embedded": 2, "metadata": 4]
+        var mode = modes[cursor]!
+        let available = portal.availableCursorModes
+        if portal.version >= 2 && available & mode == 0 {
+            // Fall back to what draws the pointer anyway, else hide it.
+            let fallback: UInt32 = cursor == "metadata" ? (available & 2 != 0 ? 2 : 1) : cursor == "embedded" ? (available & 4 != 0 ? 4 : 1) : (available & 1 != 0 ? 1 : 2)
+            let name = modes.first { $0.value == fallback }!.key
+            host.log(KRAKL_LOG_WARNING, "pipewire: the portal has no cursor mode \"\(cursor)\" (it offers \(modes.filter { available & $0.value != 0 }.keys.sorted().joined(separator: ", "))); using \"\(name)\"")
+            mode = fallback
+        }
+        let store = RestoreTokenStore(kind: source)
+        if !restore { store.forget() }
+        let token = restore && portal.version >= 4 ? store.load() : nil
+        if let token {
+            host.log(KRAKL_LOG_INFO, "pipewire: offering the stored restore token (\(token.shortenedToken)) from \(store.path)")
+        }
+        let started = try portal.start(PortalRequest(sourceTypes: types, cursorMode: mode, restoreToken: token,
+                                                     persist: restore && portal.version >= 4))
+        if restore, let new = started.restoreToken {
+            do throws(BackendError) {
+                try store.save(new)
+                host.log(KRAKL_LOG_INFO, "pipewire: stored a new restore token (\(new.shortenedToken)) in \(store.path)")
+            } catch {
+                host.log(KRAKL_LOG_WARNING, "pipewire: \(error.message); the portal will ask again next time")
+            }
+        } else if restore && token != nil {
+            store.forget() // used up: the portal gave no new one
+        }
+        host.log(KRAKL_LOG_INFO, "pipewire: the portal shares node \(started.nodeID) (\(started.width)x\(started.height))")
+        return started
+    }
+
+    /// Loop locked. Connects to PipeWire: the portal's descriptor, or the default socket.
+    private func connect(portalFD: Int32) throws(BackendError) {
+        coreEvents.pointee.version = UInt32(PW_VERSION_CORE_EVENTS)
+        coreEvents.pointee.done = { data, id, seq in
+            let me = Unmanaged<PipeWireSource>.fromOpaque(data!).takeUnretainedValue()
+            if id == UInt32(PW_ID_CORE) && seq == me.syncSeq { me.syncDone = true; pw_thread_loop_signal(me.threadLoop, false) }
+        }
+        coreEvents.pointee.error = { data, id, _, res, message in
+            let me = Unmanaged<PipeWireSource>.fromOpaque(data!).takeUnretainedValue()
+            let text = message.map { String(cString: $0) } ?? String(cString: strerror(-res))
+            if id == UInt32(PW_ID_CORE) {
+                me.coreFailure = res == -EPIPE ? "the connection to PipeWire broke (PipeWire exited?)" : "PipeWire reported: \(text)"
+                pw_thread_loop_signal(me.threadLoop, false)
+                me.end(me.coreFailure!)
+            }
+        }
+        if portalFD >= 0 {
+            core = pw_context_connect_fd(context, portalFD, nil, 0)
+            guard core != nil else {
+                let code = errno
+                throw BackendError(-ECONNREFUSED, "could not connect to PipeWire through the portal's descriptor: \(String(cString: strerror(code))); is PipeWire running?")
+            }
+        } else {
+            core = pw_context_connect(context, nil, 0)
+            guard core != nil else {
+                let code = errno
+                let folder = [getenv("PIPEWIRE_RUNTIME_DIR"), getenv("XDG_RUNTIME_DIR")].compactMap { $0 }.first.map { String(cString: $0) } ?? "(no XDG_RUNTIME_DIR)"
+                let name = getenv("PIPEWIRE_REMOTE").map { String(cString: $0) } ?? "pipewire-0"
+                throw BackendError(-ECONNREFUSED, "PipeWire is not running: cannot connect to \(name.hasPrefix("/") ? name : folder + "/" + name) (\(String(cString: strerror(code)))); start pipewire (and wireplumber) for this user")
+            }
+        }
+        _ = krakl_pw_core_add_listener(core, coreHook, coreEvents, me)
+    }
+
+    /// Loop locked. Lists the nodes PipeWire shows us (bounded wait), and
+    /// keeps the registry to hear when ours goes away.
+    private func listNodes(timeout: Double) throws(BackendError) {
+        registryEvents.pointee.version = UInt32(PW_VERSION_REGISTRY_EVENTS)
+        registryEvents.pointee.global = { data, id, _, type, _, props in
+            let me = Unmanaged<PipeWireSource>.fromOpaque(data!).takeUnretainedValue()
+            guard let type, String(cString: type) == "PipeWire:Interface:Node" else { return }
+            let name = krakl_pw_dict_lookup(props, "node.name").map { String(cString: $0) } ?? ""
+            let mediaClass = krakl_pw_dict_lookup(props, "media.class").map { String(cString: $0) } ?? ""
+            me.nodes.append((id, name, mediaClass))
+        }
+        registryEvents.pointee.global_remove = { data, id in
+            let me = Unmanaged<PipeWireSource>.fromOpaque(data!).takeUnretainedValue()
+            me.nodes.removeAll { $0.id == id }
+            if id == me.nodeID && me.stream != nil { me.end("\(me.what) went away (the screen cast was stopped)") }
+        }
+        registry = krakl_pw_core_get_registry(core)
+        guard registry != nil else { throw BackendError(-ENOMEM, "could not read PipeWire's registry") }
+        krakl_pw_registry_add_listener(registry, registryHook, registryEvents, me)
+        syncDone = false
+        syncSeq = krakl_pw_core_sync(core, 0)
+        let deadline = monotonicNanoseconds() + UInt64(timeout * 1e9)
+        while !syncDone && coreFailure == nil && monotonicNanoseconds() < deadline {
+            _ = pw_thread_loop_timed_wait(threadLoop, 1)
+        }
+        if let coreFailure { throw BackendError(-ECONNREFUSED, "PipeWire is not usable: \(coreFailure)") }
+        guard syncDone else { throw BackendError(-ETIMEDOUT, "PipeWire did not answer within \(Int(timeout)) s") }
+    }
+
+    /// Loop locked. Finds option `node` (an id or a node.name) among the video nodes.
+    private func resolve(_ node: String) throws(BackendError) {
+        let video = nodes.filter { $0.mediaClass.hasPrefix("Video/") }
+        let match = UInt32(node).flatMap { id in nodes.first { $0.id == id } } ?? nodes.first { $0.name == node }
+        guard let match else {
+            let list = video.map { "\($0.id) (\($0.name), \($0.mediaClass))" }
+            throw BackendError(-ENODEV, "no PipeWire node \(node); video nodes: \(list.isEmpty ? "none" : list.joined(separator: ", "))")
+        }
+        guard match.mediaClass.hasPrefix("Video/") else {
+            throw BackendError(-ENODEV, "PipeWire node \(node) (\(match.name)) is \(match.mediaClass.isEmpty ? "not a media node" : match.mediaClass), not a video source")
+        }
+        nodeID = match.id
+        what = "PipeWire node \(match.id) (\(match.name))"
+    }
+
+    /// Loop locked. Creates the stream and connects it to `nodeID`.
+    private func connectStream() throws(BackendError) {
+        streamEvents.pointee.version = UInt32(PW_VERSION_STREAM_EVENTS)
+        streamEvents.pointee.state_changed = { data, _, state, error in
+            Unmanaged<PipeWireSource>.fromOpaque(data!).takeUnretainedValue().stateChanged(state, error.map { String(cString: $0) })
+        }
+        streamEvents.pointee.param_changed = { data, id, param in
+            Unmanaged<PipeWireSource>.fromOpaque(data!).takeUnretainedValue().paramChanged(id, param)
+        }
+        streamEvents.pointee.process = { data in
+            Unmanaged<PipeWireSource>.fromOpaque(data!).takeUnretainedValue().process()
+        }
+        guard let stream = pw_stream_new(core, "krakl-agent", krakl_pw_stream_properties()) else {
+            throw BackendError(-ENOMEM, "could not create a PipeWire stream")
+        }
+        self.stream = stream
+        pw_stream_add_listener(stream, streamHook, streamEvents, me)
+        var buffer = [UInt8](repeating: 0, count: 1024)
+        var params = [UnsafePointer<spa_pod>?](repeating: nil, count: 1)
+        let count = buffer.withUnsafeMutableBufferPointer { krakl_pw_format_params($0.baseAddress, UInt32($0.count), &params) }
+        let flags = pw_stream_flags(PW_STREAM_FLAG_AUTOCONNECT.rawValue | PW_STREAM_FLAG_MAP_BUFFERS.rawValue)
+        let status = pw_stream_connect(stream, SPA_DIRECTION_INPUT, nodeID, flags, &params, count)
+        guard status >= 0 else { throw BackendError(status, "could not connect to \(what): \(String(cString: strerror(-status)))") }
+    }
+
+    /// Loop locked. The bus (the session's Closed signal) and the wake-up
+    /// start() uses are served by the loop thread.
+    private func watchBus() {
+        kickSource = krakl_pw_loop_add_event(loop, { data, _ in
+            Unmanaged<PipeWireSource>.fromOpaque(data!).takeUnretainedValue().kicked()
+        }, me)
+        guard let portal, portal.fd >= 0 else { return }
+        portal.closed.onClosed = { [unowned self] in self.end("the portal session was closed (sharing was stopped in the desktop)") }
+        busSource = krakl_pw_loop_add_io(loop, portal.fd, { data, _, _ in
+            Unmanaged<PipeWireSource>.fromOpaque(data!).takeUnretainedValue().portal?.processPending()
+        }, me)
+        // Messages that arrived during create() are already buffered.
+        _ = krakl_pw_loop_signal_event(loop, kickSource)
+    }
+
+    // MARK: control thread: start/stop/destroy
+
+    func start() throws(BackendError) {
+        guard let threadLoop else { throw BackendError(-EINVAL, "the pipewire source was not created") }
+        pw_thread_loop_lock(threadLoop)
+        defer { pw_thread_loop_unlock(threadLoop) }
+        guard !delivering else { throw BackendError(-EBUSY, "the pipewire source is already started") }
+        delivering = true
+        endReported = false
+        deliveryWhole = true
+        // The loop thread delivers the current picture (or the end) at once.
+        _ = krakl_pw_loop_signal_event(loop, kickSource)
+    }
+
+    func stop() {
+        guard let threadLoop else { return }
+        // Callbacks run with the loop locked: once we hold it, none is running.
+        pw_thread_loop_lock(threadLoop)
+        delivering = false
+        pw_thread_loop_unlock(threadLoop)
+    }
+
+    private func teardown() {
+        if let threadLoop {
+            pw_thread_loop_lock(threadLoop)
+            tearingDown = true
+            delivering = false
+            if let busSource { krakl_pw_loop_destroy_source(loop, busSource) }
+            if let kickSource { krakl_pw_loop_destroy_source(loop, kickSource) }
+            busSource = nil
+            kickSource = nil
+            if let stream { pw_stream_destroy(stream) }
+            stream = nil
+            if let registry { krakl_pw_proxy_destroy(UnsafeMutableRawPointer(registry)) }
+            registry = nil
+            if let core { pw_core_disconnect(core) }
+            core = nil
+            pw_thread_loop_unlock(threadLoop)
+            pw_thread_loop_stop(threadLoop)
+        }
+        if let context { pw_context_destroy(context) }
+        context = nil
+        if let threadLoop { pw_thread_loop_destroy(threadLoop) }
+        threadLoop = nil
+        portal?.closed.onClosed = nil
+        portal?.close()
+        portal = nil
+        picture?.deallocate()
+        picture = nil
+        for hook in [coreHook, registryHook, streamHook] { hook.deallocate() }
+        coreEvents.deallocate()
+        registryEvents.deallocate()
+        streamEvents.deallocate()
+    }
+
+    // MARK: loop thread
+
+    private func end(_ message: String) {
+        guard !tearingDown else { return }
+        if !ended {
+            ended = true
+            endMessage = message
+            host.log(KRAKL_LOG_INFO, "pipewire: \(message)")
+        }
+        if delivering && !endReported {
+            endReported = true
+            host.sendEvent(KRAKL_EVENT_SOURCE_ENDED, error: -ENODEV, message: endMessage)
+        }
+    }
+
+    /// start() asked for the current picture (or bus messages are waiting).
+    private func kicked() {
+        portal?.processPending()
+        if ended { end(endMessage); return }
+        deliver()
+    }
+
+    private func stateChanged(_ state: pw_stream_state, _ error: String?) {
+        guard !tearingDown else { return }
+        switch state {
+        case PW_STREAM_STATE_STREAMING:
+            streamingSeen = true
+        case PW_STREAM_STATE_ERROR:
+            end("the PipeWire stream from \(what) failed: \(error ?? "no reason given")")
+        case PW_STREAM_STATE_UNCONNECTED:
+            end("the PipeWire stream from \(what) was disconnected\(error.map { ": \($0)" } ?? "")")
+        default:
+            break
+        }
+    }
+
+    private func paramChanged(_ id: UInt32, _ param: UnsafePointer<spa_pod>?) {
+        guard id == SPA_PARAM_Format.rawValue, let param, let stream else { return }
+        var format: UInt32 = 0, width: UInt32 = 0, height: UInt32 = 0
+        guard krakl_pw_parse_format(param, &format, &width, &height) == 0 else { return }
+        let mapped: krakl_format
+        switch format {
+        case SPA_VIDEO_FORMAT_BGRx.rawValue: mapped = KRAKL_FORMAT_BGRX
+        case SPA_VIDEO_FORMAT_BGRA.rawValue: mapped = KRAKL_FORMAT_BGRA
+        case SPA_VIDEO_FORMAT_RGBx.rawValue: mapped = KRAKL_FORMAT_RGBX
+        case SPA_VIDEO_FORMAT_RGBA.rawValue: mapped = KRAKL_FORMAT_RGBA
+        default:
+            end("\(what) negotiated video format \(format), which this backend cannot read")
+            return
+        }
+        negotiated = (mapped, Int(width), Int(height))
+        pendingWhole = true
+        host.log(KRAKL_LOG_DEBUG, "pipewire: \(what) sends \(width)x\(height) format \(format)")
+        var buffer = [UInt8](repeating: 0, count: 2048)
+        var params = [UnsafePointer<spa_pod>?](repeating: nil, count: 8)
+        let count = buffer.withUnsafeMutableBufferPointer { krakl_pw_buffer_params($0.baseAddress, UInt32($0.count), &params, cursorMeta) }
+        _ = pw_stream_update_params(stream, &params, count)
+    }
+
+    /// The damage a buffer carries, in buffer pixels; nil: the whole frame.
+    private func damage(of buffer: UnsafeMutablePointer<spa_buffer>) -> [krakl_rect]? {
+        let count = regions.withUnsafeMutableBufferPointer { krakl_pw_buffer_damage(buffer, $0.baseAddress, Int32($0.count)) }
+        guard count > 0 && Int(count) <= regions.count else { return nil }
+        return regions[0..<Int(count)].map {
+            krakl_rect(x: $0.position.x, y: $0.position.y, width: Int32(clamping: $0.size.width), height: Int32(clamping: $0.size.height))
+        }
+    }
+
+    /// A buffer whose pixels will not be copied (older than the newest, or
+    /// corrupted): its damage is carried to the next good one.
+    private func absorb(_ buffer: UnsafeMutablePointer<spa_buffer>) {
+        if let rects = damage(of: buffer) { pendingDamage += rects } else { pendingWhole = true }
+    }
+
+    private func process() {
+        guard let stream, !tearingDown else { return }
+        var newest: UnsafeMutablePointer<pw_buffer>?
+        while let next = pw_stream_dequeue_buffer(stream) {
+            if let older = newest {
+                absorb(older.pointee.buffer)
+                pw_stream_queue_buffer(stream, older)
+            }
+            newest = next
+        }
+        guard let newest else { return }
+        defer { pw_stream_queue_buffer(stream, newest) }
+        let buffer = newest.pointee.buffer!
+        if krakl_pw_buffer_corrupted(buffer) {
+            absorb(buffer)
+            return
+        }
+        if let negotiated, buffer.pointee.n_datas > 0, let data = buffer.pointee.datas, let chunk = data.pointee.chunk,
+           let base = data.pointee.data, chunk.pointee.size > 0 {
+            copyPixels(buffer, base: UnsafeRawPointer(base), maxSize: Int(data.pointee.maxsize), chunk: chunk.pointee, negotiated: negotiated)
+        }
+        if cursorMeta && havePicture {
+            var meta = krakl_pw_cursor()
+            if krakl_pw_buffer_cursor(buffer, &meta) {
+                deliveryDamage += cursor.update(meta, originX: pictureOrigin.x, originY: pictureOrigin.y,
+                                                pictureWidth: pictureSize.width, pictureHeight: pictureSize.height)
+            }
+        }
+        deliver()
+    }
+
+    /// Copies the buffer's changed areas (all of it when needed) into the picture.
+    private func copyPixels(_ buffer: UnsafeMutablePointer<spa_buffer>, base: UnsafeRawPointer, maxSize: Int, chunk: spa_chunk,
+                            negotiated: (format: krakl_format, width: Int, height: Int)) {
+        let stride = chunk.stride > 0 ? Int(chunk.stride) : negotiated.width * 4
+        var crop = krakl_rect(x: 0, y: 0, width: Int32(negotiated.width), height: Int32(negotiated.height))
+        var region = spa_region()
+        if krakl_pw_buffer_crop(buffer, &region), let clipped = clip(krakl_rect(x: region.position.x, y: region.position.y,
+                                                                                  width: Int32(clamping: region.size.width), height: Int32(clamping: region.size.height)),
+                                                                       negotiated.width, negotiated.height) {
+            crop = clipped
+        }
+        let offset = Int(chunk.offset) % max(maxSize, 1)
+        let needed = offset + stride * Int(crop.y + crop.height - 1) + Int(crop.x + crop.width) * 4
+        guard stride >= negotiated.width * 4 || stride >= Int(crop.x + crop.width) * 4, needed <= maxSize else {
+            if delivering { host.sendEvent(KRAKL_EVENT_ERROR, error: -EIO, message: "a PipeWire buffer is smaller than its format says; frame skipped") }
+            return
+        }
+        let width = Int(crop.width), height = Int(crop.height)
+        if picture == nil || width != pictureSize.width || height != pictureSize.height || negotiated.format != pictureFormat {
+            picture?.deallocate()
+            picture = .allocate(capacity: width * height * 4)
+            pictureSize = (width, height)
+            pictureFormat = negotiated.format
+            pendingWhole = true
+            cursor.forgetPlace()
+        }
+        if Int(crop.x) != pictureOrigin.x || Int(crop.y) != pictureOrigin.y {
+            pictureOrigin = (Int(crop.x), Int(crop.y))
+            pendingWhole = true
+        }
+        var rects: [krakl_rect] = []
+        if !pendingWhole, let own = damage(of: buffer) {
+            for r in pendingDamage + own {
+                let moved = krakl_rect(x: r.x - crop.x, y: r.y - crop.y, width: r.width, height: r.height)
+                if let inside = clip(moved, width, height) { rects.append(inside) }
+            }
+        } else {
+            pendingWhole = true
+        }
+        if pendingWhole { rects = [krakl_rect(x: 0, y: 0, width: Int32(width), height: Int32(height))] }
+        let source = base + offset + Int(crop.y) * stride + Int(crop.x) * 4
+        let picture = picture!
+        for r in rects {
+            for row in Int(r.y)..<Int(r.y + r.height) {
+                memcpy(picture + row * width * 4 + Int(r.x) * 4, source + row * stride + Int(r.x) * 4, Int(r.width) * 4)
+            }
+        }
+        if pendingWhole { deliveryWhole = true } else { deliveryDamage += rects }
+        pendingWhole = false
+        pendingDamage = []
+        havePicture = true
+    }
+
+    private func clip(_ r: krakl_rect, _ width: Int, _ height: Int) -> krakl_rect? {
+        let x0 = max(0, Int(r.x)), y0 = max(0, Int(r.y))
+        let x1 = min(width, Int(r.x) + Int(r.width)), y1 = min(height, Int(r.y) + Int(r.height))
+        guard x0 < x1, y0 < y1 else { return nil }
+        return krakl_rect(x: Int32(x0), y: Int32(y0), width: Int32(x1 - x0), height: Int32(y1 - y0))
+    }
+
+    /// Hands the picture to the host when something changed since the last delivery.
+    private func deliver() {
+        guard delivering, !ended, havePicture, let picture, deliveryWhole || !deliveryDamage.isEmpty else { return }
+        let current = (format: pictureFormat, width: pictureSize.width, height: pictureSize.height)
+        if let last = lastDelivered, last.format != current.format || last.width != current.width || last.height != current.height {
+            host.sendEvent(KRAKL_EVENT_FORMAT_CHANGED, message: "\(what) is now \(current.width)x\(current.height)",
+                           format: current.format, width: current.width, height: current.height)
+            deliveryWhole = true
+        }
+        let stride = current.width * 4
+        let under = cursorMeta ? cursor.draw(into: picture, stride: stride,
+                                             redFirst: pictureFormat == KRAKL_FORMAT_RGBX || pictureFormat == KRAKL_FORMAT_RGBA) : nil
+        var frame = krakl_frame()
+        frame.format = current.format.rawValue
+        frame.width = UInt32(current.width)
+        frame.height = UInt32(current.height)
+        frame.plane_count = 1
+        frame.stride.0 = UInt32(stride)
+        frame.plane.0 = UnsafePointer(picture)
+        sender.send(&frame, timestamp: sender.nextTimestamp(), damage: deliveryWhole ? [] : deliveryDamage, to: host)
+        if let under { cursor.restore(under, into: picture, stride: stride) }
+        lastDelivered = current
+        deliveryWhole = false
+        deliveryDamage = []
+    }
+}
