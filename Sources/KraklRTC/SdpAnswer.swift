@@ -1,0 +1,267 @@
+/// Why an answer cannot be used. Each message says what the answer lacked and
+/// what a working answer contains, so a room driver can log it as is.
+public enum SdpError: Error, Equatable, CustomStringConvertible {
+    case malformedLine(number: Int, text: String, reason: String)
+    case noVideoSection
+    case videoRejected
+    case missingIceCredentials(String)
+    case badIceCredentials(String)
+    case missingFingerprint
+    case badFingerprint(String)
+    case badSetup(String)
+    case noCommonCodec(answered: [String])
+    case notReceiving(MediaDirection)
+    case badCandidate(String, String)
+
+    public var description: String {
+        switch self {
+        case .malformedLine(let n, let text, let reason):
+            return "SDP answer line \(n) \"\(text.prefix(80))\" is malformed: \(reason)"
+        case .noVideoSection:
+            return "SDP answer has no m=video section: the peer did not answer our video offer"
+        case .videoRejected:
+            return "SDP answer rejected the video section (port 0): the peer will not receive our video"
+        case .missingIceCredentials(let which):
+            return "SDP answer has no a=\(which) (at media or session level): ICE cannot authenticate checks without it"
+        case .badIceCredentials(let why):
+            return "SDP answer's ICE credentials are invalid: \(why)"
+        case .missingFingerprint:
+            return "SDP answer has no a=fingerprint: DTLS cannot verify the peer, refusing to connect"
+        case .badFingerprint(let value):
+            return "SDP answer's a=fingerprint \"\(value)\" is not \"<hash> XX:XX:...\" with a known hash of matching length"
+        case .badSetup(let value):
+            return "SDP answer's a=setup:\(value) is not usable: an answer must say active or passive (RFC 8842 §5.3)"
+        case .noCommonCodec(let answered):
+            return "SDP answer accepts none of our codecs (VP8, VP9) as offered; it lists: \(answered.isEmpty ? "nothing" : answered.joined(separator: ", "))"
+        case .notReceiving(let direction):
+            return "SDP answer says a=\(direction.rawValue) for our send-only video: the peer will not receive it"
+        case .badCandidate(let line, let why):
+            return "SDP candidate \"\(line.prefix(100))\" is malformed: \(why)"
+        }
+    }
+}
+
+/// What the answer accepted, read from its video m-section (and session-level attributes it inherits).
+public struct SdpAnswer: Sendable {
+    /// The codec to send: the first one in the answer's format list that we offered.
+    public var codec: VideoCodec
+    public var payloadType: UInt8
+    /// The rtx payload type bound to `payloadType` by `apt=`; nil means no retransmission stream.
+    public var rtxPayloadType: UInt8?
+    /// The answer's fmtp parameters for the chosen codec.
+    public var parameters: [String: String]
+    /// Feedback kept for the chosen codec (plus any `a=rtcp-fb:*` lines).
+    public var feedback: Set<RtcpFeedback>
+    /// Header extension ids the answer kept; send only these.
+    public var extensions: [RtpHeaderExtensionKind: UInt8]
+    public var iceUfrag: String
+    public var icePwd: String
+    /// `a=ice-lite`: the peer never checks; we must be the controlling side (RFC 8445 §6.1.1).
+    public var iceLite: Bool
+    public var iceOptions: [String]
+    public var candidates: [IceCandidate]
+    public var endOfCandidates: Bool
+    /// The fingerprint DTLS must verify (sha-256 when several are given), and all given ones.
+    public var fingerprint: CertificateFingerprint
+    public var fingerprints: [CertificateFingerprint]
+    /// The peer's DTLS role: active means we are the DTLS server.
+    public var setup: DtlsSetup
+    public var direction: MediaDirection
+    public var mid: String?
+    public var rtcpMux: Bool
+    public var rtcpReducedSize: Bool
+    /// The `c=` address and m= port, a candidate of last resort for peers that list none.
+    public var connectionAddress: String?
+    public var port: UInt16
+
+    public func accepts(_ feedback: RtcpFeedback) -> Bool { self.feedback.contains(feedback) }
+
+    /// Reads an answer. Pass the offer it answers so codecs and extensions are checked against
+    /// what we proposed (a payload type we did not offer is not used).
+    public init(parsing text: String, offer: SdpVideoOffer? = nil) throws {
+        let document = try SdpDocument(text)
+        guard let video = document.media.first(where: { $0.kind == "video" }) else { throw SdpError.noVideoSection }
+        guard video.port != 0 else { throw SdpError.videoRejected }
+        port = video.port
+        func value(_ name: String) -> String? { video.value(name) ?? document.session.value(name) }
+
+        // ICE (RFC 8839 §5.4): ufrag 4-256 ice-chars, pwd 22-256.
+        guard let ufrag = value("ice-ufrag") else { throw SdpError.missingIceCredentials("ice-ufrag") }
+        guard let pwd = value("ice-pwd") else { throw SdpError.missingIceCredentials("ice-pwd") }
+        guard (4...256).contains(ufrag.count), ufrag.allSatisfy(\.isIceChar) else {
+            throw SdpError.badIceCredentials("ice-ufrag \"\(ufrag)\" must be 4-256 characters of A-Z a-z 0-9 + /")
+        }
+        guard (22...256).contains(pwd.count), pwd.allSatisfy(\.isIceChar) else {
+            throw SdpError.badIceCredentials("ice-pwd must be 22-256 characters of A-Z a-z 0-9 + / (it has \(pwd.count))")
+        }
+        iceUfrag = ufrag
+        icePwd = pwd
+        iceLite = document.session.has("ice-lite")
+        iceOptions = (value("ice-options") ?? "").split(separator: " ").map(String.init)
+
+        // DTLS (RFC 8122 §5, RFC 8842 §5).
+        let fingerprintValues = video.values("fingerprint").isEmpty ? document.session.values("fingerprint") : video.values("fingerprint")
+        guard !fingerprintValues.isEmpty else { throw SdpError.missingFingerprint }
+        fingerprints = try fingerprintValues.map { text in
+            guard let f = CertificateFingerprint(sdp: text),
+                  let expected = SdpAnswer.digestLength[f.algorithm], expected == f.bytes.count else {
+                throw SdpError.badFingerprint(text)
+            }
+            return f
+        }
+        fingerprint = fingerprints.first { $0.algorithm == "sha-256" } ?? fingerprints[0]
+        let setupText = value("setup") ?? "active" // RFC 4145 §4: absent means active
+        guard let setup = DtlsSetup(rawValue: setupText), setup == .active || setup == .passive else {
+            throw SdpError.badSetup(setupText)
+        }
+        self.setup = setup
+
+        direction = MediaDirection.allAttributes.first { video.has($0.rawValue) } ?? MediaDirection.allAttributes.first { document.session.has($0.rawValue) } ?? .sendrecv
+        guard direction.receives else { throw SdpError.notReceiving(direction) }
+        mid = video.value("mid")
+        rtcpMux = video.has("rtcp-mux")
+        rtcpReducedSize = video.has("rtcp-rsize")
+        connectionAddress = video.connection ?? document.session.connection
+
+        // Codecs: a=rtpmap gives names; formats without one are static types we never offer.
+        var names: [UInt8: String] = [:]
+        var fmtp: [UInt8: [String: String]] = [:]
+        for (pt, rest) in video.byPayloadType("rtpmap") {
+            names[pt] = rest.split(separator: "/").first.map { $0.uppercased() }
+        }
+        for (pt, rest) in video.byPayloadType("fmtp") {
+            var parameters: [String: String] = [:]
+            for pair in rest.split(separator: ";") {
+                let kv = pair.split(separator: "=", maxSplits: 1).map { String($0.trimmingSpaces) }
+                if let k = kv.first, !k.isEmpty { parameters[k.lowercased()] = kv.count > 1 ? kv[1] : "" }
+            }
+            fmtp[pt] = parameters
+        }
+        let offered = offer?.codecs
+        var chosen: (VideoCodec, UInt8)?
+        for pt in video.formats {
+            guard let name = names[pt], let codec = VideoCodec(rawValue: name) else { continue }
+            if let offered, !offered.contains(where: { $0.payloadType == pt && $0.codec == codec }) { continue }
+            // VP9 profiles other than 0 need 4:4:4 or high bit depth input we never produce.
+            if codec == .vp9, let profile = fmtp[pt]?["profile-id"], profile != "0" { continue }
+            chosen = (codec, pt)
+            break
+        }
+        guard let (codec, pt) = chosen else {
+            throw SdpError.noCommonCodec(answered: video.formats.map { p in names[p].map { "\($0)/\(p)" } ?? "\(p)" })
+        }
+        self.codec = codec
+        payloadType = pt
+        parameters = fmtp[pt] ?? [:]
+        rtxPayloadType = video.formats.first { p in
+            names[p] == "RTX" && fmtp[p]?["apt"] == String(pt)
+                && (offered == nil || offered!.contains { $0.rtxPayloadType == p })
+        }
+        var feedback = Set<RtcpFeedback>()
+        for (key, rest) in video.values("rtcp-fb").map(SdpMediaSection.splitFirstWord) where key == String(pt) || key == "*" {
+            let words = rest.split(separator: " ", omittingEmptySubsequences: true)
+            if let type = words.first { feedback.insert(RtcpFeedback(String(type), words.count > 1 ? String(words[1]) : nil)) }
+        }
+        self.feedback = feedback
+
+        var extensions: [RtpHeaderExtensionKind: UInt8] = [:]
+        for (idText, rest) in video.values("extmap").map(SdpMediaSection.splitFirstWord) {
+            // "1/recvonly uri" carries a direction after the id (RFC 8285 §8).
+            let idPart = idText.split(separator: "/").first.map(String.init) ?? idText
+            let uri = rest.split(separator: " ").first.map(String.init) ?? ""
+            guard let id = UInt8(idPart), let kind = RtpHeaderExtensionKind(rawValue: uri) else { continue }
+            guard (1...14).contains(id) else { continue } // two-byte ids need the two-byte form, which we do not send
+            if let offer, !offer.extensions.contains(where: { $0.kind == kind }) { continue }
+            extensions[kind] = id
+        }
+        self.extensions = extensions
+
+        candidates = try video.values("candidate").map { try IceCandidate(parsing: $0) }
+        endOfCandidates = video.has("end-of-candidates") || document.session.has("end-of-candidates")
+    }
+
+    /// Digest lengths by SDP hash name (RFC 8122 §5, IANA hash function textual names).
+    static let digestLength: [String: Int] = ["sha-1": 20, "sha-224": 28, "sha-256": 32, "sha-384": 48, "sha-512": 64, "md5": 16]
+}
+
+extension MediaDirection {
+    static let allAttributes: [MediaDirection] = [.sendrecv, .sendonly, .recvonly, .inactive]
+}
+
+extension Character {
+    /// RFC 8839 §5.4 ice-char: ALPHA / DIGIT / "+" / "/".
+    var isIceChar: Bool { isASCII && (isLetter || isNumber || self == "+" || self == "/") }
+}
+
+/// An SDP text split into the session part and its m-sections; only the
+/// syntax (RFC 8866 §5: `<type>=<value>` lines) is checked here.
+struct SdpDocument {
+    var session = SdpMediaSection(kind: "", port: 0, formats: [])
+    var media: [SdpMediaSection] = []
+
+    init(_ text: String) throws {
+        var sawVersion = false
+        for (index, raw) in text.split(omittingEmptySubsequences: false, whereSeparator: \.isNewline).enumerated() {
+            let line = raw
+            if line.trimmingSpaces.isEmpty { continue }
+            let number = index + 1
+            let chars = Array(line.prefix(2))
+            guard chars.count == 2, chars[1] == "=", chars[0].isASCII, chars[0].isLetter else {
+                throw SdpError.malformedLine(number: number, text: String(line), reason: "SDP lines are <letter>=<value>")
+            }
+            let value = String(line.dropFirst(2))
+            switch chars[0] {
+            case "v":
+                guard value == "0" else { throw SdpError.malformedLine(number: number, text: String(line), reason: "only v=0 exists") }
+                sawVersion = true
+            case "m":
+                let f = value.split(separator: " ", omittingEmptySubsequences: true)
+                guard f.count >= 3, let port = UInt16(f[1].split(separator: "/")[0]) else {
+                    throw SdpError.malformedLine(number: number, text: String(line), reason: "m= needs <media> <port> <proto> <fmt>...")
+                }
+                media.append(SdpMediaSection(kind: String(f[0]), port: port, formats: f.dropFirst(3).compactMap { UInt8($0) }))
+            case "a":
+                let parts = value.split(separator: ":", maxSplits: 1, omittingEmptySubsequences: false)
+                let name = String(parts[0]).lowercased()
+                let attribute = (name, parts.count > 1 ? String(parts[1].trimmingSpaces) : nil)
+                if media.isEmpty { session.attributes.append(attribute) } else { media[media.count - 1].attributes.append(attribute) }
+            case "c":
+                let f = value.split(separator: " ")
+                let address = f.count == 3 ? String(f[2].split(separator: "/")[0]) : nil
+                if media.isEmpty { session.connection = address } else { media[media.count - 1].connection = address }
+            default:
+                break
+            }
+        }
+        guard sawVersion else { throw SdpError.malformedLine(number: 1, text: String(text.prefix(40)), reason: "an SDP starts with v=0") }
+    }
+}
+
+/// One m-section (or the session level): its m= line and attributes in order.
+struct SdpMediaSection {
+    var kind: String
+    var port: UInt16
+    var formats: [UInt8]
+    var connection: String?
+    var attributes: [(name: String, value: String?)] = []
+
+    init(kind: String, port: UInt16, formats: [UInt8]) {
+        self.kind = kind
+        self.port = port
+        self.formats = formats
+    }
+
+    func has(_ name: String) -> Bool { attributes.contains { $0.name == name } }
+    func value(_ name: String) -> String? { attributes.first { $0.name == name }?.value }
+    func values(_ name: String) -> [String] { attributes.filter { $0.name == name }.compactMap(\.value) }
+
+    /// `a=<name>:<pt> <rest>` lines keyed by payload type.
+    func byPayloadType(_ name: String) -> [(UInt8, String)] {
+        values(name).map(Self.splitFirstWord).compactMap { key, rest in UInt8(key).map { ($0, rest) } }
+    }
+
+    static func splitFirstWord(_ s: String) -> (String, String) {
+        let parts = s.split(separator: " ", maxSplits: 1, omittingEmptySubsequences: true)
+        return (parts.first.map(String.init) ?? "", parts.count > 1 ? String(parts[1].trimmingSpaces) : "")
+    }
+}
