@@ -13,7 +13,7 @@ import Testing
     func ourClientAgainstOpenSSLServer(profile: SrtpProfile) throws {
         let folder = try Harness.temporaryDirectory()
         let peer = try DtlsTestPeerIdentity(in: folder)
-        guard let server = try DtlsTestOpenSSL(["s_server", "-dtls1_2", "-accept", "127.0.0.1:0",
+        guard let server = try DtlsTestProcess.openssl(["s_server", "-dtls1_2", "-accept", "127.0.0.1:0",
                                                 "-cert", peer.certificatePath, "-key", peer.keyPath,
                                                 "-use_srtp", profile.opensslName, "-Verify", "1",
                                                 "-keymatexport", Self.label, "-keymatexportlen", "\(profile.keyingMaterialLength)"]) else { return }
@@ -31,7 +31,7 @@ import Testing
         let elapsed = ContinuousClock.now - started
         #expect(pump.failure == nil, "handshake failed: \(String(describing: pump.failure))")
         let keys = try #require(transport.keys, "no keys: the handshake did not finish")
-        print("DTLS handshake, our client vs openssl s_server (\(profile.opensslName)): \(elapsed.components.attoseconds / 1_000_000_000_000_000 + elapsed.components.seconds * 1000) ms, \(pump.datagramsSent) datagrams sent, largest \(pump.largestDatagram) bytes")
+        print("DTLS handshake, our client vs openssl s_server (\(profile.opensslName)): \(dtlsMilliseconds(elapsed)), \(pump.datagramsSent) datagrams sent, largest \(pump.largestDatagram) bytes")
 
         #expect(keys.profile == profile)
         #expect(transport.remoteFingerprint == peer.fingerprint)
@@ -58,7 +58,7 @@ import Testing
         let transport = try DtlsTransport(role: .server, certificate: ours, expectedFingerprint: peer.fingerprint)
         let socket = try DtlsTestUdpSocket()
         let pump = DtlsTestPump(transport, socket: socket)
-        guard let client = try DtlsTestOpenSSL(["s_client", "-dtls1_2", "-connect", "127.0.0.1:\(socket.port)",
+        guard let client = try DtlsTestProcess.openssl(["s_client", "-dtls1_2", "-connect", "127.0.0.1:\(socket.port)",
                                                 "-cert", peer.certificatePath, "-key", peer.keyPath,
                                                 "-use_srtp", profile.opensslName,
                                                 "-keymatexport", Self.label, "-keymatexportlen", "\(profile.keyingMaterialLength)"]) else { return }
@@ -87,7 +87,7 @@ import Testing
     @Test func openSSLServerWithTheWrongCertificateFailsClosed() throws {
         let folder = try Harness.temporaryDirectory()
         let peer = try DtlsTestPeerIdentity(in: folder)
-        guard let server = try DtlsTestOpenSSL(["s_server", "-dtls1_2", "-accept", "127.0.0.1:0",
+        guard let server = try DtlsTestProcess.openssl(["s_server", "-dtls1_2", "-accept", "127.0.0.1:0",
                                                 "-cert", peer.certificatePath, "-key", peer.keyPath,
                                                 "-use_srtp", SrtpProfile.aes128CmHmacSha1_80.opensslName]) else { return }
         defer { server.stop() }

@@ -81,9 +81,9 @@ final class DtlsTestUdpSocket {
     }
 }
 
-/// An `openssl s_server`/`s_client` run as the independent DTLS peer. Its
-/// output is collected by a reader thread; it is killed when the test ends.
-final class DtlsTestOpenSSL {
+/// An independent peer (`openssl s_server`/`s_client`, an aiortc script) run
+/// as a subprocess with stdin held open. Its output is collected by a reader thread; it is killed when the test ends.
+final class DtlsTestProcess {
     private let process = Process()
     private let input = Pipe()
     private let output = Pipe()
@@ -91,12 +91,16 @@ final class DtlsTestOpenSSL {
     private var text = ""
     private var ended = false
 
-    /// nil (after printing SKIP) when the openssl program is not installed.
-    init?(_ arguments: [String]) throws {
+    /// An openssl subcommand; nil (after printing SKIP) when openssl is not installed.
+    static func openssl(_ arguments: [String]) throws -> DtlsTestProcess? {
         guard let program = Harness.which("openssl") else {
             print("SKIP: openssl is not installed (Debian package openssl)")
             return nil
         }
+        return try DtlsTestProcess(program, arguments)
+    }
+
+    init(_ program: String, _ arguments: [String]) throws {
         process.executableURL = URL(fileURLWithPath: program)
         process.arguments = arguments
         // A pipe we hold open: s_server/s_client treat end of stdin as "quit".
@@ -280,4 +284,10 @@ struct DtlsTestWire {
 extension DtlsEvent {
     var isConnected: Bool { if case .connected = self { return true } else { return false } }
     var isFailure: Bool { if case .failed = self { return true } else { return false } }
+}
+
+/// A duration in milliseconds, for the handshake-time lines the tests print.
+func dtlsMilliseconds(_ duration: Duration) -> String {
+    let (seconds, attoseconds) = duration.components
+    return String(format: "%.1f ms", Double(seconds) * 1000 + Double(attoseconds) / 1e15)
 }
