@@ -158,8 +158,11 @@ final class DtlsTestProcess {
     /// Waits (bounded) for it to exit on its own.
     func waitForExit(seconds: Double) -> Bool { Harness.waitForExit(process, seconds: seconds) }
 
+    /// Ends it: end of stdin first (both openssl tools and the scripts quit on it), then SIGTERM, then SIGKILL.
     func stop() {
         guard process.isRunning else { return }
+        try? input.fileHandleForWriting.close()
+        if Harness.waitForExit(process, seconds: 1) { return }
         process.terminate()
         if !Harness.waitForExit(process, seconds: 2) {
             kill(process.processIdentifier, SIGKILL)
