@@ -29,7 +29,7 @@ public enum IPAddress: Hashable, Sendable, CustomStringConvertible {
     public var description: String {
         switch self {
         case .v4(let b):
-            return b.map(String.init).joined(separator: ".")
+            return b.map { "\($0)" }.joined(separator: ".")
         case .v6(let b):
             var buffer = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN))
             var raw = in6_addr()

@@ -75,7 +75,7 @@ public struct SdpVideoOffer: Sendable {
             "t=0 0",
             "a=group:BUNDLE \(mid)",
             "a=msid-semantic: WMS \(streamID)",
-            "m=video 9 UDP/TLS/RTP/SAVPF " + codecs.flatMap { [$0.payloadType] + ($0.rtxPayloadType.map { [$0] } ?? []) }.map(String.init).joined(separator: " "),
+            "m=video 9 UDP/TLS/RTP/SAVPF " + codecs.flatMap { [$0.payloadType] + ($0.rtxPayloadType.map { [$0] } ?? []) }.map { "\($0)" }.joined(separator: " "),
             "c=IN IP4 0.0.0.0",
             "a=rtcp:9 IN IP4 0.0.0.0",
             "a=ice-ufrag:\(iceUfrag)",
