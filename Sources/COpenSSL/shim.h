@@ -17,6 +17,7 @@ static inline int krakl_ssl_ctx_set_dtls12_only(SSL_CTX *ctx) {
     return SSL_CTX_set_min_proto_version(ctx, DTLS1_2_VERSION) && SSL_CTX_set_max_proto_version(ctx, DTLS1_2_VERSION);
 }
 static inline uint64_t krakl_ssl_op_no_query_mtu(void) { return SSL_OP_NO_QUERY_MTU; }
+static inline uint64_t krakl_ssl_op_no_renegotiation(void) { return SSL_OP_NO_RENEGOTIATION; }
 static inline long krakl_ssl_set_mtu(SSL *ssl, long mtu) { return SSL_set_mtu(ssl, mtu); }
 static inline long krakl_dtls_set_link_mtu(SSL *ssl, long mtu) { return DTLS_set_link_mtu(ssl, mtu); }
 static inline long krakl_dtls_get_timeout(SSL *ssl, struct timeval *tv) { return DTLSv1_get_timeout(ssl, tv); }

@@ -94,7 +94,9 @@ public final class DtlsTransport {
             SSL_CTX_free(context)
             throw error
         }
-        _ = SSL_CTX_set_options(context, krakl_ssl_op_no_query_mtu())
+        // WebRTC never renegotiates; refusing it removes a way for stray
+        // handshake records to disturb a running connection.
+        _ = SSL_CTX_set_options(context, krakl_ssl_op_no_query_mtu() | krakl_ssl_op_no_renegotiation())
         // Self-signed certificates never chain to a CA: the callback judges the
         // fingerprint instead; FAIL_IF_NO_PEER_CERT makes a server demand one.
         SSL_CTX_set_verify(context, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, dtlsVerifyCallback)
@@ -281,7 +283,7 @@ public final class DtlsTransport {
             state = .closed
             output.events.append(.remoteClosed)
         default:
-            let detail = OpenSSLErrors.drain() ?? "SSL error \(code)"
+            let detail = OpenSSLErrors.drain() ?? (code == SSL_ERROR_SYSCALL ? "record layer gave up (SSL_ERROR_SYSCALL, no OpenSSL error queued)" : "SSL error \(code)")
             fail(verifyFailure ?? .handshake(detail), &output)
         }
     }
