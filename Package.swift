@@ -44,9 +44,12 @@ let package = Package(
         .systemLibrary(name: "CSrtp", pkgConfig: "libsrtp2"),
         // The send-only WebRTC stack: SDP, ICE/STUN, DTLS-SRTP, RTP/RTCP, pacing, bandwidth estimate.
         .target(name: "KraklRTC", dependencies: ["KraklCore", "COpenSSL", "CSrtp"], swiftSettings: swift5),
-        .executableTarget(name: "Agent", dependencies: ["KraklCore", "KraklEncoder"], swiftSettings: swift5),
+        // The agent's memset: large zero fills of private anonymous memory become
+        // page releases (libvpx's 50 MB token-buffer clear at 1080p). Agent only.
+        .target(name: "ZeroFill"),
+        .executableTarget(name: "Agent", dependencies: ["KraklCore", "KraklEncoder", "ZeroFill"], swiftSettings: swift5),
         // bench/: krakl vs ffmpeg vs GStreamer on the same content (docs/PERFORMANCE.md).
         .executableTarget(name: "KraklBench", dependencies: ["KraklCore"], path: "bench", exclude: ["xactivity.c"], swiftSettings: swift5),
-        .testTarget(name: "KraklTests", dependencies: ["KraklCore", "KraklEncoder", "FrameStamp", "KraklRTC"], swiftSettings: swift5),
+        .testTarget(name: "KraklTests", dependencies: ["KraklCore", "KraklEncoder", "FrameStamp", "KraklRTC", "ZeroFill"], swiftSettings: swift5),
     ]
 )

@@ -2,6 +2,7 @@ import Foundation
 import KraklBackendABI
 import KraklCore
 import KraklEncoder
+import ZeroFill
 
 /// Receives frames on the backend's thread: checks them, counts them,
 /// and wakes the main thread when the run should end.
@@ -214,6 +215,8 @@ func writeStatistics(_ path: String, capture: CaptureStatistics.Snapshot, encode
     getrusage(RUSAGE_SELF.rawValue, &usage)
     object["peak_rss_kb"] = usage.ru_maxrss
     object["steady_rss_kb"] = steadyRSSKB
+    let zeroFill = krakl_zero_fill_read_stats()
+    object["zero_fill_released_bytes"] = zeroFill.bytes
     object["process_cpu_seconds"] = Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
     if let data = try? JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys]) {
         _ = FileManager.default.createFile(atPath: path, contents: data)

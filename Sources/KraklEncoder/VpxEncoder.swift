@@ -39,8 +39,6 @@ final class VpxEncoder {
     private var context = vpx_codec_ctx_t()
     private var config = vpx_codec_enc_cfg_t()
     private var image = vpx_image_t()
-    /// Zero pages of libvpx's worst-case buffers given back after set-up.
-    private(set) var releasedBytes = 0
 
     /// - Parameters:
     ///   - threads: encoder threads; 0 picks 2 for ≥ 720p on 4+ cores, else 1.
@@ -87,10 +85,8 @@ final class VpxEncoder {
         config.kf_mode = VPX_KF_DISABLED                 // keyframes on request only
         config.g_pass = VPX_RC_ONE_PASS
 
-        let regionsBefore = ZeroPageRelease.anonymousRegions()
         let initStatus = krakl_vpx_encoder_init(&context, codec.libvpxNumber, &config)
         guard initStatus == VPX_CODEC_OK else { throw EncoderError("libvpx could not start a \(codec) encoder for \(width)x\(height): \(Self.text(initStatus))") }
-        releasedBytes = ZeroPageRelease.releaseNewZeroPages(since: regionsBefore)
 
         // Keyframe size cap, as a share of a frame's average budget: libwebrtc's
         // formula 0.5 * optimal buffer (ms) * fps / 10.
