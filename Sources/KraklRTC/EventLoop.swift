@@ -1,0 +1,248 @@
+import Foundation
+import Glibc
+
+/// CLOCK_MONOTONIC in nanoseconds: the one clock the network side uses for
+/// deadlines, pacing and RTT (capture timestamps use it too, so frame ages
+/// compare directly).
+@inline(__always) func monotonicNanoseconds() -> UInt64 {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
+}
+
+/// A single-threaded event loop on its own thread (not Swift concurrency):
+/// file descriptors watched with poll(2), timers in a deadline heap, and an
+/// eventfd that wakes the loop when another thread posts work.
+///
+/// Thread rules: `post`, `stop` and `isRunning` may be called from any
+/// thread; `watch`, `unwatch`, `schedule` and `cancel` only on the loop
+/// thread (inside a posted closure, a timer or a readable handler), so the
+/// loop's own state needs no lock.
+public final class EventLoop: @unchecked Sendable {
+    public typealias TimerID = UInt64
+
+    private struct Timer {
+        var deadline: UInt64
+        var id: TimerID
+        var handler: () -> Void
+    }
+
+    public let name: String
+    /// The self-pipe: [read end, write end], both non-blocking.
+    private let wakeFD: Int32
+    private let wakeWriteFD: Int32
+    private var watched: [(fd: Int32, handler: () -> Void)] = []
+    private var heap: [Timer] = []
+    private var cancelled = Set<TimerID>()
+    private var nextTimerID: TimerID = 1
+
+    private let lock = NSLock()
+    private var posted: [() -> Void] = []
+    private var stopping = false
+    private var running = false
+    private let finished = DispatchSemaphore(value: 0)
+    private var threadID: pthread_t?
+
+    /// Creates the wake-up eventfd; the thread starts with `start()`.
+    public init(name: String = "krakl-net") throws {
+        var ends: [Int32] = [-1, -1]
+        guard pipe(&ends) == 0 else { throw NetworkError.socket("pipe: \(String(cString: strerror(errno)))") }
+        for fd in ends {
+            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        }
+        wakeFD = ends[0]
+        wakeWriteFD = ends[1]
+        self.name = name
+    }
+
+    deinit {
+        close(wakeFD)
+        close(wakeWriteFD)
+    }
+
+    /// Starts the loop thread.
+    public func start() {
+        lock.lock()
+        guard !running else { lock.unlock(); return }
+        running = true
+        lock.unlock()
+        let thread = Thread { [self] in
+            self.lock.lock()
+            self.threadID = pthread_self()
+            self.lock.unlock()
+            self.run()
+            self.finished.signal()
+        }
+        thread.name = name
+        thread.stackSize = 1 << 20
+        thread.start()
+    }
+
+    public var isRunning: Bool { lock.lock(); defer { lock.unlock() }; return running && !stopping }
+
+    /// True on the loop thread.
+    public var isLoopThread: Bool {
+        lock.lock(); defer { lock.unlock() }
+        guard let threadID else { return false }
+        return pthread_equal(threadID, pthread_self()) != 0
+    }
+
+    /// Any thread: runs `work` on the loop thread soon, in posting order. Never blocks
+    /// beyond a short lock; work posted after `stop` is dropped.
+    public func post(_ work: @escaping () -> Void) {
+        lock.lock()
+        if stopping { lock.unlock(); return }
+        posted.append(work)
+        lock.unlock()
+        wake()
+    }
+
+    /// Any thread: makes the loop go round (run posted work, re-check timers).
+    public func wake() {
+        // A full pipe already means "wake up": EAGAIN is fine.
+        var one: UInt8 = 1
+        _ = Glibc.write(wakeWriteFD, &one, 1)
+    }
+
+    /// Any thread except the loop's: stops the loop after the work already posted and
+    /// waits (at most `timeout` seconds) for its thread to end. Returns whether it ended.
+    @discardableResult
+    public func stop(timeout: Double = 5) -> Bool {
+        lock.lock()
+        let wasRunning = running && !stopping
+        stopping = true
+        lock.unlock()
+        guard wasRunning else { return true }
+        wake()
+        // On the loop thread itself (a handler dropped the last reference): it ends after this turn.
+        if isLoopThread { return false }
+        return finished.wait(timeout: .now() + timeout) == .success
+    }
+
+    // MARK: loop thread only
+
+    /// Calls `handler` on the loop thread whenever `fd` is readable.
+    public func watch(fd: Int32, _ handler: @escaping () -> Void) {
+        unwatch(fd: fd)
+        watched.append((fd, handler))
+    }
+
+    public func unwatch(fd: Int32) {
+        watched.removeAll { $0.fd == fd }
+    }
+
+    /// Runs `handler` once at `deadline` (monotonic ns), or on the next turn if it has passed.
+    @discardableResult
+    public func schedule(at deadline: UInt64, _ handler: @escaping () -> Void) -> TimerID {
+        let id = nextTimerID
+        nextTimerID += 1
+        heap.append(Timer(deadline: deadline, id: id, handler: handler))
+        siftUp(heap.count - 1)
+        return id
+    }
+
+    @discardableResult
+    public func schedule(afterNanoseconds delay: UInt64, _ handler: @escaping () -> Void) -> TimerID {
+        schedule(at: monotonicNanoseconds() &+ delay, handler)
+    }
+
+    /// Cancels a timer that has not fired; harmless for one that has.
+    public func cancel(_ id: TimerID) {
+        if heap.contains(where: { $0.id == id }) { cancelled.insert(id) }
+    }
+
+    private func run() {
+        var descriptors: [pollfd] = []
+        var buffer = [UInt8](repeating: 0, count: 64)
+        while true {
+            lock.lock()
+            let work = posted
+            posted.removeAll(keepingCapacity: true)
+            let stop = stopping
+            lock.unlock()
+            for item in work { item() }
+            if stop { break }
+            fireDueTimers()
+
+            descriptors.removeAll(keepingCapacity: true)
+            descriptors.append(pollfd(fd: wakeFD, events: Int16(POLLIN), revents: 0))
+            for entry in watched { descriptors.append(pollfd(fd: entry.fd, events: Int16(POLLIN), revents: 0)) }
+            // Sleep until the next timer (rounded up to whole ms: never early), at most 1 s.
+            var wait = 1_000_000_000 as UInt64
+            if let next = heap.first {
+                let now = monotonicNanoseconds()
+                wait = next.deadline > now ? min(wait, next.deadline - now) : 0
+            }
+            let ready = poll(&descriptors, nfds_t(descriptors.count), Int32((wait + 999_999) / 1_000_000))
+            if ready < 0 {
+                if errno == EINTR { continue }
+                break
+            }
+            if ready == 0 { continue }
+            if descriptors[0].revents != 0 {
+                for _ in 0..<64 where Glibc.read(wakeFD, &buffer, 64) > 0 {}
+            }
+            let readable = descriptors.dropFirst().filter { $0.revents != 0 }.map(\.fd)
+            for fd in readable {
+                // A handler may unwatch another fd; look each up again.
+                if let entry = watched.first(where: { $0.fd == fd }) { entry.handler() }
+            }
+        }
+        lock.lock()
+        running = false
+        posted.removeAll()
+        lock.unlock()
+        heap.removeAll()
+        watched.removeAll()
+    }
+
+    private func fireDueTimers() {
+        // Bounded: timers scheduled by a handler for "now" wait for the next turn.
+        var budget = heap.count
+        let now = monotonicNanoseconds()
+        while budget > 0, let first = heap.first, first.deadline <= now {
+            budget -= 1
+            let timer = popFirst()
+            if cancelled.remove(timer.id) != nil { continue }
+            timer.handler()
+        }
+    }
+
+    private func popFirst() -> Timer {
+        let first = heap[0]
+        let last = heap.removeLast()
+        if !heap.isEmpty {
+            heap[0] = last
+            siftDown(0)
+        }
+        return first
+    }
+
+    private func before(_ a: Int, _ b: Int) -> Bool {
+        heap[a].deadline < heap[b].deadline || (heap[a].deadline == heap[b].deadline && heap[a].id < heap[b].id)
+    }
+
+    private func siftUp(_ index: Int) {
+        var child = index
+        while child > 0 {
+            let parent = (child - 1) / 2
+            guard before(child, parent) else { return }
+            heap.swapAt(child, parent)
+            child = parent
+        }
+    }
+
+    private func siftDown(_ index: Int) {
+        var parent = index
+        while true {
+            let left = 2 * parent + 1, right = left + 1
+            var best = parent
+            if left < heap.count && before(left, best) { best = left }
+            if right < heap.count && before(right, best) { best = right }
+            if best == parent { return }
+            heap.swapAt(parent, best)
+            parent = best
+        }
+    }
+}

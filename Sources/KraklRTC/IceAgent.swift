@@ -1,0 +1,479 @@
+/// ICE credentials of one side (RFC 8445 §5.3).
+public struct IceCredentials: Equatable, Sendable {
+    public var ufrag: String
+    public var pwd: String
+
+    public init(ufrag: String, pwd: String) {
+        self.ufrag = ufrag
+        self.pwd = pwd
+    }
+
+    public static func random() -> IceCredentials {
+        let (ufrag, pwd) = SdpVideoOffer.randomIceCredentials()
+        return IceCredentials(ufrag: ufrag, pwd: pwd)
+    }
+}
+
+/// Timing of the agent; the defaults follow RFC 8445 and RFC 7675.
+public struct IceConfiguration: Sendable {
+    /// Pacing of new checks, Ta (§14.2: 50 ms).
+    public var checkInterval: UInt64 = 50_000_000
+    /// First retransmission timeout of a check; doubles each time (RFC 8489 §6.2.1).
+    public var initialRto: UInt64 = 200_000_000
+    public var maximumRto: UInt64 = 1_600_000_000
+    /// Transmissions of one check before its pair fails (Rc = 7).
+    public var maximumTransmissions = 7
+    /// Controlling side: how long after the first success to wait for better pairs before nominating.
+    public var nominationWait: UInt64 = 150_000_000
+    /// RFC 7675 §5.1: a consent check every 5 s, randomized ±20 %.
+    public var consentInterval: UInt64 = 5_000_000_000
+    /// RFC 7675 §5.1: consent expires 30 s after the last response.
+    public var consentTimeout: UInt64 = 30_000_000_000
+    /// Give up when no pair is selected this long after the remote description arrived.
+    public var connectTimeout: UInt64 = 15_000_000_000
+
+    public init() {}
+}
+
+/// What the agent asks its owner to do or know.
+public enum IceEvent: Equatable, Sendable {
+    /// A pair was nominated: media and DTLS go over it from now on (again after a restart).
+    case selected(IceCandidatePair)
+    /// A server-reflexive candidate was learned from a STUN server: signal it (trickle).
+    case localCandidate(IceCandidate)
+    /// RFC 7675: no consent response for the consent timeout; nothing more may be sent.
+    case consentExpired
+    case failed(String)
+}
+
+/// A datagram to send from the socket bound to `localBase`.
+public struct IceTransmit: Equatable, Sendable {
+    public var localBase: TransportAddress
+    public var to: TransportAddress
+    public var bytes: [UInt8]
+}
+
+/// A full ICE agent (RFC 8445) for one component (rtcp-mux, BUNDLE), as
+/// the controlling side by default: host candidates on the given sockets'
+/// addresses, optional server-reflexive ones from STUN servers, the check
+/// list with Ta pacing, triggered checks, peer-reflexive learning, regular
+/// nomination, role-conflict repair (§7.3.1.1) and consent freshness
+/// (RFC 7675) on the selected pair.
+///
+/// It owns no socket and no clock: the owner feeds it STUN datagrams and
+/// the time, calls `tick` when `nextDeadline` passes, and sends what
+/// `drain()` returns. One thread at a time (the network loop).
+public final class IceAgent {
+    public enum Phase: Equatable, Sendable { case new, checking, connected, disconnected, failed }
+
+    public let configuration: IceConfiguration
+    public private(set) var local: IceCredentials
+    public private(set) var remote: IceCredentials?
+    public private(set) var controlling: Bool
+    public let tieBreaker: UInt64
+    public private(set) var localCandidates: [IceCandidate] = []
+    public private(set) var remoteCandidates: [IceCandidate] = []
+    public private(set) var checkList: IceCheckList
+    public private(set) var selected: IceCandidatePair?
+    public private(set) var phase: Phase = .new
+    /// Counters for stats and tests.
+    public private(set) var checksSent = 0
+    public private(set) var requestsReceived = 0
+    public private(set) var consentResponses = 0
+
+    private var bases: [TransportAddress]
+    private let stunServers: [TransportAddress]
+
+    private struct Transaction {
+        enum Kind { case check(IcePairKey, useCandidate: Bool), consent(IcePairKey), serverReflexive(base: TransportAddress, server: TransportAddress) }
+        var kind: Kind
+        var bytes: [UInt8]
+        var localBase: TransportAddress
+        var to: TransportAddress
+        var transmissions = 1
+        var rto: UInt64
+        var nextRetransmit: UInt64
+        var password: String?
+    }
+
+    private var transactions: [[UInt8]: Transaction] = [:]
+    private var triggered: [IcePairKey] = []
+    private var nextCheckAt: UInt64 = 0
+    private var firstSuccessAt: UInt64?
+    private var nominating: IcePairKey?
+    /// True from the remote description until a pair is selected (again after a restart).
+    private var needsNomination = false
+    private var remoteSetAt: UInt64?
+    private var lastConsentAt: UInt64 = 0
+    private var nextConsentAt: UInt64?
+    /// Credentials consent checks use: the selected pair's generation survives an ICE restart until a new pair is chosen.
+    private var consentCredentials: (local: IceCredentials, remote: IceCredentials)?
+    /// Checks that arrived before the answer: answered at once, paired once the remote password is known.
+    private var earlyRequests: [(from: TransportAddress, base: TransportAddress, priority: UInt32, useCandidate: Bool)] = []
+    private var transmits: [IceTransmit] = []
+    private var events: [IceEvent] = []
+    private var generator = SystemRandomNumberGenerator()
+
+    /// - Parameters:
+    ///   - bases: the bound sockets' addresses; each becomes a host candidate.
+    ///   - stunServers: servers to learn server-reflexive candidates from (none by default: no traffic leaves the host unasked).
+    public init(credentials: IceCredentials = .random(), bases: [TransportAddress], controlling: Bool = true,
+                tieBreaker: UInt64 = UInt64.random(in: 0...UInt64.max), stunServers: [TransportAddress] = [],
+                configuration: IceConfiguration = IceConfiguration()) {
+        local = credentials
+        self.bases = bases
+        self.controlling = controlling
+        self.tieBreaker = tieBreaker
+        self.stunServers = stunServers
+        self.configuration = configuration
+        checkList = IceCheckList(controlling: controlling)
+        for (index, base) in bases.enumerated() {
+            // Local preference: earlier (IPv4 first) bases rank higher.
+            let priority = IceCandidate.priority(kind: .host, localPreference: UInt16(65535 - min(index, 1000) * 10))
+            localCandidates.append(IceCandidate(foundation: "\(index + 1)", priority: priority, address: "\(base.ip)",
+                                                port: base.port, kind: .host))
+        }
+    }
+
+    /// Starts gathering server-reflexive candidates (nothing to do without STUN servers).
+    public func startGathering(now: UInt64) {
+        for base in bases {
+            for server in stunServers where server.ip.isIPv6 == base.ip.isIPv6 {
+                let request = StunMessage(class: .request, transactionID: StunMessage.randomTransactionID())
+                let bytes = request.encoded(fingerprint: true)
+                transactions[request.transactionID] = Transaction(kind: .serverReflexive(base: base, server: server), bytes: bytes,
+                                                                  localBase: base, to: server, rto: 500_000_000,
+                                                                  nextRetransmit: now + 500_000_000)
+                transmits.append(IceTransmit(localBase: base, to: server, bytes: bytes))
+            }
+        }
+    }
+
+    /// The answer's credentials and candidates; checks begin on the next tick.
+    public func setRemote(credentials: IceCredentials, candidates: [IceCandidate], now: UInt64) {
+        remote = credentials
+        remoteSetAt = now
+        needsNomination = true
+        if phase == .new { phase = .checking }
+        for candidate in candidates { addRemoteCandidate(candidate, now: now) }
+        // Checks that came in before the answer: their sources become peer-reflexive candidates.
+        for early in earlyRequests {
+            learnRemote(from: early.from, base: early.base, priority: early.priority, useCandidate: early.useCandidate, now: now)
+        }
+        earlyRequests.removeAll()
+        nextCheckAt = min(nextCheckAt, now)
+    }
+
+    /// A trickled (or answer) candidate. mDNS names, TCP and other components are ignored.
+    public func addRemoteCandidate(_ candidate: IceCandidate, now: UInt64) {
+        guard candidate.component == 1, candidate.transport == "udp", candidate.transportAddress != nil else { return }
+        if !remoteCandidates.contains(where: { $0.transportAddress == candidate.transportAddress }) {
+            remoteCandidates.append(candidate)
+        }
+        for (index, base) in bases.enumerated() {
+            checkList.add(local: localCandidates[index], localBase: base, remote: candidate)
+        }
+    }
+
+    /// ICE restart (§9): new local credentials. The selected pair keeps carrying media (and
+    /// consent checks with the old credentials) until the new answer's checks nominate one.
+    public func restart(credentials: IceCredentials, now: UInt64) {
+        local = credentials
+        remote = nil
+        remoteCandidates.removeAll()
+        checkList.removeAll()
+        triggered.removeAll()
+        earlyRequests.removeAll()
+        transactions = transactions.filter { if case .consent = $0.value.kind { return true } else { return false } }
+        firstSuccessAt = nil
+        nominating = nil
+        remoteSetAt = nil
+        if selected == nil { phase = .new }
+    }
+
+    /// Everything to send and report since the last call.
+    public func drain() -> (transmits: [IceTransmit], events: [IceEvent]) {
+        defer { transmits.removeAll(keepingCapacity: true); events.removeAll(keepingCapacity: true) }
+        return (transmits, events)
+    }
+
+    /// When `tick` must run next, or nil when nothing is timed.
+    public var nextDeadline: UInt64? {
+        var deadline: UInt64?
+        func consider(_ t: UInt64?) { if let t { deadline = min(deadline ?? t, t) } }
+        if remote != nil && phase != .failed && (!triggered.isEmpty || checkList.pairs.contains { $0.state == .waiting || $0.state == .frozen }) {
+            consider(nextCheckAt)
+        }
+        for transaction in transactions.values { consider(transaction.nextRetransmit) }
+        if needsNomination, controlling, nominating == nil, checkList.bestSucceeded != nil, let firstSuccessAt { consider(firstSuccessAt + configuration.nominationWait) }
+        consider(nextConsentAt)
+        if selected != nil, phase == .connected || phase == .disconnected { consider(lastConsentAt + configuration.consentTimeout) }
+        if selected == nil, let remoteSetAt, phase == .checking { consider(remoteSetAt + configuration.connectTimeout) }
+        return deadline
+    }
+
+    /// Runs what is due: the next paced check, retransmissions, nomination, consent.
+    public func tick(now: UInt64) {
+        guard phase != .failed else { return }
+        // Retransmissions (and transactions that ran out).
+        for (id, transaction) in transactions where transaction.nextRetransmit <= now {
+            let limit: Int
+            switch transaction.kind {
+            case .check: limit = configuration.maximumTransmissions
+            case .consent: limit = 4
+            case .serverReflexive: limit = 3
+            }
+            if transaction.transmissions >= limit {
+                transactions[id] = nil
+                if case .check(let key, let useCandidate) = transaction.kind {
+                    checkList.setState(key, .failed)
+                    if useCandidate, nominating == key { nominating = nil }
+                }
+                continue
+            }
+            var next = transaction
+            next.transmissions += 1
+            next.rto = min(next.rto * 2, configuration.maximumRto)
+            next.nextRetransmit = now + next.rto
+            transactions[id] = next
+            transmits.append(IceTransmit(localBase: next.localBase, to: next.to, bytes: next.bytes))
+        }
+        // One new check per Ta: triggered ones first (§6.1.4.2).
+        if remote != nil, now >= nextCheckAt {
+            var key: IcePairKey?
+            while key == nil, !triggered.isEmpty {
+                let candidate = triggered.removeFirst()
+                if let pair = checkList[candidate], pair.state != .inProgress { key = candidate }
+            }
+            if key == nil { key = checkList.nextOrdinaryCheck() }
+            if let key, let pair = checkList[key] {
+                sendCheck(pair, useCandidate: controlling && nominating == key, now: now)
+                nextCheckAt = now + configuration.checkInterval
+            }
+        }
+        // Nomination once better pairs had their chance.
+        if controlling, nominating == nil, needsNomination, let firstSuccessAt {
+            if let best = checkList.bestSucceeded,
+               now >= firstSuccessAt + configuration.nominationWait || !checkList.higherPriorityPending(than: best.key) {
+                nominate(best, now: now)
+            }
+        }
+        // Consent freshness on the selected pair.
+        if let pair = selected, let due = nextConsentAt, now >= due {
+            sendConsent(pair, now: now)
+            nextConsentAt = now + randomizedConsentInterval()
+        }
+        if selected != nil, phase == .connected || phase == .disconnected, now > lastConsentAt + configuration.consentTimeout {
+            phase = .failed
+            nextConsentAt = nil
+            transactions.removeAll()
+            events.append(.consentExpired)
+        }
+        if selected == nil, phase == .checking, let remoteSetAt, now >= remoteSetAt + configuration.connectTimeout {
+            phase = .failed
+            let tried = checkList.pairs.count
+            events.append(.failed(tried == 0
+                ? "ICE failed: the answer gave no usable candidate (IPv4/IPv6 UDP on an address family we have) within \(configuration.connectTimeout / 1_000_000_000) s"
+                : "ICE failed: none of \(tried) candidate pairs answered a connectivity check within \(configuration.connectTimeout / 1_000_000_000) s"))
+        }
+    }
+
+    /// Consent is being refreshed: seconds since the last consent (or check) response.
+    public func secondsSinceConsent(now: UInt64) -> Double { Double(now &- lastConsentAt) / 1e9 }
+
+    // MARK: - Incoming STUN
+
+    /// Handles a datagram that `StunMessage.looksLikeStun` accepted, received on the socket
+    /// bound to `base` from `from`. Malformed or unauthenticated messages are dropped.
+    public func receive(_ datagram: [UInt8], from: TransportAddress, base: TransportAddress, now: UInt64) {
+        guard let message = try? StunMessage(parsing: datagram), message.method == StunMessage.bindingMethod else { return }
+        switch message.messageClass {
+        case .request: handleRequest(message, from: from, base: base, now: now)
+        case .successResponse, .errorResponse: handleResponse(message, from: from, base: base, now: now)
+        case .indication: break  // keepalives (binding indications) need no answer
+        }
+    }
+
+    private func handleRequest(_ request: StunMessage, from: TransportAddress, base: TransportAddress, now: UInt64) {
+        guard (try? request.validateFingerprint()) != nil else { return }
+        requestsReceived += 1
+        let key = StunMessage.shortTermKey(password: local.pwd)
+        // §7.3: USERNAME must be "<our ufrag>:<their ufrag>" and MESSAGE-INTEGRITY match our password.
+        guard let username = request.username, request.attribute(StunAttribute.Code.messageIntegrity) != nil else {
+            return respond(StunMessage.bindingError(to: request, code: 400, reason: "Bad Request"), key: nil, from: from, base: base)
+        }
+        let parts = username.split(separator: ":", maxSplits: 1)
+        guard parts.count == 2, parts[0] == local.ufrag, (try? request.validateIntegrity(key: key)) != nil else {
+            return respond(StunMessage.bindingError(to: request, code: 401, reason: "Unauthorized"), key: nil, from: from, base: base)
+        }
+        if let remote, parts[1] != remote.ufrag { return }  // another generation's check (§9)
+        let unknown = request.unknownComprehensionRequired
+        if !unknown.isEmpty {
+            return respond(StunMessage.bindingError(to: request, code: 420, reason: "Unknown Attribute", unknown: unknown), key: key, from: from, base: base)
+        }
+        // §7.3.1.1 role conflict.
+        for attribute in request.attributes {
+            switch attribute {
+            case .iceControlling(let theirs) where controlling:
+                if tieBreaker >= theirs {
+                    return respond(StunMessage.bindingError(to: request, code: 487, reason: "Role Conflict"), key: key, from: from, base: base)
+                }
+                switchRole()
+            case .iceControlled(let theirs) where !controlling:
+                if tieBreaker >= theirs { switchRole() } else {
+                    return respond(StunMessage.bindingError(to: request, code: 487, reason: "Role Conflict"), key: key, from: from, base: base)
+                }
+            default: break
+            }
+        }
+        respond(StunMessage.bindingSuccess(to: request, mappedAddress: from), key: key, from: from, base: base)
+        let priority = request.priority ?? IceCandidate.priority(kind: .prflx)
+        if remote == nil {
+            earlyRequests.append((from, base, priority, request.useCandidate))
+            return
+        }
+        learnRemote(from: from, base: base, priority: priority, useCandidate: request.useCandidate, now: now)
+    }
+
+    /// The source of a check: a known remote candidate, or a new peer-reflexive one (§7.3.1.3),
+    /// then the triggered check on its pair (§7.3.1.4) and USE-CANDIDATE for a controlled agent (§7.3.1.5).
+    private func learnRemote(from: TransportAddress, base: TransportAddress, priority: UInt32, useCandidate: Bool, now: UInt64) {
+        guard let baseIndex = bases.firstIndex(of: base) else { return }
+        var remoteCandidate = remoteCandidates.first { $0.transportAddress == from }
+        if remoteCandidate == nil {
+            let candidate = IceCandidate(foundation: "prflx\(remoteCandidates.count)", priority: priority, address: "\(from.ip)",
+                                         port: from.port, kind: .prflx)
+            remoteCandidates.append(candidate)
+            remoteCandidate = candidate
+        }
+        guard let key = checkList.add(local: localCandidates[baseIndex], localBase: base, remote: remoteCandidate!),
+              let pair = checkList[key] else { return }
+        if useCandidate && !controlling {
+            if pair.state == .succeeded { select(key, now: now) } else { checkList.update(key) { $0.nominateOnSuccess = true } }
+        }
+        switch pair.state {
+        case .succeeded, .inProgress: break
+        case .frozen, .waiting, .failed:
+            checkList.setState(key, .waiting)
+            if !triggered.contains(key) { triggered.append(key) }
+        }
+    }
+
+    private func handleResponse(_ response: StunMessage, from: TransportAddress, base: TransportAddress, now: UInt64) {
+        guard let transaction = transactions[response.transactionID] else { return }
+        if case .serverReflexive(let serverBase, let server) = transaction.kind {
+            guard from == server, let mapped = response.xorMappedAddress, response.messageClass == .successResponse else { return }
+            transactions[response.transactionID] = nil
+            guard let index = bases.firstIndex(of: serverBase),
+                  !localCandidates.contains(where: { $0.kind == .srflx && $0.transportAddress == mapped }) else { return }
+            let candidate = IceCandidate(foundation: "s\(index + 1)", priority: IceCandidate.priority(kind: .srflx, localPreference: UInt16(65535 - min(index, 1000) * 10)),
+                                         address: "\(mapped.ip)", port: mapped.port, kind: .srflx,
+                                         relatedAddress: "\(serverBase.ip)", relatedPort: serverBase.port)
+            localCandidates.append(candidate)
+            events.append(.localCandidate(candidate))
+            return
+        }
+        // §7.2.5.1: the response must come from where the request went, and authenticate.
+        guard let password = transaction.password,
+              (try? response.validateIntegrity(key: StunMessage.shortTermKey(password: password))) != nil,
+              (try? response.validateFingerprint()) != nil else { return }
+        transactions[response.transactionID] = nil
+        switch transaction.kind {
+        case .consent(let key):
+            if response.messageClass == .successResponse, from == key.remote, base == key.localBase {
+                lastConsentAt = now
+                consentResponses += 1
+                if phase == .disconnected { phase = .connected }
+            }
+        case .check(let key, let useCandidate):
+            guard from == key.remote, base == key.localBase else {
+                checkList.setState(key, .failed)
+                return
+            }
+            if response.messageClass == .errorResponse {
+                if response.errorCode?.code == 487 {
+                    // §7.2.5.1: switch roles and check again.
+                    switchRole()
+                    checkList.setState(key, .waiting)
+                    triggered.append(key)
+                } else {
+                    checkList.setState(key, .failed)
+                }
+                if useCandidate, nominating == key { nominating = nil }
+                return
+            }
+            checkList.setState(key, .succeeded)
+            lastConsentAt = now
+            if firstSuccessAt == nil { firstSuccessAt = now }
+            let nominateNow = useCandidate && controlling
+            let peerNominated = !controlling && (checkList[key]?.nominateOnSuccess ?? false)
+            if nominateNow || peerNominated { select(key, now: now) }
+        case .serverReflexive:
+            break
+        }
+    }
+
+    // MARK: - Sending
+
+    private func sendCheck(_ pair: IceCandidatePair, useCandidate: Bool, now: UInt64) {
+        guard let remote else { return }
+        // §7.1.1: PRIORITY is what a peer-reflexive candidate learned from this check would get.
+        let priority = IceCandidate.priority(kind: .prflx, localPreference: UInt16(truncatingIfNeeded: pair.local.priority >> 8))
+        let request = StunMessage.bindingRequest(username: "\(remote.ufrag):\(local.ufrag)", priority: priority,
+                                                 controlling: controlling, tieBreaker: tieBreaker, useCandidate: useCandidate)
+        let bytes = request.encoded(integrityKey: StunMessage.shortTermKey(password: remote.pwd), fingerprint: true)
+        transactions[request.transactionID] = Transaction(kind: .check(pair.key, useCandidate: useCandidate), bytes: bytes,
+                                                          localBase: pair.localBase, to: pair.remoteAddress,
+                                                          rto: configuration.initialRto, nextRetransmit: now + configuration.initialRto,
+                                                          password: remote.pwd)
+        if pair.state != .succeeded { checkList.setState(pair.key, .inProgress) }
+        checksSent += 1
+        transmits.append(IceTransmit(localBase: pair.localBase, to: pair.remoteAddress, bytes: bytes))
+    }
+
+    private func nominate(_ pair: IceCandidatePair, now: UInt64) {
+        nominating = pair.key
+        sendCheck(pair, useCandidate: true, now: now)
+    }
+
+    private func sendConsent(_ pair: IceCandidatePair, now: UInt64) {
+        guard let credentials = consentCredentials else { return }
+        let request = StunMessage.bindingRequest(username: "\(credentials.remote.ufrag):\(credentials.local.ufrag)",
+                                                 priority: IceCandidate.priority(kind: .prflx), controlling: controlling,
+                                                 tieBreaker: tieBreaker)
+        let bytes = request.encoded(integrityKey: StunMessage.shortTermKey(password: credentials.remote.pwd), fingerprint: true)
+        transactions[request.transactionID] = Transaction(kind: .consent(pair.key), bytes: bytes, localBase: pair.localBase,
+                                                          to: pair.remoteAddress, rto: 500_000_000, nextRetransmit: now + 500_000_000,
+                                                          password: credentials.remote.pwd)
+        transmits.append(IceTransmit(localBase: pair.localBase, to: pair.remoteAddress, bytes: bytes))
+    }
+
+    private func select(_ key: IcePairKey, now: UInt64) {
+        checkList.update(key) { $0.nominated = true }
+        guard let pair = checkList[key], let remote else { return }
+        nominating = nil
+        needsNomination = false
+        let changed = selected?.key != key || phase != .connected
+        selected = pair
+        phase = .connected
+        consentCredentials = (local, remote)
+        // Consent starts now; the first check follows one interval later.
+        lastConsentAt = now
+        nextConsentAt = now + randomizedConsentInterval()
+        if changed { events.append(.selected(pair)) }
+    }
+
+    private func randomizedConsentInterval() -> UInt64 {
+        let base = Double(configuration.consentInterval)
+        return UInt64(base * Double.random(in: 0.8...1.2, using: &generator))
+    }
+
+    private func switchRole() {
+        controlling.toggle()
+        checkList.setControlling(controlling)
+    }
+
+    private func respond(_ message: StunMessage, key: [UInt8]?, from: TransportAddress, base: TransportAddress) {
+        transmits.append(IceTransmit(localBase: base, to: from, bytes: message.encoded(integrityKey: key, fingerprint: true)))
+    }
+}

@@ -1,0 +1,80 @@
+/// The publisher's numbers, in the spirit of WebRTC's getStats()
+/// (outbound-rtp, remote-inbound-rtp, candidate-pair, transport). A value
+/// copy: `Publisher.stats` takes it under a lock, so any thread may read it.
+public struct RtcStats: Sendable, Equatable {
+    /// "new", "checking", "connected", "closed", "failed", "lost".
+    public var state = "new"
+    /// From applying the answer to DTLS connected.
+    public var connectMilliseconds: Double?
+    public var selectedPair: String?
+    public var codec: String?
+    public var dtlsRole: String?
+    public var srtpProfile: String?
+
+    // outbound-rtp
+    public var framesSent = 0
+    public var keyframesSent = 0
+    /// Frames dropped before packetizing: the frame queue was full or the connection was not up.
+    public var framesDropped = 0
+    public var packetsSent = 0
+    /// RTP bytes (headers + payload) before SRTP, media and retransmissions.
+    public var bytesSent = 0
+    public var payloadBytesSent = 0
+    public var retransmittedPackets = 0
+    public var retransmittedBytes = 0
+    public var nacksReceived = 0
+    public var nackedPackets = 0
+    public var plisReceived = 0
+    public var firsReceived = 0
+    /// Keyframe requests handed to the encoder (after rate limiting).
+    public var keyframeRequests = 0
+    public var senderReportsSent = 0
+    public var pacerDroppedPackets = 0
+    public var socketSendFailures = 0
+
+    // remote-inbound-rtp (from receiver reports)
+    public var receiverReports = 0
+    public var roundTripMilliseconds: Double?
+    public var fractionLost: Double?
+    public var cumulativeLost: Int?
+    public var jitterMilliseconds: Double?
+
+    // bandwidth
+    public var targetBitrate: Double = 0
+    public var rembBitrate: Double?
+    public var ackedBitrate: Double?
+    public var lossBasedBitrate: Double = 0
+    public var delayBasedBitrate: Double?
+    public var bitrateUpdates = 0
+    public var transportFeedbacks = 0
+
+    // ICE
+    public var iceChecksSent = 0
+    public var iceRequestsReceived = 0
+    public var consentResponses = 0
+
+    public init() {}
+
+    /// A JSON-ready dictionary (numbers, strings, null), keys in snake case.
+    public var dictionary: [String: Any] {
+        var d: [String: Any] = [
+            "state": state, "frames_sent": framesSent, "keyframes_sent": keyframesSent, "frames_dropped": framesDropped,
+            "packets_sent": packetsSent, "bytes_sent": bytesSent, "payload_bytes_sent": payloadBytesSent,
+            "retransmitted_packets": retransmittedPackets, "retransmitted_bytes": retransmittedBytes,
+            "nacks_received": nacksReceived, "nacked_packets": nackedPackets, "plis_received": plisReceived,
+            "firs_received": firsReceived, "keyframe_requests": keyframeRequests, "sender_reports_sent": senderReportsSent,
+            "pacer_dropped_packets": pacerDroppedPackets, "socket_send_failures": socketSendFailures,
+            "receiver_reports": receiverReports, "target_bitrate": targetBitrate, "loss_based_bitrate": lossBasedBitrate,
+            "bitrate_updates": bitrateUpdates, "transport_feedbacks": transportFeedbacks,
+            "ice_checks_sent": iceChecksSent, "ice_requests_received": iceRequestsReceived, "consent_responses": consentResponses,
+        ]
+        let optional: [String: Any?] = [
+            "connect_ms": connectMilliseconds, "selected_pair": selectedPair, "codec": codec, "dtls_role": dtlsRole,
+            "srtp_profile": srtpProfile, "rtt_ms": roundTripMilliseconds, "fraction_lost": fractionLost,
+            "cumulative_lost": cumulativeLost, "jitter_ms": jitterMilliseconds, "remb_bitrate": rembBitrate,
+            "acked_bitrate": ackedBitrate, "delay_based_bitrate": delayBasedBitrate,
+        ]
+        for (key, value) in optional { if let value { d[key] = value } }
+        return d
+    }
+}

@@ -1,0 +1,152 @@
+import Glibc
+
+/// Why a socket could not be made or used.
+public enum NetworkError: Error, Equatable, Sendable, CustomStringConvertible {
+    case socket(String)
+    case noAddresses(String)
+
+    public var description: String {
+        switch self {
+        case .socket(let text): return "network: \(text)"
+        case .noAddresses(let text): return "ICE has no local address to use: \(text)"
+        }
+    }
+}
+
+/// A non-blocking UDP socket bound to one local address (IPv4 or IPv6):
+/// the base of one host candidate. Owned by the event loop's thread.
+public final class UdpSocket {
+    public let fd: Int32
+    /// The bound address with the port the kernel chose.
+    public let localAddress: TransportAddress
+    /// Datagrams the kernel refused (EAGAIN: send buffer full; other errors).
+    public private(set) var sendFailures = 0
+
+    /// socket + bind + O_NONBLOCK; 1 MB buffers so a keyframe burst fits.
+    public init(bindTo ip: IPAddress, port: UInt16 = 0) throws {
+        let family = ip.isIPv6 ? AF_INET6 : AF_INET
+        let fd = socket(family, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
+        guard fd >= 0 else { throw NetworkError.socket("socket(): \(String(cString: strerror(errno)))") }
+        var size: Int32 = 1 << 20
+        _ = setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        _ = setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        if ip.isIPv6 {
+            var one: Int32 = 1
+            _ = setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &one, socklen_t(MemoryLayout<Int32>.size))
+        }
+        var storage = UdpSocket.sockaddr(TransportAddress(ip: ip, port: port))
+        let bound = withUnsafePointer(to: &storage.address) {
+            $0.withMemoryRebound(to: Glibc.sockaddr.self, capacity: 1) { bind(fd, $0, storage.length) }
+        }
+        guard bound == 0 else {
+            let text = String(cString: strerror(errno))
+            close(fd)
+            throw NetworkError.socket("bind(\(TransportAddress(ip: ip, port: port))): \(text)")
+        }
+        var actual = sockaddr_storage()
+        var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        _ = withUnsafeMutablePointer(to: &actual) {
+            $0.withMemoryRebound(to: Glibc.sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+        }
+        self.fd = fd
+        localAddress = UdpSocket.transportAddress(actual) ?? TransportAddress(ip: ip, port: port)
+    }
+
+    deinit { close(fd) }
+
+    /// Sends one datagram; false when the kernel refused it (counted, never blocks).
+    @discardableResult
+    public func send(_ datagram: [UInt8], to peer: TransportAddress) -> Bool {
+        var storage = UdpSocket.sockaddr(peer)
+        let sent = datagram.withUnsafeBytes { bytes in
+            withUnsafePointer(to: &storage.address) {
+                $0.withMemoryRebound(to: Glibc.sockaddr.self, capacity: 1) {
+                    sendto(fd, bytes.baseAddress, bytes.count, 0, $0, storage.length)
+                }
+            }
+        }
+        if sent != datagram.count { sendFailures += 1; return false }
+        return true
+    }
+
+    /// One waiting datagram, or nil when none is (EAGAIN). `buffer` is reused between calls.
+    public func receive(_ buffer: inout [UInt8]) -> (bytes: [UInt8], from: TransportAddress)? {
+        var from = sockaddr_storage()
+        var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        let count = buffer.withUnsafeMutableBytes { bytes in
+            withUnsafeMutablePointer(to: &from) {
+                $0.withMemoryRebound(to: Glibc.sockaddr.self, capacity: 1) { recvfrom(fd, bytes.baseAddress, bytes.count, 0, $0, &length) }
+            }
+        }
+        guard count >= 0, let address = UdpSocket.transportAddress(from) else { return nil }
+        return (Array(buffer[0..<count]), address)
+    }
+
+    // MARK: sockaddr conversions
+
+    static func sockaddr(_ address: TransportAddress) -> (address: sockaddr_storage, length: socklen_t) {
+        var storage = sockaddr_storage()
+        switch address.ip {
+        case .v4(let bytes):
+            withUnsafeMutablePointer(to: &storage) {
+                $0.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { sin in
+                    sin.pointee.sin_family = sa_family_t(AF_INET)
+                    sin.pointee.sin_port = address.port.bigEndian
+                    withUnsafeMutableBytes(of: &sin.pointee.sin_addr) { $0.copyBytes(from: bytes.prefix(4)) }
+                }
+            }
+            return (storage, socklen_t(MemoryLayout<sockaddr_in>.size))
+        case .v6(let bytes):
+            withUnsafeMutablePointer(to: &storage) {
+                $0.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { sin6 in
+                    sin6.pointee.sin6_family = sa_family_t(AF_INET6)
+                    sin6.pointee.sin6_port = address.port.bigEndian
+                    withUnsafeMutableBytes(of: &sin6.pointee.sin6_addr) { $0.copyBytes(from: bytes.prefix(16)) }
+                }
+            }
+            return (storage, socklen_t(MemoryLayout<sockaddr_in6>.size))
+        }
+    }
+
+    static func transportAddress(_ storage: sockaddr_storage) -> TransportAddress? {
+        var storage = storage
+        switch Int32(storage.ss_family) {
+        case AF_INET:
+            return withUnsafePointer(to: &storage) {
+                $0.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { sin in
+                    var address = sin.pointee.sin_addr
+                    let bytes = withUnsafeBytes(of: &address) { Array($0) }
+                    return TransportAddress(ip: .v4(bytes), port: UInt16(bigEndian: sin.pointee.sin_port))
+                }
+            }
+        case AF_INET6:
+            return withUnsafePointer(to: &storage) {
+                $0.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { sin6 in
+                    var address = sin6.pointee.sin6_addr
+                    let bytes = withUnsafeBytes(of: &address) { Array($0) }
+                    return TransportAddress(ip: .v6(bytes), port: UInt16(bigEndian: sin6.pointee.sin6_port))
+                }
+            }
+        default:
+            return nil
+        }
+    }
+}
+
+extension IPAddress {
+    /// 127.0.0.0/8 or ::1.
+    public var isLoopback: Bool {
+        switch self {
+        case .v4(let b): return b.first == 127
+        case .v6(let b): return b == [UInt8](repeating: 0, count: 15) + [1]
+        }
+    }
+
+    /// fe80::/10: needs a scope id to be usable, never gathered.
+    public var isLinkLocal: Bool {
+        switch self {
+        case .v4(let b): return b.count == 4 && b[0] == 169 && b[1] == 254
+        case .v6(let b): return b.count == 16 && b[0] == 0xfe && b[1] & 0xc0 == 0x80
+        }
+    }
+}
