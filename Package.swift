@@ -11,6 +11,7 @@ let package = Package(
     products: [
         .executable(name: "krakl-agent", targets: ["Agent"]),
         .executable(name: "krakl-bench", targets: ["KraklBench"]),
+        .executable(name: "krakl-rtc-probe", targets: ["RTCProbe"]),
         // Each backend is a shared library the agent dlopen()s at run time.
         .library(name: "BackendFile", type: .dynamic, targets: ["BackendFile"]),
         .library(name: "BackendX11", type: .dynamic, targets: ["BackendX11"]),
@@ -48,6 +49,8 @@ let package = Package(
         // page releases (libvpx's 50 MB token-buffer clear at 1080p). Agent only.
         .target(name: "ZeroFill"),
         .executableTarget(name: "Agent", dependencies: ["KraklCore", "KraklEncoder", "ZeroFill"], swiftSettings: swift5),
+        // Test-only: runs the publisher against a given SDP answer (issue 6 item 8).
+        .executableTarget(name: "RTCProbe", dependencies: ["KraklBackendABI", "KraklCore", "KraklEncoder", "KraklRTC"], swiftSettings: swift5),
         // bench/: krakl vs ffmpeg vs GStreamer on the same content (docs/PERFORMANCE.md).
         .executableTarget(name: "KraklBench", dependencies: ["KraklCore"], path: "bench", exclude: ["xactivity.c"], swiftSettings: swift5),
         .testTarget(name: "KraklTests", dependencies: ["KraklCore", "KraklEncoder", "FrameStamp", "KraklRTC", "ZeroFill"], swiftSettings: swift5),

@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""An independent WebRTC receiver for krakl's publisher tests (aiortc 1.16).
+
+Protocol on stdin/stdout (so a test can sit between it and krakl-rtc-probe):
+  1. reads the offer SDP from stdin, up to an empty line;
+  2. prints the answer SDP (ICE candidates included), then an empty line;
+  3. receives and decodes video until the track ends (DTLS close), stdin
+     reaches its end, or --seconds pass;
+  4. prints one line: {"report": {...}}.
+
+Each decoded frame's number and capture time are read from the frame stamp
+(docs/frame-stamp.md) in the luma plane. With --dump (the encoder's input as
+raw I420, krakl-rtc-probe --dump-input), sampled decoded frames are compared
+with the source picture carrying the same stamp: PSNR of the luma plane.
+
+Run it with /opt/krakl-venv/bin/python; it needs a non-127.0.0.1 address
+(aioice drops 127.0.0.1), e.g. 127.0.0.2 inside a network namespace.
+"""
+import argparse
+import asyncio
+import json
+import math
+import sys
+import time
+
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+
+
+def read_stamp(plane, stride, width, height):
+    """The (frame number, capture ms) of a stamped luma plane, or None."""
+    per_row = width // 16
+    if per_row == 0:
+        return None
+    bits = []
+    for i in range(74):
+        x = (i % per_row) * 16 + 4
+        y = (i // per_row) * 16 + 4
+        if y + 8 > height:
+            return None
+        total = 0
+        for row in range(y, y + 8):
+            start = row * stride + x
+            total += sum(plane[start:start + 8])
+        bits.append(1 if total / 64 >= 128 else 0)
+    if bits[0] != 1 or bits[1] != 0:
+        return None
+    values = []
+    for b in range(9):
+        v = 0
+        for bit in bits[2 + b * 8:10 + b * 8]:
+            v = (v << 1) | bit
+        values.append(v)
+    crc = 0
+    for byte in values[:8]:
+        crc ^= byte
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x07) & 0xFF if crc & 0x80 else (crc << 1) & 0xFF
+    if crc != values[8]:
+        return None
+    word = lambda o: (values[o] << 24) | (values[o + 1] << 16) | (values[o + 2] << 8) | values[o + 3]
+    return word(0), word(4)
+
+
+def psnr(a, b):
+    n = min(len(a), len(b))
+    if n == 0:
+        return None
+    se = 0
+    for x, y in zip(a[:n], b[:n]):
+        d = x - y
+        se += d * d
+    if se == 0:
+        return 99.0
+    return 10 * math.log10(255 * 255 / (se / n))
+
+
+def percentile(values, p):
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+async def read_stdin_block(reader):
+    lines = []
+    while True:
+        line = await reader.readline()
+        if not line:
+            break
+        text = line.decode().rstrip("\r\n")
+        if not text.strip():
+            if lines:
+                break
+            continue
+        lines.append(text)
+    return "\r\n".join(lines) + "\r\n"
+
+
+async def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--dump", help="raw I420 frames the encoder saw (for PSNR)")
+    parser.add_argument("--psnr-every", type=int, default=15, help="compare every Nth decoded frame")
+    args = parser.parse_args()
+
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+
+    offer = await read_stdin_block(reader)
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    frames = []          # (arrival ms, stamp frame number or None, capture ms or None, width, height)
+    samples = []         # (stamp, width, height, luma bytes) for PSNR
+    track_ended = asyncio.Event()
+    started = time.monotonic()
+    states = []
+
+    @pc.on("connectionstatechange")
+    def on_state():
+        states.append([round((time.monotonic() - started) * 1000, 1), pc.connectionState])
+
+    async def consume(track):
+        try:
+            while True:
+                frame = await track.recv()
+                arrival = time.monotonic() * 1000
+                plane = frame.planes[0]
+                luma = bytes(plane)
+                stamp = read_stamp(luma, plane.line_size, frame.width, frame.height)
+                frames.append((arrival, stamp[0] if stamp else None, stamp[1] if stamp else None, frame.width, frame.height))
+                if args.dump and stamp and len(frames) % args.psnr_every == 1:
+                    # Packed luma rows (the decoder's stride may be wider than the picture).
+                    packed = b"".join(luma[r * plane.line_size:r * plane.line_size + frame.width] for r in range(frame.height))
+                    samples.append((stamp[0], frame.width, frame.height, packed))
+        except MediaStreamError:
+            pass
+        finally:
+            track_ended.set()
+
+    @pc.on("track")
+    def on_track(track):
+        if track.kind == "video":
+            asyncio.ensure_future(consume(track))
+
+    await pc.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
+    answer = await pc.createAnswer()
+    await pc.setLocalDescription(answer)
+    sys.stdout.write(pc.localDescription.sdp.replace("\r\n", "\n").rstrip("\n") + "\n\n")
+    sys.stdout.flush()
+
+    stdin_closed = asyncio.ensure_future(reader.read())
+    ended = asyncio.ensure_future(track_ended.wait())
+    await asyncio.wait([stdin_closed, ended], timeout=args.seconds, return_when=asyncio.FIRST_COMPLETED)
+    await pc.close()
+
+    stamps = [f[1] for f in frames if f[1] is not None]
+    decreasing = sum(1 for a, b in zip(stamps, stamps[1:]) if b < a)
+    arrivals = [f[0] for f in frames]
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    latencies = []
+    for arrival, _, capture, _, _ in frames:
+        if capture is not None:
+            latency = (int(arrival) - capture) % (1 << 32)
+            if latency < 10_000:
+                latencies.append(latency)
+    report = {
+        "frames_decoded": len(frames),
+        "stamps_read": len(stamps),
+        "distinct_stamps": len(set(stamps)),
+        "first_stamp": stamps[0] if stamps else None,
+        "last_stamp": stamps[-1] if stamps else None,
+        "decreasing": decreasing,
+        "sizes": sorted({"%dx%d" % (f[3], f[4]) for f in frames}),
+        "max_gap_ms": max(gaps) if gaps else None,
+        "latency_ms_p50": percentile(latencies, 50),
+        "latency_ms_p99": percentile(latencies, 99),
+        "states": states,
+        "track_ended": track_ended.is_set(),
+        "arrivals": [[round(f[0], 1), f[1]] for f in frames],
+    }
+    if args.dump and samples:
+        scores = []
+        try:
+            with open(args.dump, "rb") as dump:
+                data = dump.read()
+            width, height = samples[0][1], samples[0][2]
+            size = width * height + 2 * ((width + 1) // 2) * ((height + 1) // 2)
+            source = {}
+            for offset in range(0, len(data) - size + 1, size):
+                luma = data[offset:offset + width * height]
+                stamp = read_stamp(luma, width, width, height)
+                if stamp:
+                    source.setdefault(stamp[0], luma)
+            for stamp, w, h, luma in samples:
+                if stamp in source and w == width and h == height:
+                    scores.append(psnr(luma, source[stamp]))
+        except OSError as error:
+            report["psnr_error"] = str(error)
+        scores = [s for s in scores if s is not None]
+        report["psnr_samples"] = len(scores)
+        report["psnr_y_min"] = min(scores) if scores else None
+        report["psnr_y_mean"] = sum(scores) / len(scores) if scores else None
+    print(json.dumps({"report": report}), flush=True)
+
+
+asyncio.run(main())
