@@ -452,8 +452,9 @@ public final class IceAgent {
         checkList.update(key) { $0.nominated = true }
         guard let pair = checkList[key], let remote else { return }
         nominating = nil
+        // A new pair, a recovered phase, or the end of a nomination round (a restart) is news.
+        let changed = selected?.key != key || phase != .connected || needsNomination
         needsNomination = false
-        let changed = selected?.key != key || phase != .connected
         selected = pair
         phase = .connected
         consentCredentials = (local, remote)

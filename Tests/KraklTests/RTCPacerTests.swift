@@ -1,0 +1,77 @@
+import KraklRTC
+import Testing
+
+@Suite struct RTCPacerTests {
+    static func packet(_ sequence: UInt16, payload: Int = 1188) -> RtpPacket {
+        RtpPacket(payloadType: 96, sequenceNumber: sequence, timestamp: 0, ssrc: 1, payload: [UInt8](repeating: 0, count: payload))
+    }
+
+    /// Pops everything the pacer lets out, jumping the clock to each next send time.
+    static func drain(_ pacer: inout Pacer, from start: UInt64) -> [(time: UInt64, item: Pacer.Item)] {
+        var now = start
+        var sent: [(UInt64, Pacer.Item)] = []
+        for _ in 0..<100_000 {
+            while let item = pacer.pop(now: now) { sent.append((now, item)) }
+            guard let next = pacer.nextSendTime(now: now) else { break }
+            now = max(next, now + 1)
+        }
+        return sent
+    }
+
+    @Test func aKeyframeLeavesSpreadAtThePacingRate() {
+        // 100 packets of 1200 bytes (960 kbit) at 6.25 Mbit/s (2.5 × 2.5 Mbit/s): ~154 ms, not one burst.
+        var pacer = Pacer(rate: 6_250_000)
+        pacer.enqueue((0..<100).map { Self.packet($0) }, kind: .media, now: 0)
+        #expect(pacer.count == 100)
+        let sent = Self.drain(&pacer, from: 0)
+        #expect(sent.count == 100)
+        #expect(sent.map(\.item.packet.sequenceNumber) == Array(0..<100), "order kept")
+        let spanMs = Double(sent.last!.time - sent.first!.time) / 1e6
+        #expect(spanMs > 140 && spanMs < 170, "keyframe spread over \(spanMs) ms")
+        // No 10 ms window carries more than the rate allows plus the 5 ms burst (and one packet of slack).
+        let allowance = 6_250_000 / 8 * 0.015 + 1200
+        for (index, first) in sent.enumerated() {
+            let window = sent[index...].prefix { $0.time < first.time + 10_000_000 }.reduce(0) { $0 + $1.item.size }
+            #expect(Double(window) <= allowance, "\(window) bytes within 10 ms from \(first.time)")
+        }
+        #expect(pacer.isEmpty && pacer.nextSendTime(now: sent.last!.time) == nil)
+    }
+
+    @Test func retransmissionsGoFirst() {
+        var pacer = Pacer(rate: 1_000_000)
+        pacer.enqueue((0..<5).map { Self.packet($0) }, kind: .media, now: 0)
+        pacer.enqueue([Self.packet(900)], kind: .retransmission, now: 0)
+        let first = pacer.pop(now: 0)
+        #expect(first?.kind == .retransmission && first?.packet.sequenceNumber == 900)
+        #expect(pacer.pop(now: 0) == nil, "the budget is spent after one packet at 1 Mbit/s")
+        let sent = Self.drain(&pacer, from: 0)
+        #expect(sent.map(\.item.packet.sequenceNumber) == [0, 1, 2, 3, 4])
+    }
+
+    @Test func aFullQueueDropsTheOldestMediaAndSaysSo() {
+        var pacer = Pacer(rate: 1_000_000, capacity: 10)
+        #expect(pacer.enqueue((0..<8).map { Self.packet($0) }, kind: .media, now: 0) == 0)
+        let dropped = pacer.enqueue((100..<108).map { Self.packet($0) }, kind: .media, now: 1)
+        #expect(dropped == 6)
+        #expect(pacer.count == 10)
+        #expect(pacer.droppedPackets == 6)
+        let order = Self.drain(&pacer, from: 2).map(\.item.packet.sequenceNumber)
+        #expect(order == [6, 7] + Array(100..<108), "the newest frame is kept whole: \(order)")
+        // Retransmissions never push media out: they are dropped instead when full.
+        var full = Pacer(rate: 1_000_000, capacity: 4)
+        full.enqueue((0..<4).map { Self.packet($0) }, kind: .media, now: 0)
+        #expect(full.enqueue([Self.packet(50)], kind: .retransmission, now: 0) == 0)
+        #expect(full.count == 4)
+        #expect(full.flushMedia() == 4 && full.isEmpty)
+    }
+
+    @Test func theRateCanChangeMidQueue() {
+        var slow = Pacer(rate: 500_000)
+        slow.enqueue((0..<20).map { Self.packet($0) }, kind: .media, now: 0)
+        var fast = slow
+        fast.setRate(5_000_000, now: 0)
+        let slowSpan = Self.drain(&slow, from: 0).last!.time
+        let fastSpan = Self.drain(&fast, from: 0).last!.time
+        #expect(Double(slowSpan) / Double(fastSpan) > 8, "10× the rate should be ~10× faster: \(slowSpan) vs \(fastSpan) ns")
+    }
+}
