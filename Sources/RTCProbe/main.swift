@@ -30,6 +30,13 @@ func fail(_ message: String, status: Int32) -> Never {
     exit(status)
 }
 
+/// CLOCK_MONOTONIC in ms, the clock the frame stamp and the aiortc receiver's time.monotonic() use.
+func monotonicMilliseconds() -> Double {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return Double(ts.tv_sec) * 1000 + Double(ts.tv_nsec) / 1e6
+}
+
 func emit(_ object: [String: Any], to stream: UnsafeMutablePointer<FILE>) {
     guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else { return }
     fputs(String(decoding: data, as: UTF8.self) + "\n", stream)
@@ -116,7 +123,7 @@ final class EventLog: @unchecked Sendable {
     var events: [[String: Any]] = []
 
     func record(_ event: PublisherEvent) {
-        var object: [String: Any] = ["t_ms": Double(DispatchTime.now().uptimeNanoseconds) / 1e6]
+        var object: [String: Any] = ["t_ms": monotonicMilliseconds()]
         condition.lock()
         switch event {
         case .connected(let ms):
@@ -286,7 +293,7 @@ while Date() < end {
         break
     }
     let s = publisher.stats
-    emit(["t_ms": Double(DispatchTime.now().uptimeNanoseconds) / 1e6, "frames_sent": s.framesSent, "packets_sent": s.packetsSent,
+    emit(["t_ms": monotonicMilliseconds(), "frames_sent": s.framesSent, "packets_sent": s.packetsSent,
           "target_bitrate": s.targetBitrate, "rtt_ms": s.roundTripMilliseconds ?? -1, "fraction_lost": s.fractionLost ?? -1,
           "nacks": s.nacksReceived, "plis": s.plisReceived], to: stderr)
 }

@@ -1,0 +1,375 @@
+import Foundation
+import Glibc
+import KraklRTC
+import Testing
+
+/// A network namespace of the test's own (TESTBED.md): lo up and a veth
+/// pair carrying 127.0.0.2, because aiortc drops 127.0.0.1 from its host
+/// candidates. Every packet of a session stays inside it. Deleted on deinit.
+final class RtcTestNamespace {
+    static let ip = "/usr/sbin/ip"
+    nonisolated(unsafe) static var counter = 0
+    let name: String
+
+    /// nil (after printing SKIP and the reason) when namespaces cannot be made here.
+    init?() throws {
+        guard geteuid() == 0 else {
+            print("SKIP: network namespaces need root (ip netns add)")
+            return nil
+        }
+        guard FileManager.default.isExecutableFile(atPath: Self.ip) else {
+            print("SKIP: \(Self.ip) missing (iproute2)")
+            return nil
+        }
+        Self.counter += 1
+        name = "krakl-test-\(getpid())-\(Self.counter)"
+        let steps: [[String]] = [
+            ["netns", "add", name],
+            ["netns", "exec", name, "ip", "link", "set", "lo", "up"],
+            ["netns", "exec", name, "ip", "link", "add", "kv0", "type", "veth", "peer", "name", "kv1"],
+            ["netns", "exec", name, "sysctl", "-q", "-w", "net.ipv6.conf.kv0.disable_ipv6=1", "net.ipv6.conf.kv1.disable_ipv6=1"],
+            ["netns", "exec", name, "ip", "addr", "add", "127.0.0.2/32", "dev", "kv0"],
+            ["netns", "exec", name, "ip", "link", "set", "kv0", "up"],
+            ["netns", "exec", name, "ip", "link", "set", "kv1", "up"],
+        ]
+        for step in steps {
+            let result = try Harness.run(Self.ip, step, timeout: 20)
+            if result.status != 0 {
+                print("SKIP: cannot make a network namespace: ip \(step.joined(separator: " ")): \(result.stderr)")
+                _ = try? Harness.run(Self.ip, ["netns", "del", name], timeout: 20)
+                return nil
+            }
+        }
+    }
+
+    deinit { _ = try? Harness.run(Self.ip, ["netns", "del", name], timeout: 20) }
+
+    /// argv for running `program` inside the namespace.
+    func command(_ program: String, _ arguments: [String]) -> (String, [String]) {
+        (Self.ip, ["netns", "exec", name, program] + arguments)
+    }
+
+    @discardableResult
+    func run(_ program: String, _ arguments: [String]) throws -> Harness.Result {
+        try Harness.run(Self.ip, ["netns", "exec", name, program] + arguments, timeout: 20)
+    }
+
+    static let nft = "/usr/sbin/nft"
+
+    /// An nftables input chain in the namespace for loss and outages; false when nft is missing.
+    func prepareFaults() throws -> Bool {
+        guard FileManager.default.isExecutableFile(atPath: Self.nft) else { return false }
+        try #require(try run(Self.nft, ["add", "table", "inet", "krakl"]).status == 0)
+        try #require(try run(Self.nft, ["add", "chain", "inet", "krakl", "input", "{", "type", "filter", "hook", "input", "priority", "0", ";", "}"]).status == 0)
+        return true
+    }
+
+    /// Drops `percent` % of UDP arriving in the namespace (100: an outage). Both directions pass input once.
+    func dropUdp(percent: Int) throws {
+        let rule = percent >= 100 ? ["meta", "l4proto", "udp", "drop"]
+            : ["meta", "l4proto", "udp", "numgen", "random", "mod", "100", "<", "\(percent)", "drop"]
+        let result = try run(Self.nft, ["add", "rule", "inet", "krakl", "input"] + rule)
+        try #require(result.status == 0, "nft: \(result.stderr)")
+    }
+
+    func heal() throws {
+        let result = try run(Self.nft, ["flush", "chain", "inet", "krakl", "input"])
+        try #require(result.status == 0, "nft flush: \(result.stderr)")
+    }
+}
+
+func rtcMonotonicMilliseconds() -> Double {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return Double(ts.tv_sec) * 1000 + Double(ts.tv_nsec) / 1e6
+}
+
+/// One publisher session: krakl-rtc-probe and the aiortc receiver in a
+/// namespace, with the test passing the offer and answer between them.
+final class RtcPublisherSession {
+    static let python = "/opt/krakl-venv/bin/python"
+    static var probePath: String { Harness.buildDir + "/krakl-rtc-probe" }
+    static var receiverScript: String { Harness.repoRoot + "/Tests/Fixtures/aiortc_receiver.py" }
+
+    let namespace: RtcTestNamespace
+    let folder: String
+    let probe: DtlsTestProcess
+    let receiver: DtlsTestProcess
+    private(set) var answer = ""
+
+    /// nil (after SKIP) when the probe or the aiortc venv is missing.
+    static func prerequisites() -> Bool {
+        guard FileManager.default.isExecutableFile(atPath: python) else {
+            print("SKIP: \(python) missing (scripts/setup makes the venv with aiortc)")
+            return false
+        }
+        guard FileManager.default.isExecutableFile(atPath: probePath) else {
+            print("SKIP: \(probePath) missing (swift build builds krakl-rtc-probe)")
+            return false
+        }
+        return true
+    }
+
+    init(namespace: RtcTestNamespace, seconds: Double, extraProbeArguments: [String] = [], receiverSeconds: Double = 90) throws {
+        self.namespace = namespace
+        folder = try Harness.temporaryDirectory()
+        let registry = try Harness.registryForThisBuild(in: folder)
+        let dump = folder + "/source.i420"
+        let (rp, ra) = namespace.command(Self.python, [Self.receiverScript, "--seconds", "\(receiverSeconds)", "--dump", dump])
+        receiver = try DtlsTestProcess(rp, ra)
+        let (pp, pa) = namespace.command(Self.probePath, ["--address", "127.0.0.2", "--seconds", "\(seconds)", "--plugins", registry,
+                                                         "--option", "scene=typing", "--option", "width=640", "--option", "height=360",
+                                                         "--dump-input", dump] + extraProbeArguments)
+        probe = try DtlsTestProcess(pp, pa)
+    }
+
+    deinit { stop() }
+
+    func stop() {
+        probe.stop()
+        receiver.stop()
+    }
+
+    /// The SDP a process printed: from "v=0" to the first empty line; nil until complete.
+    static func sdpBlock(_ text: String) -> String? {
+        guard let start = text.range(of: "v=0") else { return nil }
+        var lines: [String] = []
+        // "\r\n" is one Character in Swift: split on every kind of line end.
+        for line in text[start.lowerBound...].split(omittingEmptySubsequences: false, whereSeparator: \.isNewline) {
+            let trimmed = line.trimmingCharacters(in: .whitespaces)
+            if trimmed.isEmpty { return lines.joined(separator: "\r\n") + "\r\n" }
+            lines.append(trimmed)
+        }
+        return nil
+    }
+
+    static func waitForSdp(_ process: DtlsTestProcess, timeout: Double) -> String? {
+        let deadline = Date().addingTimeInterval(timeout)
+        while Date() < deadline {
+            if let sdp = sdpBlock(process.log) { return sdp }
+            if !process.isRunning { return sdpBlock(process.log) }
+            _ = process.waitFor("\u{1}never\u{1}", timeout: 0.05)  // returns on new output or after 50 ms
+        }
+        return nil
+    }
+
+    /// Offer → receiver, answer (optionally changed) → probe.
+    func exchange(changeAnswer: (String) -> String = { $0 }) throws {
+        let offer = try #require(Self.waitForSdp(probe, timeout: 30), "no offer from the probe: \(probe.log)")
+        #expect(offer.contains("a=candidate:") && offer.contains("127.0.0.2"), "the offer has no 127.0.0.2 host candidate")
+        receiver.type(offer + "\n")
+        let original = try #require(Self.waitForSdp(receiver, timeout: 30), "no answer from aiortc: \(receiver.log)")
+        answer = changeAnswer(original)
+        probe.type(answer + "\n")
+    }
+
+    /// The JSON object on the first output line containing `marker`, once it is there.
+    static func jsonLine(_ process: DtlsTestProcess, marker: String, timeout: Double) -> [String: Any]? {
+        guard process.waitFor(marker, timeout: timeout) else { return nil }
+        for line in process.log.split(whereSeparator: \.isNewline) where line.contains(marker) {
+            if let data = String(line).data(using: .utf8), let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any] {
+                return object
+            }
+        }
+        return nil
+    }
+
+    func probeResult(timeout: Double) -> [String: Any]? { Self.jsonLine(probe, marker: "\"result\"", timeout: timeout) }
+
+    /// The receiver's report: it ends on its own when our close_notify ends the track; stdin's end stops it otherwise.
+    func receiverReport(timeout: Double) -> [String: Any]? {
+        if let report = Self.jsonLine(receiver, marker: "{\"report\"", timeout: timeout) { return report["report"] as? [String: Any] }
+        receiver.stop()
+        return (Self.jsonLine(receiver, marker: "{\"report\"", timeout: 5))?["report"] as? [String: Any]
+    }
+
+    /// Waits for the probe's "connected" event; returns the event's time (CLOCK_MONOTONIC ms).
+    func waitConnected(timeout: Double) -> Double? {
+        guard probe.waitFor("\"event\":\"connected\"", timeout: timeout) else { return nil }
+        for line in probe.log.split(whereSeparator: \.isNewline) where line.contains("\"event\":\"connected\"") {
+            if let data = String(line).data(using: .utf8), let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any] {
+                return object["t_ms"] as? Double
+            }
+        }
+        return nil
+    }
+}
+
+/// Waits until CLOCK_MONOTONIC reaches `ms`: the scenario's timeline (fault start/stop), not a readiness guess.
+func rtcWait(untilMonotonicMs ms: Double) {
+    for _ in 0..<100_000 where rtcMonotonicMilliseconds() < ms { usleep(10_000) }
+}
+
+/// Decoded frames and gaps of a receiver report within a time window (CLOCK_MONOTONIC ms).
+struct RtcArrivals {
+    let times: [Double]
+    let stamps: [Int?]
+
+    init(_ report: [String: Any]) {
+        let rows = report["arrivals"] as? [[Any]] ?? []
+        times = rows.compactMap { $0.first as? Double }
+        stamps = rows.map { $0.count > 1 ? $0[1] as? Int : nil }
+    }
+
+    func longestGap(from start: Double, to end: Double) -> Double {
+        let inside = [start] + times.filter { $0 > start && $0 < end } + [end]
+        return zip(inside, inside.dropFirst()).map { $1 - $0 }.max() ?? (end - start)
+    }
+
+    func firstAfter(_ t: Double) -> Double? { times.first { $0 > t } }
+}
+
+@Suite(.serialized) struct RTCPublisherTests {
+    @Test func publishesVp8ThatAiortcDecodesInOrder() throws {
+        guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace() else { return }
+        let session = try RtcPublisherSession(namespace: namespace, seconds: 5)
+        defer { session.stop() }
+        try session.exchange()
+        let result = try #require(session.probeResult(timeout: 60), "the probe gave no result: \(session.probe.log)")
+        let report = try #require(session.receiverReport(timeout: 30), "aiortc gave no report: \(session.receiver.log)")
+        let stats = try #require(result["stats"] as? [String: Any])
+
+        #expect(result["status"] as? Int == 0, "probe: \(result["result"] ?? "?")")
+        let connectMs = try #require(stats["connect_ms"] as? Double, "never connected: \(session.probe.log)")
+        let sent = stats["frames_sent"] as? Int ?? 0
+        let decoded = report["frames_decoded"] as? Int ?? 0
+        let psnr = report["psnr_y_min"] as? Double
+        print(String(format: "aiortc: connected %.1f ms after the answer (ICE + DTLS); %d of %d frames decoded; latency p50 %@ ms p99 %@ ms; luma PSNR min %@ dB over %@ samples; RTT %@ ms; SRTP %@",
+                     connectMs, decoded, sent, "\(report["latency_ms_p50"] ?? "-")", "\(report["latency_ms_p99"] ?? "-")",
+                     psnr.map { String(format: "%.1f", $0) } ?? "-", "\(report["psnr_samples"] ?? 0)", "\(stats["rtt_ms"] ?? "-")",
+                     "\(stats["srtp_profile"] ?? "-")"))
+        #expect(connectMs < 1000, "connecting took \(connectMs) ms on loopback")
+        #expect(sent >= 100, "only \(sent) frames sent in 5 s at 30 fps")
+        #expect(Double(decoded) >= 0.9 * Double(sent), "aiortc decoded \(decoded) of \(sent) frames")
+        #expect(report["decreasing"] as? Int == 0, "frame numbers went backwards \(report["decreasing"] ?? "?") times")
+        #expect((report["stamps_read"] as? Int ?? 0) >= decoded * 9 / 10, "frame stamps unreadable in most frames")
+        #expect(report["sizes"] as? [String] == ["640x360"], "decoded sizes \(report["sizes"] ?? "?")")
+        if let psnr { #expect(psnr >= 30, "decoded pictures differ from the source: PSNR \(psnr) dB") }
+        #expect((report["psnr_samples"] as? Int ?? 0) > 0, "no decoded frame could be matched to the source dump")
+        #expect(stats["keyframes_sent"] as? Int ?? 0 >= 1)
+        #expect(stats["sender_reports_sent"] as? Int ?? 0 >= 3, "sender reports: \(stats["sender_reports_sent"] ?? 0)")
+        #expect(stats["receiver_reports"] as? Int ?? 0 >= 1, "no receiver report parsed")
+        #expect(stats["dtls_role"] as? String == "server", "aiortc answers setup:active, so we are the DTLS server")
+        #expect(report["track_ended"] as? Bool == true, "our close_notify did not end aiortc's track")
+    }
+
+    @Test func aWrongFingerprintInTheAnswerFailsClosed() throws {
+        guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace() else { return }
+        let session = try RtcPublisherSession(namespace: namespace, seconds: 3, extraProbeArguments: ["--connect-timeout", "10"])
+        defer { session.stop() }
+        // Every fingerprint aiortc lists gets its first byte changed.
+        try session.exchange { answer in
+            answer.split(omittingEmptySubsequences: false, whereSeparator: \.isNewline).map { line -> String in
+                guard line.hasPrefix("a=fingerprint:"), let space = line.firstIndex(of: " ") else { return String(line) }
+                let hex = line[line.index(after: space)...]
+                let flipped = hex.hasPrefix("00") ? "11" + hex.dropFirst(2) : "00" + hex.dropFirst(2)
+                return String(line[...space]) + flipped
+            }.joined(separator: "\r\n")
+        }
+        #expect(session.answer.contains("a=fingerprint:sha-256 "))
+        let result = try #require(session.probeResult(timeout: 30), "the probe gave no result: \(session.probe.log)")
+        let stats = try #require(result["stats"] as? [String: Any])
+        let reason = result["result"] as? String ?? ""
+        print("wrong fingerprint: \(reason)")
+        #expect(result["status"] as? Int == 3, "the probe must fail to connect (status 3): \(reason)")
+        #expect(reason.contains("fingerprint") && reason.contains("does not match"), "unclear error: \(reason)")
+        #expect(stats["connect_ms"] == nil, "it reported a connection")
+        #expect(stats["packets_sent"] as? Int == 0, "media left before the peer was verified")
+        session.receiver.stop()
+        if let report = session.receiverReport(timeout: 10) {
+            #expect(report["frames_decoded"] as? Int == 0, "aiortc decoded frames from an unverified session")
+        }
+    }
+
+    @Test(arguments: [5, 20])
+    func randomLossKeepsTheReceiverDecoding(percent: Int) throws {
+        guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace() else { return }
+        guard try namespace.prepareFaults() else {
+            print("SKIP: nft missing (Debian package nftables): no loss test")
+            return
+        }
+        let seconds = 10.0
+        let session = try RtcPublisherSession(namespace: namespace, seconds: seconds)
+        defer { session.stop() }
+        try session.exchange()
+        let connected = try #require(session.waitConnected(timeout: 20), "never connected: \(session.probe.log)")
+        try namespace.dropUdp(percent: percent)
+        let result = try #require(session.probeResult(timeout: seconds + 30), "the probe gave no result: \(session.probe.log)")
+        try namespace.heal()
+        let report = try #require(session.receiverReport(timeout: 30), "aiortc gave no report: \(session.receiver.log)")
+        let stats = try #require(result["stats"] as? [String: Any])
+        let sent = stats["frames_sent"] as? Int ?? 0
+        let decoded = report["frames_decoded"] as? Int ?? 0
+        let arrivals = RtcArrivals(report)
+        let freeze = arrivals.longestGap(from: connected + 500, to: connected + seconds * 1000 - 200)
+        let ratio = sent > 0 ? Double(decoded) / Double(sent) : 0
+        print(String(format: "%d %% loss: %d of %d frames decoded (%.1f %%), longest freeze %.0f ms; NACKs %@ (%@ packets), retransmitted %@, PLIs %@, keyframes %@, target %@ bit/s, loss seen %@",
+                     percent, decoded, sent, ratio * 100, freeze, "\(stats["nacks_received"] ?? 0)", "\(stats["nacked_packets"] ?? 0)",
+                     "\(stats["retransmitted_packets"] ?? 0)", "\(stats["plis_received"] ?? 0)", "\(stats["keyframes_sent"] ?? 0)",
+                     "\(stats["target_bitrate"] ?? 0)", "\(stats["fraction_lost"] ?? "-")"))
+        #expect(result["status"] as? Int == 0, "probe: \(result["result"] ?? "?")")
+        #expect(stats["retransmitted_packets"] as? Int ?? 0 > 0, "no retransmission under \(percent) % loss")
+        #expect(report["decreasing"] as? Int == 0, "frame numbers went backwards")
+        if percent <= 5 {
+            #expect(ratio >= 0.9, "only \(decoded) of \(sent) frames decoded under 5 % loss")
+            #expect(freeze <= 1000, "a freeze of \(freeze) ms under 5 % loss")
+        } else {
+            #expect(ratio >= 0.5, "only \(decoded) of \(sent) frames decoded under \(percent) % loss")
+            #expect(arrivals.firstAfter(connected + seconds * 1000 - 2000) != nil, "decoding stopped under \(percent) % loss")
+        }
+    }
+
+    @Test func videoResumesWithinOneSecondAfterAFiveSecondOutage() throws {
+        guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace() else { return }
+        guard try namespace.prepareFaults() else {
+            print("SKIP: nft missing (Debian package nftables): no outage test")
+            return
+        }
+        let session = try RtcPublisherSession(namespace: namespace, seconds: 14)
+        defer { session.stop() }
+        try session.exchange()
+        let connected = try #require(session.waitConnected(timeout: 20), "never connected: \(session.probe.log)")
+        rtcWait(untilMonotonicMs: connected + 3000)
+        let outage = rtcMonotonicMilliseconds()
+        try namespace.dropUdp(percent: 100)
+        rtcWait(untilMonotonicMs: outage + 5000)
+        try namespace.heal()
+        let healed = rtcMonotonicMilliseconds()
+        let result = try #require(session.probeResult(timeout: 40), "the probe gave no result: \(session.probe.log)")
+        let report = try #require(session.receiverReport(timeout: 30), "aiortc gave no report: \(session.receiver.log)")
+        let stats = try #require(result["stats"] as? [String: Any])
+        let arrivals = RtcArrivals(report)
+        let resumed = try #require(arrivals.firstAfter(healed + 1), "no frame decoded after the outage")
+        let resumedMs = resumed - healed
+        let during = arrivals.times.filter { $0 > outage + 300 && $0 < healed }.count
+        print(String(format: "5 s outage: first decoded frame %.0f ms after healing; %d frames decoded during it; PLIs %@, keyframes %@, status %@",
+                     resumedMs, during, "\(stats["plis_received"] ?? 0)", "\(stats["keyframes_sent"] ?? 0)", "\(result["result"] ?? "?")"))
+        #expect(during == 0, "frames arrived through a total outage: the fault did not apply")
+        #expect(resumedMs <= 1000, "video resumed \(resumedMs) ms after the network healed")
+        #expect(result["status"] as? Int == 0, "a 5 s outage must not end the session: \(result["result"] ?? "?")")
+        #expect(report["decreasing"] as? Int == 0, "frame numbers went backwards")
+    }
+
+    @Test func consentExpiresAfterThirtySecondsOfSilence() throws {
+        guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace() else { return }
+        guard try namespace.prepareFaults() else {
+            print("SKIP: nft missing (Debian package nftables): no consent test")
+            return
+        }
+        let session = try RtcPublisherSession(namespace: namespace, seconds: 70)
+        defer { session.stop() }
+        try session.exchange()
+        let connected = try #require(session.waitConnected(timeout: 20), "never connected: \(session.probe.log)")
+        rtcWait(untilMonotonicMs: connected + 2000)
+        let outage = rtcMonotonicMilliseconds()
+        try namespace.dropUdp(percent: 100)
+        let result = try #require(session.probeResult(timeout: 60), "the probe gave no result: \(session.probe.log)")
+        let events = result["events"] as? [[String: Any]] ?? []
+        let lost = try #require(events.first { $0["event"] as? String == "connection_lost" }, "no connection_lost event: \(events)")
+        let after = (lost["t_ms"] as? Double ?? 0) - outage
+        print(String(format: "consent: connection lost %.1f s after the outage began (%@)", after / 1000, "\(lost["reason"] ?? "")"))
+        #expect(result["status"] as? Int == 4, "the probe must end with connection lost (4)")
+        // The last consent answer came 0-6 s before the outage; expiry is 30 s after it.
+        #expect(after >= 23_000 && after <= 32_000, "connection lost \(after) ms after the outage began")
+    }
+}
