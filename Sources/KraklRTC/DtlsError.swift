@@ -5,6 +5,8 @@ public enum DtlsError: Error, Equatable, Sendable, CustomStringConvertible {
     case setup(String)
     /// The handshake failed: a fatal alert from the peer, a malformed flight, no shared cipher.
     case handshake(String)
+    /// A connected session broke: a fatal alert or a record OpenSSL could not get past.
+    case connection(String)
     /// The peer's certificate is not the one the SDP answer announced: someone else is on the path.
     case fingerprintMismatch(expected: CertificateFingerprint, received: CertificateFingerprint)
     /// The peer finished a handshake without a certificate.
@@ -18,6 +20,7 @@ public enum DtlsError: Error, Equatable, Sendable, CustomStringConvertible {
         switch self {
         case .setup(let text): return "DTLS set-up failed: \(text)"
         case .handshake(let text): return "DTLS handshake failed: \(text)"
+        case .connection(let text): return "DTLS connection failed: \(text)"
         case .fingerprintMismatch(let expected, let received):
             return "DTLS peer certificate fingerprint \(received.short) does not match the SDP answer's \(expected.short); closing"
         case .noPeerCertificate: return "DTLS peer sent no certificate"

@@ -284,7 +284,7 @@ public final class DtlsTransport {
             output.events.append(.remoteClosed)
         default:
             let detail = OpenSSLErrors.drain() ?? (code == SSL_ERROR_SYSCALL ? "record layer gave up (SSL_ERROR_SYSCALL, no OpenSSL error queued)" : "SSL error \(code)")
-            fail(verifyFailure ?? .handshake(detail), &output)
+            fail(verifyFailure ?? (state == .connected ? .connection(detail) : .handshake(detail)), &output)
         }
     }
 
