@@ -22,7 +22,7 @@ public final class Certificate {
         guard RAND_bytes(&random, Int32(random.count)) == 1 else {
             throw DtlsError.setup(OpenSSLErrors.describe("RAND_bytes failed"))
         }
-        let commonName = "krakl-" + random[0..<8].map { String(format2: $0) }.joined()
+        let commonName = "krakl-" + random[0..<8].map(Certificate.hexByte).joined()
         guard let key = Certificate.generateKey() else {
             throw DtlsError.setup(OpenSSLErrors.describe("cannot generate an ECDSA P-256 key"))
         }
@@ -66,6 +66,13 @@ public final class Certificate {
         return CertificateFingerprint(algorithm: "sha-256", bytes: Array(digest[0..<Int(length)]))
     }
 
+    /// Two lower-case hex digits. A private helper, not a String extension:
+    /// a module-wide `String.init` overload would change how `String.init` resolves elsewhere.
+    private static func hexByte(_ byte: UInt8) -> String {
+        let text = String(byte, radix: 16)
+        return text.count == 1 ? "0" + text : text
+    }
+
     private static func generateKey() -> OpaquePointer? {
         guard let context = EVP_PKEY_CTX_new_from_name(nil, "EC", nil) else { return nil }
         defer { EVP_PKEY_CTX_free(context) }
@@ -93,13 +100,5 @@ public final class Certificate {
         try check(X509_set_issuer_name(x509, name) == 1, "issuer")
         try check(X509_set_pubkey(x509, key) == 1, "X509_set_pubkey")
         try check(X509_sign(x509, key, EVP_sha256()) > 0, "X509_sign")
-    }
-}
-
-extension String {
-    /// Two lower-case hex digits.
-    init(format2 byte: UInt8) {
-        let text = String(byte, radix: 16)
-        self = text.count == 1 ? "0" + text : text
     }
 }
