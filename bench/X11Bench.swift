@@ -8,12 +8,20 @@
 // seconds per minute while it runs (the server copies the pixels a capturer
 // asks for; over a baseline of the same scene with no capturer), both from
 // /proc; and the capturer's peak RSS (wait4).
+//
+// The machine is shared and the server's share swings, so each scene runs
+// `rounds` rounds; a round measures a fresh no-capturer baseline right before
+// each capturer, and the capturers' order rotates from round to round. The
+// table gives each capturer's median round, with the range of totals.
 import Foundation
 
 struct X11Row {
     var scene = "", capturer = ""
     var capturerCpu = 0.0, serverCpu = 0.0, rssMB = 0.0
     var note = ""
+    /// Totals of every round, lowest first (the row itself is the median round).
+    var totals: [Double] = []
+    var total: Double { capturerCpu + serverCpu }
 }
 
 /// CPU seconds a process's threads have used so far, from each thread's
@@ -61,7 +69,7 @@ func measureFor(_ seconds: Double, _ program: String, _ arguments: [String], ser
     return (m, end.1 - start.1)
 }
 
-func runX11Bench(seconds: Double) throws {
+func runX11Bench(seconds: Double, rounds: Int) throws {
     let xvfb = which("Xvfb"), xsetroot = which("xsetroot"), cc = which("cc")
     let source = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("xactivity.c").path
     let activity = work + "/xactivity"
@@ -70,7 +78,7 @@ func runX11Bench(seconds: Double) throws {
     let display = ":\((150..<250).first { !FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\($0)") } ?? 150)"
     let minutes = seconds / 60
     var rows: [X11Row] = []
-    print("krakl-bench x11: static, typing, full at 1920x1080, 30 fps, \(Int(seconds)) s each, on Xvfb \(display)")
+    print("krakl-bench x11: static, typing, full at 1920x1080, 30 fps, \(Int(seconds)) s windows, \(rounds) rounds, on Xvfb \(display)")
     for scene in ["static", "typing", "full"] {
         let server = launch(xvfb, [display, "-screen", "0", "1920x1080x24", "-nolisten", "tcp", "-noreset"])
         defer {
@@ -84,11 +92,8 @@ func runX11Bench(seconds: Double) throws {
         let painter = launch(activity, [display, scene])
         defer { stopAndReap(painter) }
         usleep(500_000) // let the painter reach its steady rhythm before measuring
-        let idleStart = processCpuSeconds(server)
-        usleep(useconds_t(seconds * 1_000_000))
-        let idle = (processCpuSeconds(server) - idleStart) / seconds // server CPU/s for the scene alone
 
-        let runs: [(String, String, [String])] = [
+        let capturers: [(String, String, [String])] = [
             ("krakl x11 backend", agent, ["--plugins", work + "/plugins-x11.json", "--backend", "x11", "--option", "display=\(display)",
                                           "--no-record", "-q", "--seconds", "\(seconds + 3)", "--stats-json", work + "/x11-stats.json"]),
             ("gst ximagesrc use-damage=true", gst, ["-q", "-e", "ximagesrc", "display-name=\(display)", "use-damage=true", "!",
@@ -96,35 +101,48 @@ func runX11Bench(seconds: Double) throws {
             ("ffmpeg -f x11grab", ffmpeg, ["-loglevel", "info", "-f", "x11grab", "-framerate", "30", "-video_size", "1920x1080",
                                           "-i", display, "-t", "\(seconds + 3)", "-f", "null", "-"]),
         ]
-        for (name, program, arguments) in runs {
-            print("  \(scene): \(name) …")
-            let (m, serverCpu) = measureFor(seconds, program, arguments, server: server)
-            let serverExtra = max(0, serverCpu - idle * seconds)
-            var row = X11Row(scene: scene, capturer: name)
-            row.capturerCpu = m.cpuSeconds / minutes
-            row.serverCpu = serverExtra / minutes
-            row.rssMB = m.peakRSSMB
-            if name.hasPrefix("krakl") {
-                let json = (try? JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: work + "/x11-stats.json")))) as? [String: Any] ?? [:]
-                row.note = String(format: "%d frames delivered, damage %.1f%% of the frame", json["captured_frames"] as? Int ?? 0,
-                                  (json["damage_share"] as? Double ?? 0) * 100)
-            } else if name.hasPrefix("ffmpeg"), let line = m.stderr.split(separator: "\r").last(where: { $0.contains("frame=") }) {
-                row.note = String(line.split(separator: "fps=").first ?? "").trimmingCharacters(in: .whitespaces) + " grabbed"
+        var measured: [String: [X11Row]] = [:]
+        for round in 0..<rounds {
+            for k in 0..<capturers.count {
+                let (name, program, arguments) = capturers[(k + round) % capturers.count]
+                print("  \(scene) round \(round + 1)/\(rounds): \(name) …")
+                let idleStart = processCpuSeconds(server)
+                usleep(useconds_t(seconds / 2 * 1_000_000))
+                let idle = (processCpuSeconds(server) - idleStart) / (seconds / 2) // server CPU/s for the scene alone
+                let (m, serverCpu) = measureFor(seconds, program, arguments, server: server)
+                var row = X11Row(scene: scene, capturer: name)
+                row.capturerCpu = m.cpuSeconds / minutes
+                row.serverCpu = max(0, serverCpu - idle * seconds) / minutes
+                row.rssMB = m.peakRSSMB
+                if name.hasPrefix("krakl") {
+                    let json = (try? JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: work + "/x11-stats.json")))) as? [String: Any] ?? [:]
+                    row.note = String(format: "%d frames delivered, damage %.1f%% of the frame", json["captured_frames"] as? Int ?? 0,
+                                      (json["damage_share"] as? Double ?? 0) * 100)
+                } else if name.hasPrefix("ffmpeg"), let line = m.stderr.split(separator: "\r").last(where: { $0.contains("frame=") }) {
+                    row.note = String(line.split(separator: "fps=").first ?? "").trimmingCharacters(in: .whitespaces) + " grabbed"
+                }
+                measured[name, default: []].append(row)
             }
-            rows.append(row)
+        }
+        for (name, _, _) in capturers {
+            let all = (measured[name] ?? []).sorted { $0.total < $1.total }
+            guard var median = all.isEmpty ? nil : all[all.count / 2] else { continue }
+            median.totals = all.map(\.total)
+            rows.append(median)
         }
     }
     print("")
-    print("| scene | capturer | capturer CPU s / min | X server extra CPU s / min | total CPU s / min | peak RSS (MB) | note |")
-    print("|---|---|---:|---:|---:|---:|---|")
+    print("| scene | capturer | capturer CPU s / min | X server extra CPU s / min | total CPU s / min | total, all rounds | peak RSS (MB) | note |")
+    print("|---|---|---:|---:|---:|---|---:|---|")
     for r in rows {
-        print(String(format: "| %@ | %@ | %.2f | %.2f | %.2f | %.1f | %@ |", r.scene, r.capturer, r.capturerCpu, r.serverCpu,
-                     r.capturerCpu + r.serverCpu, r.rssMB, r.note))
+        print(String(format: "| %@ | %@ | %.2f | %.2f | %.2f | %@ | %.1f | %@ |", r.scene, r.capturer, r.capturerCpu, r.serverCpu,
+                     r.total, r.totals.map { String(format: "%.2f", $0) }.joined(separator: ", "), r.rssMB, r.note))
     }
     print("")
     for scene in ["static", "typing", "full"] {
-        let total = { (prefix: String) in rows.first { $0.scene == scene && $0.capturer.hasPrefix(prefix) }.map { $0.capturerCpu + $0.serverCpu } ?? .nan }
-        print(String(format: "%@: krakl total CPU is %.1fx lower than ffmpeg x11grab and %.1fx lower than GStreamer ximagesrc",
-                     scene, total("ffmpeg") / total("krakl"), total("gst") / total("krakl")))
+        let pick = { (prefix: String) in rows.first { $0.scene == scene && $0.capturer.hasPrefix(prefix) } }
+        guard let krakl = pick("krakl"), let ffmpeg = pick("ffmpeg"), let gst = pick("gst") else { continue }
+        print(String(format: "%@: krakl total CPU (median) is %.1fx lower than ffmpeg x11grab and %.1fx lower than GStreamer ximagesrc",
+                     scene, ffmpeg.total / krakl.total, gst.total / krakl.total))
     }
 }

@@ -28,10 +28,12 @@ var bitrateKbps = 2500
 var width = 1920, height = 1080
 let fps = 30
 var x11Mode = false
+var rounds = 3
 var words = Array(CommandLine.arguments.dropFirst())[...]
 while let word = words.popFirst() {
     switch word {
     case "x11": x11Mode = true
+    case "--rounds": rounds = max(1, Int(words.popFirst() ?? "") ?? rounds)
     case "--seconds": seconds = Double(words.popFirst() ?? "") ?? seconds
     case "--scenes": scenes = (words.popFirst() ?? "").split(separator: ",").map(String.init)
     case "--bitrate": bitrateKbps = Int(words.popFirst() ?? "") ?? bitrateKbps
@@ -39,7 +41,7 @@ while let word = words.popFirst() {
         let parts = (words.popFirst() ?? "").split(separator: "x").compactMap { Int($0) }
         if parts.count == 2 { (width, height) = (parts[0], parts[1]) }
     default:
-        print("usage: krakl-bench [x11] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
+        print("usage: krakl-bench [x11 [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
         exit(2)
     }
 }
@@ -135,7 +137,7 @@ func quality(_ recording: String, reference: String, pixelFormat: String) -> (ps
 }
 
 if x11Mode {
-    try runX11Bench(seconds: seconds)
+    try runX11Bench(seconds: seconds, rounds: rounds)
     exit(0)
 }
 

@@ -16,44 +16,47 @@ struct TileCoalescer {
     }
 
     /// `rects` in capture-area pixels (clipped here); returns covering rectangles.
+    /// Runs once a frame on the capture thread, so it walks only the tile
+    /// rows the damage touched and keeps its work in two flat arrays.
     func coalesce(_ rects: [krakl_rect]) -> [krakl_rect] {
         let cols = (width + tile - 1) / tile, rows = (height + tile - 1) / tile
         var touched = [Bool](repeating: false, count: cols * rows)
+        var firstRow = rows, lastRow = -1
         for r in rects {
             let x0 = max(0, Int(r.x)), y0 = max(0, Int(r.y))
             let x1 = min(width, Int(r.x) + Int(r.width)), y1 = min(height, Int(r.y) + Int(r.height))
             guard x0 < x1, y0 < y1 else { continue }
+            firstRow = min(firstRow, y0 / tile)
+            lastRow = max(lastRow, (y1 - 1) / tile)
             for ty in (y0 / tile)...((y1 - 1) / tile) {
                 for tx in (x0 / tile)...((x1 - 1) / tile) { touched[ty * cols + tx] = true }
             }
         }
-        var open: [Int: krakl_rect] = [:] // run start column -> rectangle growing downwards
+        guard firstRow <= lastRow else { return [] }
+        // Rectangles still growing downwards, keyed by their first tile column.
+        var open: [krakl_rect] = [], next: [krakl_rect] = []
         var out: [krakl_rect] = []
-        for ty in 0..<rows {
-            var runs: [(Int, Int)] = []
+        for ty in firstRow...lastRow {
+            next.removeAll(keepingCapacity: true)
+            let y = ty * tile, h = min(height, y + tile) - y
             var tx = 0
             while tx < cols {
                 guard touched[ty * cols + tx] else { tx += 1; continue }
                 let start = tx
                 while tx < cols && touched[ty * cols + tx] { tx += 1 }
-                runs.append((start, tx))
-            }
-            var next: [Int: krakl_rect] = [:]
-            for (start, end) in runs {
-                let x = start * tile, w = min(width, end * tile) - x
-                let y = ty * tile, h = min(height, y + tile) - y
-                if var grown = open[start], Int(grown.width) == w {
+                let x = start * tile, w = min(width, tx * tile) - x
+                if let i = open.firstIndex(where: { Int($0.x) == x && Int($0.width) == w }) {
+                    var grown = open.remove(at: i)
                     grown.height += Int32(h)
-                    next[start] = grown
-                    open[start] = nil
+                    next.append(grown)
                 } else {
-                    next[start] = krakl_rect(x: Int32(x), y: Int32(y), width: Int32(w), height: Int32(h))
+                    next.append(krakl_rect(x: Int32(x), y: Int32(y), width: Int32(w), height: Int32(h)))
                 }
             }
-            out += open.values
-            open = next
+            out += open
+            swap(&open, &next)
         }
-        out += open.values
+        out += open
         return out.sorted { ($0.y, $0.x) < ($1.y, $1.x) }
     }
 }

@@ -332,9 +332,14 @@ final class X11Source: CaptureSource {
         if lost.lost { return end(lostMessage) }
         var rects: [krakl_rect] = []
         var resized = false
-        while XPending(display) > 0 {
+        // Read the socket once, then drain what Xlib holds: XPending() per
+        // event would try a read (and get EAGAIN) after every one of them.
+        var queued = XEventsQueued(display, QueuedAfterReading)
+        while queued > 0 {
             var event = XEvent()
             XNextEvent(display, &event)
+            queued -= 1
+            if queued == 0 { queued = XEventsQueued(display, QueuedAlready) }
             if event.type == damageEventBase + Int32(XDamageNotify) {
                 // Raw rectangles: each event carries its area, so collecting
                 // damage costs no round trip (no XDamageSubtract + fetch).
