@@ -204,4 +204,5 @@ async def main():
     print(json.dumps({"report": report}), flush=True)
 
 
-asyncio.run(main())
+if __name__ == "__main__":
+    asyncio.run(main())
