@@ -43,6 +43,31 @@ public final class DtlsTransport {
         case failed(DtlsError)
     }
 
+    /// What was dropped instead of being allowed to disturb the connection.
+    /// On the network every one of these is routine noise or an attack; none is an error.
+    public struct Counters: Equatable, Sendable {
+        /// Datagrams handed to `receive` while handshaking or connected.
+        public var datagramsReceived = 0
+        /// Datagrams whose records do not cover them exactly (a length field
+        /// lies, or bytes trail): dropped whole.
+        public var malformedDatagrams = 0
+        /// Records of an epoch not read now: epoch-0 handshake records after
+        /// connecting (retransmissions, forgeries), any epoch above 1, or
+        /// protected records before a cipher was chosen.
+        public var wrongEpochRecords = 0
+        /// Protected records shorter than the cipher's explicit nonce + tag
+        /// (OpenSSL 3.0 would end the connection on them), or longer than any record.
+        public var badLengthRecords = 0
+        /// Records of a version other than DTLS 1.2 or a content type outside 20...23.
+        public var unexpectedRecords = 0
+        /// Well-formed epoch-1 records OpenSSL discarded after connecting:
+        /// authentication failed, or the sequence number was replayed
+        /// (OpenSSL drops both silently and does not say which).
+        public var discardedRecords = 0
+
+        public init() {}
+    }
+
     public let role: DtlsRole
     /// The SDP answer's `a=fingerprint`; the peer's certificate must hash to it.
     public let expectedFingerprint: CertificateFingerprint
@@ -53,6 +78,8 @@ public final class DtlsTransport {
     public private(set) var keys: DtlsSrtpKeys?
     /// The fingerprint of the certificate the peer presented, once it has.
     public private(set) var remoteFingerprint: CertificateFingerprint?
+    /// Drops since creation.
+    public private(set) var counters = Counters()
 
     private let certificate: Certificate  // kept alive: the SSL_CTX refers to its key
     private let context: OpaquePointer
@@ -61,12 +88,14 @@ public final class DtlsTransport {
     private let writeBio: OpaquePointer
     /// Set by the verify callback; reported instead of OpenSSL's generic "certificate verify failed".
     private var verifyFailure: DtlsError?
+    /// Alert records OpenSSL accepted (authenticated), counted by the message callback.
+    fileprivate var alertsRead = 0
 
     /// Builds the SSL_CTX (DTLS 1.2 only, our certificate, peer certificate
     /// required, use_srtp with `profiles` in preference order) and an SSL
     /// over two memory BIOs.
     public init(role: DtlsRole, certificate: Certificate, expectedFingerprint: CertificateFingerprint,
-                mtu: Int = 1200, profiles: [SrtpProfile] = [.aeadAes128Gcm, .aes128CmHmacSha1_80]) throws {
+                mtu: Int = 1200, profiles: [SrtpProfile] = SrtpProfile.offered) throws {
         precondition(mtu >= 256 && mtu <= 65_507, "DTLS MTU out of range")
         precondition(!profiles.isEmpty, "at least one SRTP profile")
         self.role = role
@@ -85,8 +114,13 @@ public final class DtlsTransport {
               SSL_CTX_use_certificate(context, certificate.x509) == 1,
               SSL_CTX_use_PrivateKey(context, certificate.key) == 1,
               SSL_CTX_check_private_key(context) == 1,
-              // ECDHE only (forward secrecy); ECDSA for our key, RSA too for peers that use it.
-              SSL_CTX_set_cipher_list(context, "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-RSA-AES256-GCM-SHA384:ECDHE-RSA-CHACHA20-POLY1305:ECDHE-ECDSA-AES128-SHA:ECDHE-RSA-AES128-SHA") == 1,
+              // ECDHE only (forward secrecy), AEAD only; ECDSA for our key, RSA
+              // too for peers that use it. RFC 8827 §6.5 makes every WebRTC
+              // endpoint support ECDHE-ECDSA-AES128-GCM-SHA256. No CBC suites:
+              // OpenSSL 3.0 negotiates encrypt-then-MAC for them, and then any
+              // record with a bad MAC (anyone can forge one) is a fatal
+              // bad_record_mac instead of a silent drop.
+              SSL_CTX_set_cipher_list(context, DtlsTransport.cipherList) == 1,
               // Returns 0 on success, unlike its neighbours.
               SSL_CTX_set_tlsext_use_srtp(context, profiles.map(\.opensslName).joined(separator: ":")) == 0
         else {
@@ -121,6 +155,7 @@ public final class DtlsTransport {
         _ = krakl_ssl_set_mtu(ssl, mtu)
         _ = krakl_dtls_set_link_mtu(ssl, mtu)
         DTLS_set_timer_cb(ssl, dtlsTimerCallback)
+        SSL_set_msg_callback(ssl, dtlsMessageCallback)
         SSL_set_ex_data(ssl, 0, Unmanaged.passUnretained(self).toOpaque())
         if role == .client { SSL_set_connect_state(ssl) } else { SSL_set_accept_state(ssl) }
     }
@@ -146,17 +181,71 @@ public final class DtlsTransport {
         return output
     }
 
+    /// The cipher suites offered, in preference order (OpenSSL names).
+    public static let cipherList = "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-RSA-AES256-GCM-SHA384:ECDHE-RSA-CHACHA20-POLY1305"
+
     /// Handles one received datagram. A server that was not started starts here.
+    /// Records that cannot be legitimate are dropped and counted before
+    /// OpenSSL sees them (see `DtlsRecordFilter`); a datagram that is only
+    /// noise produces nothing.
     public func receive(_ datagram: [UInt8]) -> DtlsOutput {
         var output = DtlsOutput()
         if state == .new { state = .handshaking }
         guard state == .handshaking || state == .connected, !datagram.isEmpty else { return output }
+        counters.datagramsReceived += 1
+        guard let headers = DtlsRecordFilter.headers(datagram) else {
+            counters.malformedDatagrams += 1
+            return output
+        }
+        let connected = state == .connected
+        let phase = DtlsRecordFilter.Phase(connected: connected, minimumProtectedLength: minimumProtectedLength)
+        var kept: [UInt8] = []
+        var keptRecords = 0, keptHandshakeRecords = 0
+        for header in headers {
+            switch DtlsRecordFilter.verdict(header, phase) {
+            case .pass:
+                kept += datagram[header.offset..<header.end]
+                keptRecords += 1
+                if header.contentType == 22 { keptHandshakeRecords += 1 }
+            case .wrongEpoch: counters.wrongEpochRecords += 1
+            case .badLength: counters.badLengthRecords += 1
+            case .unexpected: counters.unexpectedRecords += 1
+            }
+        }
+        guard !kept.isEmpty else { return output }
         // One datagram at a time: leftovers must never merge with the next datagram.
         _ = DtlsBio.readAll(readBio)
-        let written = datagram.withUnsafeBytes { BIO_write(readBio, $0.baseAddress, Int32($0.count)) }
-        guard written == datagram.count else { return output }
+        let written = kept.withUnsafeBytes { BIO_write(readBio, $0.baseAddress, Int32($0.count)) }
+        guard written == kept.count else { return output }
+        let alertsBefore = alertsRead
         advance(&output)
+        if connected {
+            // Every epoch-1 record that got through produced application
+            // data, an alert, or (a retransmitted Finished) an answer; the rest
+            // OpenSSL discarded.
+            let data = output.events.filter { if case .applicationData = $0 { return true } else { return false } }.count
+            let answered = output.datagrams.isEmpty ? 0 : keptHandshakeRecords
+            counters.discardedRecords += max(0, keptRecords - data - (alertsRead - alertsBefore) - answered)
+        }
         return output
+    }
+
+    /// The explicit nonce + tag of the negotiated (or pending) AEAD suite:
+    /// the shortest record it can protect. nil while no suite is chosen.
+    private var minimumProtectedLength: Int? {
+        guard let cipher = SSL_get_current_cipher(ssl) ?? SSL_get_pending_cipher(ssl) else { return nil }
+        return DtlsTransport.minimumProtectedLength(cipherNid: SSL_CIPHER_get_cipher_nid(cipher))
+    }
+
+    /// RFC 5288 (GCM: 8-byte explicit nonce, 16-byte tag), RFC 7905
+    /// (ChaCha20-Poly1305: implicit nonce, 16-byte tag). nil for anything
+    /// else, which `cipherList` never offers.
+    static func minimumProtectedLength(cipherNid: Int32) -> Int? {
+        switch cipherNid {
+        case NID_aes_128_gcm, NID_aes_256_gcm: return 8 + 16
+        case NID_chacha20_poly1305: return 16
+        default: return nil
+        }
     }
 
     /// Seconds until `onTimer()` is due (0: now), or nil while no flight awaits an answer.
@@ -238,6 +327,11 @@ public final class DtlsTransport {
         remoteFingerprint = received
         guard received == expectedFingerprint else {
             return fail(.fingerprintMismatch(expected: expectedFingerprint, received: received), &output)
+        }
+        // Only AEAD suites are offered; the record filter relies on it.
+        guard let cipher = SSL_get_current_cipher(ssl),
+              DtlsTransport.minimumProtectedLength(cipherNid: SSL_CIPHER_get_cipher_nid(cipher)) != nil else {
+            return fail(.handshake("the peer chose a cipher suite that is not AES-GCM or ChaCha20-Poly1305"), &output)
         }
         guard let selected = SSL_get_selected_srtp_profile(ssl),
               let profile = SrtpProfile(rawValue: UInt16(truncatingIfNeeded: selected.pointee.id)) else {
@@ -329,6 +423,13 @@ private let dtlsVerifyCallback: @convention(c) (Int32, OpaquePointer?) -> Int32 
     // (the default for a failed verify is unknown_ca, which misleads).
     X509_STORE_CTX_set_error(store, X509_V_ERR_CERT_REJECTED)
     return 0
+}
+
+/// Counts alert records OpenSSL accepted (they passed authentication), so
+/// `receive` can tell what OpenSSL silently discarded.
+private let dtlsMessageCallback: @convention(c) (Int32, Int32, Int32, UnsafeRawPointer?, Int, OpaquePointer?, UnsafeMutableRawPointer?) -> Void = { writing, _, contentType, _, _, ssl, _ in
+    guard writing == 0, contentType == 21, let ssl, let owner = SSL_get_ex_data(ssl, 0) else { return }
+    Unmanaged<DtlsTransport>.fromOpaque(owner).takeUnretainedValue().alertsRead += 1
 }
 
 /// Retransmission back-off: 250 ms first, doubling to at most 4 s. OpenSSL's

@@ -3,23 +3,33 @@
 public enum SrtpProfile: UInt16, CaseIterable, Sendable {
     case aes128CmHmacSha1_80 = 0x0001
     case aeadAes128Gcm = 0x0007
+    case aeadAes256Gcm = 0x0008
+
+    /// What DTLS offers by default, most preferred first: the AEAD profiles
+    /// (RFC 7714), AES-256 first as Chrome and aiortc order them, then
+    /// AES-CM for peers without GCM (RFC 5764 §4.1.2 makes it mandatory).
+    public static let offered: [SrtpProfile] = [.aeadAes256Gcm, .aeadAes128Gcm, .aes128CmHmacSha1_80]
 
     /// The name OpenSSL's use_srtp list and `openssl s_server -use_srtp` use.
     public var opensslName: String {
         switch self {
         case .aes128CmHmacSha1_80: return "SRTP_AES128_CM_SHA1_80"
         case .aeadAes128Gcm: return "SRTP_AEAD_AES_128_GCM"
+        case .aeadAes256Gcm: return "SRTP_AEAD_AES_256_GCM"
         }
     }
 
     /// Master key bytes.
-    public var keyLength: Int { 16 }
+    public var keyLength: Int { self == .aeadAes256Gcm ? 32 : 16 }
+
+    /// Bytes protection adds to an RTP packet: the HMAC-SHA1-80 tag, or the GCM tag (RFC 7714 §7.2).
+    public var rtpOverhead: Int { self == .aes128CmHmacSha1_80 ? 10 : 16 }
 
     /// Master salt bytes: 112 bits for AES-CM (RFC 3711), 96 for GCM (RFC 7714).
     public var saltLength: Int {
         switch self {
         case .aes128CmHmacSha1_80: return 14
-        case .aeadAes128Gcm: return 12
+        case .aeadAes128Gcm, .aeadAes256Gcm: return 12
         }
     }
 

@@ -65,6 +65,9 @@ public final class SrtpSession {
         case .aeadAes128Gcm:
             srtp_crypto_policy_set_aes_gcm_128_16_auth(&policy.rtp)
             srtp_crypto_policy_set_aes_gcm_128_16_auth(&policy.rtcp)
+        case .aeadAes256Gcm:
+            srtp_crypto_policy_set_aes_gcm_256_16_auth(&policy.rtp)
+            srtp_crypto_policy_set_aes_gcm_256_16_auth(&policy.rtcp)
         }
         policy.ssrc.type = direction == .outbound ? ssrc_any_outbound : ssrc_any_inbound
         policy.window_size = UInt(replayWindow)

@@ -61,42 +61,61 @@ struct RTCDtlsFuzzTests {
         #expect(server.keys == nil)
     }
 
-    @Test func mutatedDatagramsAgainstAConnectedPair() throws {
+    /// Seeds that ended the session before the record filter (OpenSSL 3.0's
+    /// fatal alert on short epoch-1 records): 56% of seeds did.
+    static let fixedSeeds: [UInt64] = [1, 4, 6, 7, 12, 13, 14, 15, 16, 17, 18, 21, 25, 26]
+
+    @Test(arguments: fixedSeeds)
+    func connectedPairSurvivesMutations(seed: UInt64) throws {
+        try Self.survive(seed: seed)
+    }
+
+    @Test func connectedPairSurvivesMutationsOfANewSeed() throws {
         let seed = UInt64(Date().timeIntervalSince1970 * 1000) ^ 0x5eed
         print("RTCDtlsFuzzTests seed \(seed)")
+        try Self.survive(seed: seed)
+    }
+
+    /// 5 000 mutated datagrams, alternately to each side of a connected pair:
+    /// both must stay connected with the same keys, send nothing (no alert),
+    /// report nothing but the one genuine first delivery of each data record,
+    /// and still carry data both ways afterwards.
+    static func survive(seed: UInt64) throws {
         var random = Random(state: seed)
         let pair = try RTCDtlsLoopbackTests.Pair()
         let wire = pair.handshake()
-        let keys = try #require(pair.client.keys)
-        // Real records from this session, plus application data and a close_notify-sized alert.
+        let clientKeys = try #require(pair.client.keys), serverKeys = try #require(pair.server.keys)
+        // Real records from this session, plus application data each way (never delivered).
+        let fromClient = Array(repeating: UInt8(0x41), count: 100), fromServer = Array(repeating: UInt8(0x42), count: 30)
         var real = wire.datagrams
-        real += pair.client.send(Array(repeating: 0x41, count: 100)).datagrams
-        real += pair.server.send(Array(repeating: 0x42, count: 30)).datagrams
-        let started = Date()
+        real += pair.client.send(fromClient).datagrams
+        real += pair.server.send(fromServer).datagrams
         var eventsClient: [DtlsEvent] = [], eventsServer: [DtlsEvent] = []
-        for (index, datagram) in Self.mutations(of: real, count: 5_000, random: &random).enumerated() {
-            if index % 2 == 0 { eventsClient += pair.client.receive(datagram).events } else { eventsServer += pair.server.receive(datagram).events }
+        var sent = 0
+        let started = Date()
+        for (index, datagram) in mutations(of: real, count: 5_000, random: &random).enumerated() {
+            let output = index % 2 == 0 ? pair.client.receive(datagram) : pair.server.receive(datagram)
+            if index % 2 == 0 { eventsClient += output.events } else { eventsServer += output.events }
+            sent += output.datagrams.count
             if Date().timeIntervalSince(started) > 60 { break }  // bounded in time as well as count
         }
-        for events in [eventsClient, eventsServer] {
-            #expect(!events.contains(where: { $0.isConnected }), "a mutated datagram re-ran the handshake")
-            // Only drops (no event), the data records' own copies, a failure or a close are acceptable.
-            #expect(events.allSatisfy { event in
-                switch event {
-                case .applicationData(let bytes): return bytes == Array(repeating: 0x41, count: 100) || bytes == Array(repeating: 0x42, count: 30)
-                case .failed, .remoteClosed: return true
-                case .connected: return false
-                }
-            })
+        let context = "seed \(seed): client \(pair.client.state) \(pair.client.counters), server \(pair.server.state) \(pair.server.counters)"
+        #expect(pair.client.state == .connected && pair.server.state == .connected, "a mutated datagram ended the session (\(context))")
+        #expect(pair.client.keys == clientKeys && pair.server.keys == serverKeys, "keys changed under fuzzing (\(context))")
+        #expect(sent == 0, "a mutated datagram made a side send something (an alert?) (\(context))")
+        // The only acceptable events: an unmutated copy of the peer's data record, accepted once (replays are discarded).
+        #expect(eventsClient.allSatisfy { $0 == .applicationData(fromServer) } && eventsClient.count <= 1, "client events \(eventsClient) (\(context))")
+        #expect(eventsServer.allSatisfy { $0 == .applicationData(fromClient) } && eventsServer.count <= 1, "server events \(eventsServer) (\(context))")
+        // The filter's drops and OpenSSL's own (failed authentication, replays) were both met.
+        // (Short epoch-1 records, the class that used to end the session, are
+        // rarer here; RTCDtlsRecordTests covers each class on its own.)
+        for counters in [pair.client.counters, pair.server.counters] {
+            #expect(counters.malformedDatagrams > 0 && counters.wrongEpochRecords > 0, "\(context)")
+            #expect(counters.discardedRecords > 0, "no mutated epoch-1 record reached OpenSSL (\(context))")
         }
-        #expect(pair.client.keys == keys, "keys changed under fuzzing")
-        // Forged records cannot pass the record MAC, so the connection should survive; if it did, data still flows.
-        if pair.client.state == .connected && pair.server.state == .connected {
-            let output = pair.client.send([1, 2, 3])
-            let received = output.datagrams.flatMap { pair.server.receive($0).events }
-            #expect(received == [.applicationData([1, 2, 3])], "data no longer flows after fuzzing")
-        } else {
-            print("RTCDtlsFuzzTests: connection ended under fuzzing: client \(pair.client.state), server \(pair.server.state)")
-        }
+        // Data still flows both ways.
+        let up = pair.client.send([1, 2, 3]).datagrams.flatMap { pair.server.receive($0).events }
+        let down = pair.server.send([4, 5]).datagrams.flatMap { pair.client.receive($0).events }
+        #expect(up == [.applicationData([1, 2, 3])] && down == [.applicationData([4, 5])], "data no longer flows after fuzzing (\(context))")
     }
 }

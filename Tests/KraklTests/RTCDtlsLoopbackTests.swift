@@ -11,8 +11,8 @@ struct RTCDtlsLoopbackTests {
         let client: DtlsTransport
         let server: DtlsTransport
 
-        init(mtu: Int = 1200, clientProfiles: [SrtpProfile] = [.aeadAes128Gcm, .aes128CmHmacSha1_80],
-             serverProfiles: [SrtpProfile] = [.aeadAes128Gcm, .aes128CmHmacSha1_80],
+        init(mtu: Int = 1200, clientProfiles: [SrtpProfile] = SrtpProfile.offered,
+             serverProfiles: [SrtpProfile] = SrtpProfile.offered,
              clientExpects: CertificateFingerprint? = nil, serverExpects: CertificateFingerprint? = nil) throws {
             clientCertificate = try Certificate()
             serverCertificate = try Certificate()
@@ -36,8 +36,9 @@ struct RTCDtlsLoopbackTests {
         let serverKeys = try #require(pair.server.keys, "server did not connect")
         #expect(wire.eventsA.filter({ $0.isConnected }).count == 1)
         #expect(wire.eventsB.filter({ $0.isConnected }).count == 1)
-        // GCM is first in both lists.
-        #expect(clientKeys.profile == .aeadAes128Gcm)
+        // AES-256-GCM is first in both lists; its master key is 32 bytes, its salt 12.
+        #expect(clientKeys.profile == .aeadAes256Gcm)
+        #expect(clientKeys.localKey.count == 32 && clientKeys.localSalt.count == 12 && clientKeys.keyingMaterial.count == 88)
         #expect(clientKeys.keyingMaterial == serverKeys.keyingMaterial)
         #expect(clientKeys.localKey == serverKeys.remoteKey && clientKeys.localSalt == serverKeys.remoteSalt)
         #expect(clientKeys.remoteKey == serverKeys.localKey && clientKeys.remoteSalt == serverKeys.localSalt)
@@ -52,10 +53,21 @@ struct RTCDtlsLoopbackTests {
     }
 
     @Test func profileFollowsWhatBothSidesSupport() throws {
-        let pair = try Pair(clientProfiles: [.aeadAes128Gcm, .aes128CmHmacSha1_80], serverProfiles: [.aes128CmHmacSha1_80])
+        let pair = try Pair(clientProfiles: SrtpProfile.offered, serverProfiles: [.aes128CmHmacSha1_80])
         _ = pair.handshake()
         #expect(pair.client.keys?.profile == .aes128CmHmacSha1_80)
         #expect(pair.client.keys?.localSalt.count == 14)
+        // A server without AES-256-GCM picks AES-128-GCM from our offer (OpenSSL: the server's order decides).
+        let older = try Pair(clientProfiles: SrtpProfile.offered, serverProfiles: [.aeadAes128Gcm, .aes128CmHmacSha1_80])
+        _ = older.handshake()
+        #expect(older.server.keys?.profile == .aeadAes128Gcm)
+        #expect(older.server.keys?.localKey.count == 16)
+    }
+
+    @Test func offersAes256GcmFirst() {
+        #expect(SrtpProfile.offered == [.aeadAes256Gcm, .aeadAes128Gcm, .aes128CmHmacSha1_80])
+        #expect(SrtpProfile.aeadAes256Gcm.opensslName == "SRTP_AEAD_AES_256_GCM" && SrtpProfile.aeadAes256Gcm.rawValue == 0x0008)
+        #expect(SrtpProfile.aeadAes256Gcm.keyingMaterialLength == 2 * (32 + 12))
     }
 
     @Test func everyDatagramFitsTheMtu() throws {
@@ -90,6 +102,16 @@ struct RTCDtlsLoopbackTests {
         #expect(!retransmitted.datagrams.isEmpty, "the timer sent nothing")
         var rest = DtlsTestWire()
         rest.run(pair.client, pair.server, first: retransmitted)
+        // OpenSSL answers a repeated ClientHello only once its own timer has
+        // run out (RFC 6347 §4.2.4 would have it answer at once); its timer
+        // started a little after the client's, so an event loop may have to
+        // fire it too. Bounded: a few timer periods.
+        for _ in 0..<4 where pair.client.keys == nil || pair.server.keys == nil {
+            guard let wait = [pair.client.timeout, pair.server.timeout].compactMap({ $0 }).min() else { break }
+            usleep(UInt32(min(wait, 1) * 1_000_000) + 1_000)
+            if let due = pair.server.timeout, due <= 0 { rest.run(pair.server, pair.client, first: pair.server.onTimer()) }
+            if let due = pair.client.timeout, due <= 0 { rest.run(pair.client, pair.server, first: pair.client.onTimer()) }
+        }
         #expect(pair.client.keys != nil && pair.server.keys != nil, "no recovery after the retransmission")
     }
 

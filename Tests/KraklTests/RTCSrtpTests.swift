@@ -61,7 +61,7 @@ struct RTCSrtpTests {
         let sender = try Self.session(profile, .outbound)
         let receiver = try Self.session(profile, .inbound)
         let packet = try sender.protect(rtp: Self.rtp(sequence: 1))
-        #expect(packet.count == Self.rtp(sequence: 1).count + (profile == .aeadAes128Gcm ? 16 : 10))
+        #expect(packet.count == Self.rtp(sequence: 1).count + profile.rtpOverhead)
 
         var tampered = packet
         tampered[30] ^= 0x01
