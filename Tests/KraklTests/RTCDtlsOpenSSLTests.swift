@@ -106,4 +106,24 @@ import Testing
         // OpenSSL heard why: our bad_certificate alert.
         #expect(server.waitFor("bad certificate", timeout: 5), "s_server did not report our alert")
     }
+
+    /// We offer AEAD suites only: a server that has nothing else gets no handshake
+    /// (with CBC, OpenSSL 3.0 would make any forged record fatal; docs/webrtc.md).
+    @Test func openSSLServerWithOnlyACbcSuiteGetsNoHandshake() throws {
+        let folder = try Harness.temporaryDirectory()
+        let peer = try DtlsTestPeerIdentity(in: folder)
+        guard let server = try DtlsTestProcess.openssl(["s_server", "-dtls1_2", "-accept", "127.0.0.1:0",
+                                                "-cert", peer.certificatePath, "-key", peer.keyPath, "-cipher", "ECDHE-ECDSA-AES128-SHA",
+                                                "-use_srtp", SrtpProfile.aeadAes128Gcm.opensslName]) else { return }
+        defer { server.stop() }
+        let accept = try #require(server.value(after: "ACCEPT "), "s_server never printed ACCEPT")
+        let port = try #require(accept.split(separator: ":").last.flatMap { UInt16($0) }, "no port in ACCEPT line")
+        let transport = try DtlsTransport(role: .client, certificate: try Certificate(), expectedFingerprint: peer.fingerprint)
+        let pump = DtlsTestPump(transport, socket: try DtlsTestUdpSocket(), peer: DtlsTestUdpSocket.loopback(port: port))
+        pump.deliver(transport.start())
+        pump.run(seconds: 10) { $0.failure != nil || $0.transport.keys != nil }
+        #expect(transport.keys == nil, "a handshake finished on a CBC suite")
+        #expect(pump.failure != nil, "no failure reported")
+        #expect(server.waitFor("no shared cipher", timeout: 5), "s_server did not report the missing shared cipher: \(server.log)")
+    }
 }

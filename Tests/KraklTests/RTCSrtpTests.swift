@@ -121,6 +121,26 @@ struct RTCSrtpTests {
         #expect(throws: SrtpError.self) {
             try SrtpSession(profile: .aeadAes128Gcm, key: Array(repeating: 0, count: 15), salt: Array(repeating: 0, count: 12), direction: .inbound)
         }
+        // AES-256-GCM: a 128-bit key is refused rather than padded.
+        #expect(throws: SrtpError.self) {
+            try SrtpSession(profile: .aeadAes256Gcm, key: Array(repeating: 0, count: 16), salt: Array(repeating: 0, count: 12), direction: .outbound)
+        }
+    }
+
+    @Test func aes256GcmUsesAll32KeyBytes() throws {
+        let key = (0..<32).map { UInt8($0) }, salt = Array(repeating: UInt8(0xa5), count: 12)
+        var lastByteChanged = key
+        lastByteChanged[31] ^= 0x01
+        let sender = try SrtpSession(profile: .aeadAes256Gcm, key: key, salt: salt, direction: .outbound)
+        let packet = try sender.protect(rtp: Self.rtp(sequence: 9))
+        #expect(packet.count == Self.rtp(sequence: 9).count + 16)
+        #expect(try SrtpSession(profile: .aeadAes256Gcm, key: key, salt: salt, direction: .inbound).unprotect(srtp: packet) == Self.rtp(sequence: 9))
+        let other = try SrtpSession(profile: .aeadAes256Gcm, key: lastByteChanged, salt: salt, direction: .inbound)
+        #expect(other.unprotect(srtp: packet) == nil, "the 32nd key byte made no difference")
+        #expect(other.counters.authenticationFailures == 1)
+        // Not AES-128-GCM under the first half of the key either.
+        let half = try SrtpSession(profile: .aeadAes128Gcm, key: Array(key.prefix(16)), salt: salt, direction: .inbound)
+        #expect(half.unprotect(srtp: packet) == nil)
     }
 
     @Test(arguments: SrtpProfile.allCases)
