@@ -96,7 +96,7 @@ public struct BandwidthEstimator: Sendable {
         lastLossFraction = fractionLost
         if fractionLost > 0.10 {
             // At most one decrease per 300 ms: several reports describe the same loss.
-            if let last = lastLossDecrease, now - last < 300_000_000 { return }
+            if let last = lastLossDecrease, now < last + 300_000_000 { return }
             lossBased = max(minimum, lossBased * (1 - 0.5 * fractionLost))
             lastLossDecrease = now
             lastLossIncrease = now
@@ -221,7 +221,7 @@ public struct BandwidthEstimator: Sendable {
         switch usage {
         case .overusing:
             // One cut per ~RTT-ish interval; the queue needs time to drain before it shows.
-            if lastOveruseDecrease.map({ now - $0 >= 200_000_000 }) ?? true {
+            if lastOveruseDecrease.map({ now >= $0 + 200_000_000 }) ?? true {
                 let base = ackedBitrate ?? rate
                 rate = min(rate, 0.85 * base)
                 lastOveruseDecrease = now

@@ -21,6 +21,8 @@ public struct PublisherConfiguration: Sendable {
     public var historyCapacity = 2048
     /// Keyframe requests reach the encoder at most this often.
     public var keyframeRequestInterval: UInt64 = 300_000_000
+    /// A NACK asking for more packets than this gets a keyframe instead of retransmissions.
+    public var nackBurstLimit = 64
     public var senderReportInterval: UInt64 = 1_000_000_000
     public var ice = IceConfiguration()
     public var cname: String?
@@ -287,9 +289,10 @@ public final class Publisher: @unchecked Sendable {
     private func socket(for base: TransportAddress) -> UdpSocket? { sockets.first { $0.localAddress == base } }
 
     private func readSocket(_ socket: UdpSocket) {
-        let now = monotonicNanoseconds()
         for _ in 0..<256 {
             guard let (bytes, from) = socket.receive(&receiveBuffer) else { break }
+            // Per datagram: handlers below run service(), which moves the clock on.
+            let now = monotonicNanoseconds()
             guard let first = bytes.first else { continue }
             switch first {
             case 0...3:
@@ -525,7 +528,7 @@ public final class Publisher: @unchecked Sendable {
     }
 
     private func requestKeyframe(now: UInt64) {
-        if let last = lastKeyframeRequest, now - last < configuration.keyframeRequestInterval {
+        if let last = lastKeyframeRequest, now < last + configuration.keyframeRequestInterval {
             // Coalesce: one request when the interval is over.
             if deferredKeyframeAt == nil { deferredKeyframeAt = last + configuration.keyframeRequestInterval }
             return
@@ -601,20 +604,28 @@ public final class Publisher: @unchecked Sendable {
     }
 
     private func retransmit(_ sequences: [UInt16], now: UInt64) {
+        updateStats {
+            $0.nacksReceived += 1
+            $0.nackedPackets += sequences.count
+        }
+        // A receiver asking for this much lost an outage's worth: resending it would arrive as a
+        // stale burst behind live video (and resets some receivers' jitter buffers to the past).
+        // A keyframe repairs the picture in one frame (libwebrtc receivers make the same choice).
+        if sequences.count > configuration.nackBurstLimit {
+            requestKeyframe(now: now)
+            return
+        }
         var queued: [RtpPacket] = []
         let rttNs = UInt64((stats.roundTripMilliseconds ?? 20) * 1e6)
         for sequence in sequences {
             guard let entry = history.entry(sequenceNumber: sequence) else { continue }
             // Too old to help (an outage's backlog), resent too often, or resent less than an RTT ago.
-            if entry.retransmissions == 0 && now &- entry.sentNanoseconds > 1_000_000_000 { continue }
+            // 2 s: a receiver that re-asks only when it sees the next gap (aiortc) may ask a second later.
+            if entry.retransmissions == 0 && now &- entry.sentNanoseconds > 2_000_000_000 { continue }
             if entry.retransmissions >= 3 { continue }
             if entry.retransmissions > 0 && now &- entry.sentNanoseconds < max(rttNs, 10_000_000) { continue }
             guard let original = history.takeForRetransmission(sequenceNumber: sequence, nowNanoseconds: now) else { continue }
             if rtx != nil { queued.append(rtx!.wrap(original)) } else { queued.append(original) }
-        }
-        updateStats {
-            $0.nacksReceived += 1
-            $0.nackedPackets += sequences.count
         }
         if !queued.isEmpty { pacer.enqueue(queued, kind: .retransmission, now: now) }
     }
