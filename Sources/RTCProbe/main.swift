@@ -233,10 +233,18 @@ final class CaptureSink: FrameSink, @unchecked Sendable {
     var pipeline: EncoderPipeline?
     let condition = NSCondition()
     var problem: String?
+    private var submitted = false
+    /// True once a frame reached the encoder. EncoderPipeline traps (NSCondition.wait(until:) on an
+    /// underflowed deadline in takeWork) when a keyframe is requested before its first frame, so
+    /// requests wait for this; the first encoded frame is a keyframe anyway.
+    var hasSubmitted: Bool { condition.lock(); defer { condition.unlock() }; return submitted }
     func frame(_ pointer: UnsafePointer<krakl_frame>) {
         let info = FrameInfo(pointer)
         guard FrameCheck.geometryProblem(pointer) == nil, FrameCheck.damageProblem(info) == nil else { return }
         pipeline?.submit(info)
+        condition.lock()
+        submitted = true
+        condition.unlock()
     }
     func event(_ event: SourceEvent) {
         guard event.kind == .sourceEnded || event.kind == .error else { return }
@@ -266,7 +274,7 @@ do {
     fputs("krakl-rtc-probe: capture set-up failed: \(error)\n", stderr)
     finalReport(result: "capture set-up failed: \(error)", status: 5, encoder: nil)
 }
-publisher.onKeyframeRequest = { pipeline.requestKeyframe() }
+publisher.onKeyframeRequest = { if capture.hasSubmitted { pipeline.requestKeyframe() } }
 publisher.onBitrate = { bps in pipeline.setBitrate(kbps: max(bps / 1000, 1)) }
 pipeline.start()
 do {
