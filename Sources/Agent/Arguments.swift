@@ -186,8 +186,16 @@ EXIT STATUS
    6 unknown backend name             7 backend library file missing
    8 backend library does not load    9 library lacks the krakl_backend_v1 symbol
   10 backend ABI version mismatch or malformed table
-  11 backend create() failed         12 backend start() failed
+  11 backend create() failed (other) 12 backend start() failed
   13 the source reported an error while capturing
   14 encoding or writing the recording failed
   15 the backend could not list its sources
+  backend create() failed because (from its errno):
+  16 an option or input was rejected (EINVAL)
+  17 what to capture is not there: display, monitor, node, file (ENODEV, ENOENT)
+  18 the system lacks what the backend needs: no portal, unsupported format
+     (EOPNOTSUPP, ENOSYS)
+  19 a service it needs is not running: PipeWire, D-Bus (ECONNREFUSED, ENXIO)
+  20 capture was not allowed: the sharing dialog was denied (EACCES, EPERM)
+  21 nobody answered in time: the sharing dialog (ETIMEDOUT)
 """

@@ -37,7 +37,7 @@ final class FileSource: CaptureSource {
                 throw .invalidOption("option \(key) does not apply when playing a file (path=\(path)); remove it")
             }
             let reader: Y4MReader
-            do throws(Y4MReader.Failure) { reader = try Y4MReader(path: path) } catch { throw BackendError(-ENOENT, error.message) }
+            do throws(Y4MReader.Failure) { reader = try Y4MReader(path: path) } catch { throw BackendError(error.code, error.message) }
             fps = try options.number("fps", default: reader.fps, in: 1...240)
             producer = Y4MProducer(reader: reader, loop: try options.bool("loop", default: false))
         } else {

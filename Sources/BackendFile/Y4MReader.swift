@@ -11,11 +11,15 @@ final class Y4MReader {
     private let file: UnsafeMutablePointer<FILE>
     private let firstFrameOffset: Int
 
-    struct Failure: Error { let message: String }
+    struct Failure: Error {
+        let message: String
+        /// What create() reports: the file is missing, or is not a Y4M file we can play.
+        var code: Int32 = -EINVAL
+    }
 
     init(path: String) throws(Failure) {
         guard let file = fopen(path, "rb") else {
-            throw Failure(message: "cannot open \(path): \(String(cString: strerror(errno)))")
+            throw Failure(message: "cannot open \(path): \(String(cString: strerror(errno)))", code: -errno)
         }
         self.file = file
         // Header: "YUV4MPEG2 W<w> H<h> F<n>:<d> [I.] [A.] [C<space>] [X...]\n"
@@ -49,7 +53,7 @@ final class Y4MReader {
         }
         guard ["420", "420jpeg", "420paldv", "420mpeg2"].contains(colour) else {
             fclose(file)
-            throw Failure(message: "\(path): colour space C\(colour) is not supported; convert it with: ffmpeg -i \(path) -pix_fmt yuv420p out.y4m")
+            throw Failure(message: "\(path): colour space C\(colour) is not supported; convert it with: ffmpeg -i \(path) -pix_fmt yuv420p out.y4m", code: -EOPNOTSUPP)
         }
         self.width = width
         self.height = height

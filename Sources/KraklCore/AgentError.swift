@@ -1,3 +1,5 @@
+import Glibc
+
 /// Every way krakl-agent can fail before or while capturing, each with its
 /// own exit status (documented in docs/exit-codes.md and `--help`) and a
 /// one-line message that says what to do.
@@ -29,10 +31,25 @@ public enum AgentError: Error, Equatable, CustomStringConvertible {
         case .libraryUnloadable: return 8
         case .entrySymbolMissing: return 9
         case .abiMismatch: return 10
-        case .createFailed: return 11
+        case .createFailed(_, let code, _): return Self.createStatus(code)
         case .startFailed: return 12
         case .encoderFailed: return 14
         case .listFailed: return 15
+        }
+    }
+
+    /// A failed create() says why through its errno (the ABI's contract), so
+    /// a script can tell "fix the options" from "start the service" from
+    /// "the person said no" for any backend, in-tree or not.
+    public static func createStatus(_ code: Int32) -> Int32 {
+        switch -code {
+        case EINVAL: return 16                              // an option or input the backend rejected
+        case ENODEV, ENOENT: return 17                      // what to capture is not there (display, monitor, node, file)
+        case EOPNOTSUPP, ENOSYS: return 18                  // the system lacks what the backend needs (no portal, unsupported format)
+        case ECONNREFUSED, ENXIO, EHOSTDOWN: return 19      // a service it needs is not running (PipeWire, the session bus)
+        case EACCES, EPERM: return 20                       // capture was not allowed (the portal dialog was denied)
+        case ETIMEDOUT: return 21                           // nobody answered in time (the portal dialog)
+        default: return 11
         }
     }
 
@@ -72,7 +89,8 @@ public enum AgentError: Error, Equatable, CustomStringConvertible {
 public func errnoName(_ code: Int32) -> String {
     let names: [Int32: String] = [
         1: "EPERM", 2: "ENOENT", 5: "EIO", 6: "ENXIO", 12: "ENOMEM", 13: "EACCES", 16: "EBUSY",
-        19: "ENODEV", 22: "EINVAL", 38: "ENOSYS", 95: "EOPNOTSUPP", 110: "ETIMEDOUT", 111: "ECONNREFUSED",
+        19: "ENODEV", 22: "EINVAL", 24: "EMFILE", 38: "ENOSYS", 95: "EOPNOTSUPP", 110: "ETIMEDOUT", 111: "ECONNREFUSED",
+        112: "EHOSTDOWN",
     ]
     return names[-code] ?? "error \(code)"
 }

@@ -9,6 +9,7 @@
  *   -DNULL_START        leave start NULL
  *   -DBIGGER_TABLE      a table from a newer minor: extra members at the end
  *   -DFAIL_CREATE       create() fails with -ENODEV and a message
+ *                       (-DFAIL_CREATE_ERRNO=E... picks another errno)
  *   -DLATE_FRAMES       keep delivering after stop() returns
  *   -DBAD_DAMAGE        report a damage rectangle outside the frame
  *   -DBAD_STRIDE        report a stride smaller than width * 4
@@ -85,7 +86,11 @@ static int create(const char *options, const krakl_host *host, krakl_source **ou
     if (rc < 0) return rc;
 #ifdef FAIL_CREATE
     host->log(host->host_data, KRAKL_LOG_ERROR, "fixture: no such device /dev/krakl0; plug it in");
+#ifdef FAIL_CREATE_ERRNO
+    return -FAIL_CREATE_ERRNO;
+#else
     return -ENODEV;
+#endif
 #endif
     struct krakl_source *s = calloc(1, sizeof *s);
     if (!s) return -ENOMEM;

@@ -13,9 +13,8 @@ struct AgentCommandTests {
             #expect(result.stdout.contains("  \(name) ") && result.stdout.range(of: "\\b\(name)\\s+loads\\s+ABI 1\\.1", options: .regularExpression) != nil,
                     "\(name) not listed as loading:\n\(result.stdout)")
         }
-        // Truthful about what is not there yet.
         #expect(result.stdout.contains("X11 screen capture: XDamage-tracked"))
-        #expect(result.stdout.contains("not implemented yet: issue #5"))
+        #expect(result.stdout.contains("PipeWire screen capture through the ScreenCast portal"))
     }
 
     @Test func backendsSaysWhyAnEntryDoesNotLoad() throws {

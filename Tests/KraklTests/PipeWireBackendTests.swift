@@ -341,7 +341,7 @@ struct PipeWireBackendTests {
     }
 
     /// No portal, no PipeWire, no such node, a bad option: each a clear
-    /// message and its own errno (the agent's exit status for a failed create is 11).
+    /// message, its own errno, and the exit status that errno maps to.
     @Test func clearErrors() throws {
         guard let stack = try PipeWireStack(["--no-portal"]) else { return }
         try requireReadableBuild(stack)
@@ -349,17 +349,19 @@ struct PipeWireBackendTests {
         chmod((registry as NSString).deletingLastPathComponent, 0o755)
         let empty = try Harness.temporaryDirectory()
         chmod(empty, 0o777)
-        let cases: [([String], [String: String], String, String)] = [
-            ([], [:], "no desktop portal on the session bus", "(EOPNOTSUPP)"),
-            (["node=424242"], [:], "no PipeWire node 424242", "(ENODEV)"),
-            (["node=42"], ["PIPEWIRE_RUNTIME_DIR": empty, "XDG_RUNTIME_DIR": empty], "PipeWire is not running", "(ECONNREFUSED)"),
-            ([], ["DBUS_SESSION_BUS_ADDRESS": "unix:path=\(empty)/no-bus"], "cannot connect to the D-Bus session bus", "(ENXIO)"),
-            (["cursor=blinking"], [:], "option cursor=blinking is not valid", "(EINVAL)"),
+        // Exit statuses (krakl-agent --help): 18 the system lacks a portal, 17 no
+        // such node, 19 a service is not running, 16 a rejected option.
+        let cases: [([String], [String: String], String, String, Int32)] = [
+            ([], [:], "no desktop portal on the session bus", "(EOPNOTSUPP)", 18),
+            (["node=424242"], [:], "no PipeWire node 424242", "(ENODEV)", 17),
+            (["node=42"], ["PIPEWIRE_RUNTIME_DIR": empty, "XDG_RUNTIME_DIR": empty], "PipeWire is not running", "(ECONNREFUSED)", 19),
+            ([], ["DBUS_SESSION_BUS_ADDRESS": "unix:path=\(empty)/no-bus"], "cannot connect to the D-Bus session bus", "(ENXIO)", 19),
+            (["cursor=blinking"], [:], "option cursor=blinking is not valid", "(EINVAL)", 16),
         ]
-        for (options, extra, message, errno) in cases {
+        for (options, extra, message, errno, status) in cases {
             let result = try stack.run([Harness.agent, "--plugins", registry, "--backend", "pipewire", "--no-record", "--frames", "1"]
                                        + options.flatMap { ["--option", $0] }, timeout: 60, extra: extra)
-            #expect(result.status == 11 && result.stderr.contains(message) && result.stderr.contains(errno),
+            #expect(result.status == status && result.stderr.contains(message) && result.stderr.contains(errno),
                     "\(options) \(extra): exit \(result.status): \(result.stderr)")
         }
     }

@@ -72,14 +72,21 @@ enum Harness {
             group.enter()
             DispatchQueue.global().async { box.data = pipe.fileHandleForReading.readDataToEndOfFile(); group.leave() }
         }
-        try process.run()
+        // The handler is set before run(): a child that ends at once may
+        // otherwise end before there is a handler to hear of it.
         let finished = DispatchSemaphore(value: 0)
         process.terminationHandler = { _ in finished.signal() }
+        try process.run()
         var timedOut = false
         if finished.wait(timeout: .now() + timeout) == .timedOut {
             timedOut = true
             process.terminate()
-            if finished.wait(timeout: .now() + 5) == .timedOut { kill(process.processIdentifier, SIGKILL); finished.wait() }
+            if finished.wait(timeout: .now() + 5) == .timedOut {
+                kill(process.processIdentifier, SIGKILL)
+                // Bounded even if the termination is never reported.
+                let deadline = Date().addingTimeInterval(10)
+                while finished.wait(timeout: .now() + 0.1) == .timedOut && process.isRunning && Date() < deadline {}
+            }
         }
         group.wait()
         // A death by signal must not pass for an exit status of the same number.
