@@ -199,6 +199,7 @@ public final class IceAgent {
 
     /// When `tick` must run next, or nil when nothing is timed.
     public var nextDeadline: UInt64? {
+        guard phase != .failed else { return nil }
         var deadline: UInt64?
         func consider(_ t: UInt64?) { if let t { deadline = min(deadline ?? t, t) } }
         if remote != nil && phase != .failed && (!triggered.isEmpty || checkList.pairs.contains { $0.state == .waiting || $0.state == .frozen }) {
