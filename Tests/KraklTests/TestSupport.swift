@@ -89,6 +89,11 @@ enum Harness {
             }
         }
         group.wait()
+        // Foundation traps on the status of a process it has not seen end.
+        guard !process.isRunning else {
+            return Result(status: -1, stdout: String(decoding: outData.data, as: UTF8.self),
+                          stderr: String(decoding: errData.data, as: UTF8.self) + "\n(its end was never reported)", timedOut: true)
+        }
         // A death by signal must not pass for an exit status of the same number.
         let status = process.terminationReason == .uncaughtSignal ? 128 + process.terminationStatus : process.terminationStatus
         return Result(status: status, stdout: String(decoding: outData.data, as: UTF8.self),
