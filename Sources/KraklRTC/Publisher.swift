@@ -61,12 +61,24 @@ public final class Publisher: @unchecked Sendable {
     public let rtxSSRC: UInt32
     public let cname: String
 
-    /// Called on the network thread. Set before `setAnswer`.
-    public var onEvent: ((PublisherEvent) -> Void)?
+    /// Called on the network thread. Set before `setAnswer` to see every event; any thread may set it.
+    public var onEvent: ((PublisherEvent) -> Void)? {
+        get { stateLock.lock(); defer { stateLock.unlock() }; return eventHandler }
+        set { stateLock.lock(); eventHandler = newValue; stateLock.unlock() }
+    }
     /// The encoder should make the next frame a keyframe (rate-limited). Network thread; must not block.
-    public var onKeyframeRequest: (() -> Void)?
+    public var onKeyframeRequest: (() -> Void)? {
+        get { stateLock.lock(); defer { stateLock.unlock() }; return keyframeHandler }
+        set { stateLock.lock(); keyframeHandler = newValue; stateLock.unlock() }
+    }
     /// The encoder's new target bitrate in bits per second. Network thread; must not block.
-    public var onBitrate: ((Int) -> Void)?
+    public var onBitrate: ((Int) -> Void)? {
+        get { stateLock.lock(); defer { stateLock.unlock() }; return bitrateHandler }
+        set { stateLock.lock(); bitrateHandler = newValue; stateLock.unlock() }
+    }
+    private var eventHandler: ((PublisherEvent) -> Void)?
+    private var keyframeHandler: (() -> Void)?
+    private var bitrateHandler: ((Int) -> Void)?
 
     private let loop: EventLoop
     private let sockets: [UdpSocket]
@@ -231,6 +243,7 @@ public final class Publisher: @unchecked Sendable {
 
     /// Sends RTCP BYE and DTLS close_notify, then stops the network thread (bounded wait).
     public func close() {
+        guard loop.isRunning else { return }
         let done = DispatchSemaphore(value: 0)
         loop.post { [self] in
             if !finished, let srtpOut, let pair = ice.selected {

@@ -323,7 +323,8 @@ struct RtcArrivals {
             #expect(ratio >= 0.95, "only \(decoded) of \(sent) frames decoded under 5 % loss")
             #expect(freeze <= 1000, "a freeze of \(freeze) ms under 5 % loss")
         case (5, _):
-            #expect(ratio >= 0.75, "only \(decoded) of \(sent) frames decoded under 5 % loss")
+            // Seen 83-99 %; without retransmission a single lost packet stalls aiortc for ~17 s.
+            #expect(ratio >= 0.6, "only \(decoded) of \(sent) frames decoded under 5 % loss")
         default:
             #expect(ratio >= 0.5, "only \(decoded) of \(sent) frames decoded under \(percent) % loss")
         }
