@@ -206,7 +206,10 @@ public final class IceAgent {
             consider(nextCheckAt)
         }
         for transaction in transactions.values { consider(transaction.nextRetransmit) }
-        if needsNomination, controlling, nominating == nil, checkList.bestSucceeded != nil, let firstSuccessAt { consider(firstSuccessAt + configuration.nominationWait) }
+        if needsNomination, controlling, nominating == nil, let best = checkList.bestSucceeded, let firstSuccessAt {
+            // Nominate at once when no better pair is still possible, else after the wait.
+            consider(checkList.higherPriorityPending(than: best.key) ? firstSuccessAt + configuration.nominationWait : firstSuccessAt)
+        }
         consider(nextConsentAt)
         if selected != nil, phase == .connected || phase == .disconnected { consider(lastConsentAt + configuration.consentTimeout) }
         if selected == nil, let remoteSetAt, phase == .checking { consider(remoteSetAt + configuration.connectTimeout) }
