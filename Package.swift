@@ -53,6 +53,6 @@ let package = Package(
         .executableTarget(name: "RTCProbe", dependencies: ["KraklBackendABI", "KraklCore", "KraklEncoder", "KraklRTC"], swiftSettings: swift5),
         // bench/: krakl vs ffmpeg vs GStreamer on the same content (docs/PERFORMANCE.md).
         .executableTarget(name: "KraklBench", dependencies: ["KraklCore"], path: "bench", exclude: ["xactivity.c"], swiftSettings: swift5),
-        .testTarget(name: "KraklTests", dependencies: ["KraklCore", "KraklEncoder", "FrameStamp", "KraklRTC", "ZeroFill"], swiftSettings: swift5),
+        .testTarget(name: "KraklTests", dependencies: ["KraklCore", "KraklEncoder", "FrameStamp", "KraklRTC", "ZeroFill", "BackendKit"], swiftSettings: swift5),
     ]
 )

@@ -1,61 +1,42 @@
+import BackendKit
 import CPipeWire
 import Glibc
 import KraklBackendABI
 
-/// The pointer from SPA_META_Cursor (cursor=metadata), drawn into the
-/// picture for the length of a delivery and then taken out again, with its
-/// old and new places reported as damage (as the X11 backend does).
+/// The pointer from SPA_META_Cursor (cursor=metadata): the buffer's bitmap
+/// and position turned into BackendKit's CursorSprite, which draws it in for
+/// the length of a delivery and reports its old and new places as damage.
 struct CursorOverlay {
-    /// Straight-alpha pixels as 0xAARRGGBB.
-    private var pixels: [UInt32] = []
-    private var width = 0, height = 0
+    private var sprite = CursorSprite()
     private var hotspotX = 0, hotspotY = 0
-    private var visible = false
-    /// Hotspot position in picture pixels.
-    private var x = 0, y = 0
-    /// Where it was last drawn (clipped to the picture).
-    private(set) var rect: krakl_rect?
+    var rect: krakl_rect? { sprite.rect }
 
     /// Takes the buffer's cursor metadata; returns the areas to redraw (old
     /// and new place), or nothing when neither place nor image changed.
     mutating func update(_ meta: krakl_pw_cursor, originX: Int, originY: Int, pictureWidth: Int, pictureHeight: Int) -> [krakl_rect] {
-        var changedImage = false
+        var image: (pixels: [UInt32], width: Int, height: Int, alpha: CursorSprite.Alpha)?
         if meta.has_bitmap {
-            changedImage = true
+            var pixels: [UInt32] = []
             if let source = meta.pixels, meta.width > 0, meta.height > 0 {
-                width = Int(meta.width)
-                height = Int(meta.height)
-                pixels = Self.convert(source, format: meta.format, width: width, height: height, stride: Int(meta.stride))
-                visible = !pixels.isEmpty
-            } else {
-                visible = false
+                pixels = Self.convert(source, format: meta.format, width: Int(meta.width), height: Int(meta.height), stride: Int(meta.stride))
             }
+            image = (pixels, Int(meta.width), Int(meta.height), .straight)
             hotspotX = Int(meta.hotspot_x)
             hotspotY = Int(meta.hotspot_y)
         }
-        x = Int(meta.x) - originX
-        y = Int(meta.y) - originY
-        let newRect = visible ? clip(krakl_rect(x: Int32(x - hotspotX), y: Int32(y - hotspotY), width: Int32(width), height: Int32(height)),
-                                     pictureWidth, pictureHeight) : nil
-        guard changedImage || !same(newRect, rect) else { return [] }
-        let old = rect
-        rect = newRect
-        return [old, newRect].compactMap { $0 }
+        return sprite.update(image: image, left: Int(meta.x) - originX - hotspotX, top: Int(meta.y) - originY - hotspotY,
+                             pictureWidth: pictureWidth, pictureHeight: pictureHeight)
     }
 
     /// The picture changed size: nothing is drawn anywhere yet.
-    mutating func forgetPlace() { rect = nil }
+    mutating func forgetPlace() { sprite.forgetPlace() }
 
-    private func same(_ a: krakl_rect?, _ b: krakl_rect?) -> Bool {
-        a?.x == b?.x && a?.y == b?.y && a?.width == b?.width && a?.height == b?.height
+    /// Blends the cursor over the picture (`redFirst`: RGBx/RGBA); the covered bytes go back with `restore`.
+    func draw(into picture: UnsafeMutablePointer<UInt8>, stride: Int, redFirst: Bool) -> [UInt8]? {
+        sprite.draw(into: picture, stride: stride, redFirst: redFirst)
     }
 
-    private func clip(_ r: krakl_rect, _ w: Int, _ h: Int) -> krakl_rect? {
-        let x0 = max(0, Int(r.x)), y0 = max(0, Int(r.y))
-        let x1 = min(w, Int(r.x) + Int(r.width)), y1 = min(h, Int(r.y) + Int(r.height))
-        guard x0 < x1, y0 < y1 else { return nil }
-        return krakl_rect(x: Int32(x0), y: Int32(y0), width: Int32(x1 - x0), height: Int32(y1 - y0))
-    }
+    func restore(_ under: [UInt8], into picture: UnsafeMutablePointer<UInt8>, stride: Int) { sprite.restore(under, into: picture, stride: stride) }
 
     /// The bitmap as 0xAARRGGBB, from the 32-bit formats portals use.
     private static func convert(_ source: UnsafePointer<UInt8>, format: UInt32, width: Int, height: Int, stride: Int) -> [UInt32] {
@@ -80,42 +61,5 @@ struct CursorOverlay {
             }
         }
         return out
-    }
-
-    /// Blends the cursor over the picture and returns the pixels it
-    /// covered, for `restore` after the delivery. `redFirst`: the picture
-    /// is RGBx/RGBA rather than BGRx/BGRA.
-    func draw(into picture: UnsafeMutablePointer<UInt8>, stride: Int, redFirst: Bool) -> [UInt8]? {
-        guard visible, let rect else { return nil }
-        var under: [UInt8] = []
-        under.reserveCapacity(Int(rect.width * rect.height) * 4)
-        let left = x - hotspotX, top = y - hotspotY
-        let (ri, bi) = redFirst ? (0, 2) : (2, 0)
-        for row in Int(rect.y)..<Int(rect.y + rect.height) {
-            let line = picture + row * stride + Int(rect.x) * 4
-            under.append(contentsOf: UnsafeBufferPointer(start: line, count: Int(rect.width) * 4))
-            for col in Int(rect.x)..<Int(rect.x + rect.width) {
-                let p = pixels[(row - top) * width + (col - left)]
-                let alpha = p >> 24
-                guard alpha > 0 else { continue }
-                let out = picture + row * stride + col * 4
-                let keep = 255 - alpha
-                out[ri] = UInt8(((p >> 16) & 0xFF) * alpha / 255 + UInt32(out[ri]) * keep / 255)
-                out[1] = UInt8(((p >> 8) & 0xFF) * alpha / 255 + UInt32(out[1]) * keep / 255)
-                out[bi] = UInt8((p & 0xFF) * alpha / 255 + UInt32(out[bi]) * keep / 255)
-            }
-        }
-        return under
-    }
-
-    /// Puts back the pixels `draw` covered.
-    func restore(_ under: [UInt8], into picture: UnsafeMutablePointer<UInt8>, stride: Int) {
-        guard let rect else { return }
-        let rowBytes = Int(rect.width) * 4
-        under.withUnsafeBufferPointer { saved in
-            for (i, row) in (Int(rect.y)..<Int(rect.y + rect.height)).enumerated() {
-                memcpy(picture + row * stride + Int(rect.x) * 4, saved.baseAddress! + i * rowBytes, rowBytes)
-            }
-        }
     }
 }

@@ -5,19 +5,7 @@ import Testing
 /// Garbage and mutated DTLS datagrams: dropped or an error, never a crash,
 /// never a second "connected", never new keys.
 struct RTCDtlsFuzzTests {
-    /// SplitMix64: reproducible randomness from a printed seed.
-    struct Random {
-        var state: UInt64
-        mutating func next() -> UInt64 {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
-        }
-        mutating func below(_ bound: Int) -> Int { Int(next() % UInt64(bound)) }
-        mutating func bytes(_ count: Int) -> [UInt8] { (0..<count).map { _ in UInt8(truncatingIfNeeded: next()) } }
-    }
+    typealias Random = Fuzz.Rng
 
     /// Random bytes, and real handshake datagrams with bits flipped, bytes
     /// cut, lengths bent and records spliced.

@@ -7,7 +7,8 @@ import Testing
 /// bytes. Each run stops after 20 000 inputs or 2 s. A crash fails the whole
 /// test process; the expectations check that both outcomes were reached.
 enum Fuzz {
-    /// SplitMix64: tiny, deterministic, good enough to pick mutations.
+    /// SplitMix64: tiny, deterministic, good enough to pick mutations
+    /// (the DTLS fuzz test uses it too, seeded from a printed seed).
     struct Rng {
         var state: UInt64
         mutating func next() -> UInt64 {
@@ -19,6 +20,7 @@ enum Fuzz {
         }
         mutating func below(_ n: Int) -> Int { n <= 1 ? 0 : Int(next() % UInt64(n)) }
         mutating func byte() -> UInt8 { UInt8(truncatingIfNeeded: next()) }
+        mutating func bytes(_ count: Int) -> [UInt8] { (0..<count).map { _ in byte() } }
     }
 
     static func mutate(_ input: [UInt8], _ rng: inout Rng) -> [UInt8] {
