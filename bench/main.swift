@@ -28,20 +28,23 @@ var bitrateKbps = 2500
 var width = 1920, height = 1080
 let fps = 30
 var x11Mode = false
+var pipewireMode = false
+var scenesGiven = false
 var rounds = 3
 var words = Array(CommandLine.arguments.dropFirst())[...]
 while let word = words.popFirst() {
     switch word {
     case "x11": x11Mode = true
+    case "pipewire": pipewireMode = true
     case "--rounds": rounds = max(1, Int(words.popFirst() ?? "") ?? rounds)
     case "--seconds": seconds = Double(words.popFirst() ?? "") ?? seconds
-    case "--scenes": scenes = (words.popFirst() ?? "").split(separator: ",").map(String.init)
+    case "--scenes": scenes = (words.popFirst() ?? "").split(separator: ",").map(String.init); scenesGiven = true
     case "--bitrate": bitrateKbps = Int(words.popFirst() ?? "") ?? bitrateKbps
     case "--size":
         let parts = (words.popFirst() ?? "").split(separator: "x").compactMap { Int($0) }
         if parts.count == 2 { (width, height) = (parts[0], parts[1]) }
     default:
-        print("usage: krakl-bench [x11 [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
+        print("usage: krakl-bench [x11|pipewire [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
         exit(2)
     }
 }
@@ -138,6 +141,10 @@ func quality(_ recording: String, reference: String, pixelFormat: String) -> (ps
 
 if x11Mode {
     try runX11Bench(seconds: seconds, rounds: rounds)
+    exit(0)
+}
+if pipewireMode {
+    try runPipeWireBench(seconds: seconds, rounds: rounds, scenes: scenesGiven ? scenes : ["static", "terminal", "scrolling"])
     exit(0)
 }
 
