@@ -36,17 +36,6 @@ struct ConformanceTests {
         expectAllPass(try conformance(Harness.library("BackendFile"), ["path=\(clip)", "fps=60"]))
     }
 
-    @Test func placeholderBackendsLoadAndRefuseHonestly() throws {
-        try Harness.requireBuild()
-        for (name, issue) in [("BackendPipeWire", "#5")] {
-            let result = try conformance(Harness.library(name), [], expectEnd: false)
-            #expect(result.status == 1)
-            #expect(result.stdout.contains("PASS  abi-handshake"))
-            #expect(result.stdout.contains("FAIL  create-destroy") && result.stdout.contains("not implemented yet (issue \(issue))") && result.stdout.contains("ENOSYS"),
-                    "\(result.stdout)")
-        }
-    }
-
     /// The drop-in proof: the example is copied with only the public header
     /// into an empty folder, compiled with `cc -shared`, registered in a
     /// plugins.json, run with --backend, and passes conformance.
