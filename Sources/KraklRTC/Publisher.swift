@@ -112,6 +112,9 @@ public final class Publisher: @unchecked Sendable {
     private var lastKeyframeRequest: UInt64?
     private var deferredKeyframeAt: UInt64?
     private var lastFirSequence: UInt8?
+    /// The last packet of the newest keyframe while it waits in the pacer, and when such a packet last left.
+    private var keyframeTailSequence: UInt16?
+    private var lastKeyframeSentNs: UInt64?
     private var nextSenderReportAt: UInt64?
     private var mediaPacketCount: UInt32 = 0
     private var mediaOctetCount: UInt32 = 0
@@ -469,7 +472,10 @@ public final class Publisher: @unchecked Sendable {
                                          width: frame.width, height: frame.height)
             dropped += pacer.enqueue(packets, kind: .media, now: now)
             framesSent += 1
-            if frame.keyframe { keyframes += 1 }
+            if frame.keyframe {
+                keyframes += 1
+                keyframeTailSequence = packets.last?.sequenceNumber
+            }
         }
         self.sender = sender
         updateStats {
@@ -477,7 +483,10 @@ public final class Publisher: @unchecked Sendable {
             $0.keyframesSent += keyframes
             $0.pacerDroppedPackets += dropped
         }
-        if dropped > 0 { requestKeyframe(now: now) }
+        if dropped > 0 {
+            keyframeTailSequence = nil  // it may have been among the dropped; never wait on a packet that will not leave
+            requestKeyframe(now: now)
+        }
         service()
     }
 
@@ -503,6 +512,10 @@ public final class Publisher: @unchecked Sendable {
             packets += 1
             bytes += plain.count
             if item.kind == .media {
+                if packet.sequenceNumber == keyframeTailSequence {
+                    keyframeTailSequence = nil
+                    lastKeyframeSentNs = sendNs
+                }
                 history.store(packet, sentNanoseconds: sendNs)
                 payload += packet.payload.count
                 mediaPacketCount &+= 1
@@ -540,6 +553,22 @@ public final class Publisher: @unchecked Sendable {
         updateStats { $0.senderReportsSent += 1 }
     }
 
+    /// A PLI, FIR or outage-sized NACK. Ignored while a keyframe is still in the pacer or less than an
+    /// RTT (+50 ms) has passed since one left: the request most likely crossed it on the way. Without
+    /// this, a congested link answers every PLI with another large keyframe and stays congested.
+    private func receiverWantsKeyframe(now: UInt64) {
+        if keyframeTailSequence != nil {
+            updateStats { $0.keyframeRequestsSuppressed += 1 }
+            return
+        }
+        let rttNs = UInt64((stats.roundTripMilliseconds ?? 0) * 1e6)
+        if let sent = lastKeyframeSentNs, now < sent + rttNs + 50_000_000 {
+            updateStats { $0.keyframeRequestsSuppressed += 1 }
+            return
+        }
+        requestKeyframe(now: now)
+    }
+
     private func requestKeyframe(now: UInt64) {
         if let last = lastKeyframeRequest, now < last + configuration.keyframeRequestInterval {
             // Coalesce: one request when the interval is over.
@@ -566,14 +595,14 @@ public final class Publisher: @unchecked Sendable {
                 bitrateInput = true
             case .pictureLossIndication(_, let mediaSSRC) where mediaSSRC == ssrc || mediaSSRC == 0:
                 updateStats { $0.plisReceived += 1 }
-                requestKeyframe(now: now)
+                receiverWantsKeyframe(now: now)
             case .fullIntraRequest(_, let entries):
                 for entry in entries where entry.ssrc == ssrc {
                     updateStats { $0.firsReceived += 1 }
                     // A repeated sequence number is a retransmitted request, not a new one (RFC 5104 §4.3.1.1).
                     if entry.sequenceNumber != lastFirSequence {
                         lastFirSequence = entry.sequenceNumber
-                        requestKeyframe(now: now)
+                        receiverWantsKeyframe(now: now)
                     }
                 }
             case .nack(_, let mediaSSRC, let lost) where mediaSSRC == ssrc:
@@ -625,18 +654,18 @@ public final class Publisher: @unchecked Sendable {
         // stale burst behind live video (and resets some receivers' jitter buffers to the past).
         // A keyframe repairs the picture in one frame (libwebrtc receivers make the same choice).
         if sequences.count > configuration.nackBurstLimit {
-            requestKeyframe(now: now)
+            receiverWantsKeyframe(now: now)
             return
         }
         var queued: [RtpPacket] = []
         let rttNs = UInt64((stats.roundTripMilliseconds ?? 20) * 1e6)
         for sequence in sequences {
             guard let entry = history.entry(sequenceNumber: sequence) else { continue }
-            // Too old to help (an outage's backlog), resent too often, or resent less than an RTT ago.
-            // 2 s: a receiver that re-asks only when it sees the next gap (aiortc) may ask a second later.
-            if entry.retransmissions == 0 && now &- entry.sentNanoseconds > 2_000_000_000 { continue }
-            if entry.retransmissions >= 3 { continue }
-            if entry.retransmissions > 0 && now &- entry.sentNanoseconds < max(rttNs, 10_000_000) { continue }
+            // Resent too often, or resent less than an RTT ago. No age limit: a receiver that re-asks only
+            // when it sees the next gap (aiortc) may ask seconds later and waits for exactly this packet;
+            // an outage's backlog is handled above (a keyframe instead).
+            if entry.retransmissions >= 8 { continue }
+            if entry.retransmissions > 0 && now &- entry.sentNanoseconds < max(rttNs * 3 / 2, 20_000_000) { continue }
             guard let original = history.takeForRetransmission(sequenceNumber: sequence, nowNanoseconds: now) else { continue }
             if rtx != nil { queued.append(rtx!.wrap(original)) } else { queued.append(original) }
         }

@@ -28,6 +28,8 @@ public struct RtcStats: Sendable, Equatable {
     public var firsReceived = 0
     /// Keyframe requests handed to the encoder (after rate limiting).
     public var keyframeRequests = 0
+    /// PLI/FIR that arrived while a keyframe was on its way, so not passed on.
+    public var keyframeRequestsSuppressed = 0
     public var senderReportsSent = 0
     public var pacerDroppedPackets = 0
     public var socketSendFailures = 0
@@ -62,7 +64,7 @@ public struct RtcStats: Sendable, Equatable {
             "packets_sent": packetsSent, "bytes_sent": bytesSent, "payload_bytes_sent": payloadBytesSent,
             "retransmitted_packets": retransmittedPackets, "retransmitted_bytes": retransmittedBytes,
             "nacks_received": nacksReceived, "nacked_packets": nackedPackets, "plis_received": plisReceived,
-            "firs_received": firsReceived, "keyframe_requests": keyframeRequests, "sender_reports_sent": senderReportsSent,
+            "firs_received": firsReceived, "keyframe_requests": keyframeRequests, "keyframe_requests_suppressed": keyframeRequestsSuppressed, "sender_reports_sent": senderReportsSent,
             "pacer_dropped_packets": pacerDroppedPackets, "socket_send_failures": socketSendFailures,
             "receiver_reports": receiverReports, "target_bitrate": targetBitrate, "loss_based_bitrate": lossBasedBitrate,
             "bitrate_updates": bitrateUpdates, "transport_feedbacks": transportFeedbacks,

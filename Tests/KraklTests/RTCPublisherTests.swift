@@ -306,27 +306,30 @@ struct RtcArrivals {
         let arrivals = RtcArrivals(report)
         let freeze = arrivals.longestGap(from: connected + 500, to: connected + seconds * 1000 - 200)
         let ratio = sent > 0 ? Double(decoded) / Double(sent) : 0
-        print(String(format: "%d %% loss, %@: %d of %d frames decoded (%.1f %%), longest freeze %.0f ms; NACKs %@ (%@ packets), retransmitted %@, PLIs %@, keyframes %@, target %@ bit/s, loss seen %@",
+        print(String(format: "%d %% loss, %@: %d of %d frames decoded (%.1f %%), longest freeze %.0f ms; NACKs %@ (%@ packets), retransmitted %@, PLIs %@ (%@ crossed a keyframe), keyframes %@, target %@ bit/s, loss seen %@",
                      percent, scene, decoded, sent, ratio * 100, freeze, "\(stats["nacks_received"] ?? 0)", "\(stats["nacked_packets"] ?? 0)",
-                     "\(stats["retransmitted_packets"] ?? 0)", "\(stats["plis_received"] ?? 0)", "\(stats["keyframes_sent"] ?? 0)",
+                     "\(stats["retransmitted_packets"] ?? 0)", "\(stats["plis_received"] ?? 0)", "\(stats["keyframe_requests_suppressed"] ?? 0)",
+                     "\(stats["keyframes_sent"] ?? 0)",
                      "\(stats["target_bitrate"] ?? 0)", "\(stats["fraction_lost"] ?? "-")"))
         #expect(result["status"] as? Int == 0, "probe: \(result["result"] ?? "?")")
         #expect(stats["retransmitted_packets"] as? Int ?? 0 > 0, "no retransmission under \(percent) % loss")
         #expect(report["decreasing"] as? Int == 0, "frame numbers went backwards")
         // aiortc re-asks for a lost packet only when it sees the next gap and hands its decoder at most one
-        // frame per arriving packet, so a stall in the typing scene (one packet a frame) leaves a backlog
-        // that never drains before the end: the bounds below are what that receiver allows, the issue's
-        // targets (≥ 95 %, no freeze over 500 ms at 5 %) are printed above for the record.
-        #expect(arrivals.firstAfter(connected + seconds * 1000 - 2000) != nil, "decoding stopped under \(percent) % loss")
+        // frame per arriving packet: in the typing scene (one packet a frame, a gap every ~0.7 s at 5 %) a
+        // lost NACK means a stall of about that long and a backlog that never drains before the end, so
+        // that case gets a looser bound and no freeze bound. The issue's targets (≥ 95 %, no freeze over
+        // 500 ms at 5 %) are printed above for the record.
+        // aiortc stalls up to ~3 s behind a packet it cannot get (its 512-packet buffer, then a PLI).
+        #expect(arrivals.firstAfter(connected + seconds * 1000 - 4000) != nil, "decoding stopped under \(percent) % loss")
         switch (percent, scene) {
         case (5, "scrolling"):
             #expect(ratio >= 0.95, "only \(decoded) of \(sent) frames decoded under 5 % loss")
             #expect(freeze <= 1000, "a freeze of \(freeze) ms under 5 % loss")
         case (5, _):
-            // Seen 83-99 %; without retransmission a single lost packet stalls aiortc for ~17 s.
-            #expect(ratio >= 0.6, "only \(decoded) of \(sent) frames decoded under 5 % loss")
+            #expect(ratio >= 0.75, "only \(decoded) of \(sent) frames decoded under 5 % loss")
         default:
-            #expect(ratio >= 0.5, "only \(decoded) of \(sent) frames decoded under \(percent) % loss")
+            #expect(ratio >= 0.85, "only \(decoded) of \(sent) frames decoded under \(percent) % loss")
+            #expect(freeze <= 2000, "a freeze of \(freeze) ms under \(percent) % loss")
         }
     }
 
@@ -363,6 +366,43 @@ struct RtcArrivals {
         #expect(stats["keyframes_sent"] as? Int ?? 0 >= 2, "no keyframe repaired the picture after the outage")
         #expect(result["status"] as? Int == 0, "a 5 s outage must not end the session: \(result["result"] ?? "?")")
         #expect(report["decreasing"] as? Int == 0, "frame numbers went backwards")
+    }
+
+    @Test func aBandwidthLimitLowersTheTarget() throws {
+        guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace() else { return }
+        let tc = "/usr/sbin/tc"
+        guard FileManager.default.isExecutableFile(atPath: tc) else {
+            print("SKIP: tc missing (iproute2): no bandwidth-limit test")
+            return
+        }
+        let seconds = 15.0
+        let session = try RtcPublisherSession(namespace: namespace, seconds: seconds, scene: "scrolling")
+        defer { session.stop() }
+        try session.exchange()
+        let connected = try #require(session.waitConnected(timeout: 20), "never connected: \(session.probe.log)")
+        rtcWait(untilMonotonicMs: connected + 3000)
+        // Every packet in the namespace crosses lo: a token bucket there is the bottleneck link.
+        let limit = try namespace.run(tc, ["qdisc", "add", "dev", "lo", "root", "tbf", "rate", "1mbit", "burst", "32kbit", "latency", "300ms"])
+        guard limit.status == 0 else {
+            print("SKIP: tc tbf unavailable here: \(limit.stderr)")
+            return
+        }
+        let result = try #require(session.probeResult(timeout: seconds + 30), "the probe gave no result: \(session.probe.log)")
+        let report = try #require(session.receiverReport(timeout: 30), "aiortc gave no report: \(session.receiver.log)")
+        let stats = try #require(result["stats"] as? [String: Any])
+        let target = stats["target_bitrate"] as? Double ?? .infinity
+        let arrivals = RtcArrivals(report)
+        let end = connected + seconds * 1000
+        let lateFrames = arrivals.times.filter { $0 > end - 3000 && $0 < end }.count
+        print(String(format: "1 Mbit/s bottleneck from 3 s: target %.0f kbit/s at the end (loss-based %.0f, REMB %@), RTT %@ ms, loss %@; %@ of %@ frames decoded, %d in the last 3 s, longest freeze after the limit %.0f ms; keyframes %@, PLIs %@",
+                     target / 1000, (stats["loss_based_bitrate"] as? Double ?? 0) / 1000, "\(stats["remb_bitrate"] ?? "-")",
+                     "\(stats["rtt_ms"] ?? "-")", "\(stats["fraction_lost"] ?? "-")", "\(report["frames_decoded"] ?? 0)",
+                     "\(stats["frames_sent"] ?? 0)", lateFrames, arrivals.longestGap(from: connected + 3000, to: end - 200),
+                     "\(stats["keyframes_sent"] ?? 0)", "\(stats["plis_received"] ?? 0)"))
+        #expect(result["status"] as? Int == 0, "probe: \(result["result"] ?? "?")")
+        #expect(target < 1_000_000, "the target stayed at \(target) bit/s over a 1 Mbit/s link")
+        #expect(stats["bitrate_updates"] as? Int ?? 0 >= 2, "the encoder was never told a new bitrate")
+        #expect(lateFrames > 0, "no frame decoded in the last 3 s behind the bottleneck")
     }
 
     @Test func consentExpiresAfterThirtySecondsOfSilence() throws {
