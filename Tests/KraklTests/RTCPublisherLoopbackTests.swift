@@ -29,8 +29,8 @@ final class RtcLoopbackPeer {
     private(set) var dtlsEvents: [DtlsEvent] = []
     private var buffer = [UInt8](repeating: 0, count: 65_536)
 
-    init(setup: String) throws {
-        socket = try UdpSocket(bindTo: IPAddress("127.0.0.1")!)
+    init(setup: String, address: String = "127.0.0.1") throws {
+        socket = try UdpSocket(bindTo: IPAddress(address)!)
         ice = IceAgent(bases: [socket.localAddress], controlling: false)
         certificate = try Certificate()
         self.setup = setup
@@ -40,7 +40,7 @@ final class RtcLoopbackPeer {
     func answer(to offer: SdpVideoOffer) -> String {
         [
             "v=0", "o=- 1 1 IN IP4 127.0.0.1", "s=-", "t=0 0", "a=group:BUNDLE 0",
-            "m=video 9 UDP/TLS/RTP/SAVPF 96 97", "c=IN IP4 127.0.0.1",
+            "m=video 9 UDP/TLS/RTP/SAVPF 96 97", socket.localAddress.ip.isIPv6 ? "c=IN IP6 ::1" : "c=IN IP4 127.0.0.1",
             "a=ice-ufrag:\(ice.local.ufrag)", "a=ice-pwd:\(ice.local.pwd)",
             "a=fingerprint:\(certificate.fingerprint.sdpValue)", "a=setup:\(setup)", "a=mid:0",
             "a=extmap:1 urn:ietf:params:rtp-hdrext:sdes:mid",
@@ -48,7 +48,7 @@ final class RtcLoopbackPeer {
             "a=recvonly", "a=rtcp-mux", "a=rtcp-rsize",
             "a=rtpmap:96 VP8/90000", "a=rtcp-fb:96 goog-remb", "a=rtcp-fb:96 transport-cc", "a=rtcp-fb:96 ccm fir",
             "a=rtcp-fb:96 nack", "a=rtcp-fb:96 nack pli", "a=rtpmap:97 rtx/90000", "a=fmtp:97 apt=96",
-            "a=candidate:1 1 udp 2130706431 127.0.0.1 \(socket.localAddress.port) typ host", "a=end-of-candidates",
+            "a=candidate:1 1 udp 2130706431 \(socket.localAddress.ip) \(socket.localAddress.port) typ host", "a=end-of-candidates",
         ].joined(separator: "\r\n") + "\r\n"
     }
 
@@ -225,6 +225,52 @@ final class RtcCallbackLog: @unchecked Sendable {
         // close(): BYE and close_notify reach the peer.
         publisher.close()
         #expect(peer.pump(seconds: 3) { $0.dtlsEvents.contains(.remoteClosed) }, "no close_notify from close()")
+    }
+
+    @Test func connectsOverIPv6AndLearnsServerReflexiveCandidates() throws {
+        guard !IceHostAddresses.gather(IceAddressPolicy(allowed: [IPAddress("::1")!])).isEmpty else {
+            print("SKIP: no ::1 here (IPv6 disabled on lo)")
+            return
+        }
+        // A STUN server of the test's own on ::1 answers binding requests with the source address.
+        let server = try UdpSocket(bindTo: IPAddress("::1")!)
+        var configuration = PublisherConfiguration()
+        configuration.addresses = IceAddressPolicy(allowed: [IPAddress("::1")!])
+        configuration.stunServers = [server.localAddress]
+        let publisher = try Publisher(configuration: configuration)
+        defer { publisher.close() }
+        let log = RtcCallbackLog()
+        publisher.onEvent = { log.event($0) }
+        let offer = publisher.offer
+        #expect(offer.candidates.map(\.address) == ["::1"])
+        #expect(offer.trickle && !offer.endOfCandidates, "with a STUN server, candidates trickle")
+        var buffer = [UInt8](repeating: 0, count: 2048)
+        var answered = 0
+        let deadline = Date().addingTimeInterval(5)
+        while answered == 0, Date() < deadline {
+            var descriptor = pollfd(fd: server.fd, events: Int16(POLLIN), revents: 0)
+            guard poll(&descriptor, 1, 50) > 0, let (bytes, from) = server.receive(&buffer),
+                  let request = try? StunMessage(parsing: bytes), request.messageClass == .request else { continue }
+            let mapped = TransportAddress(ip: IPAddress("2001:db8::7")!, port: 40000)  // as if behind a NAT
+            server.send(StunMessage.bindingSuccess(to: request, mappedAddress: mapped).encoded(fingerprint: true), to: from)
+            answered += 1
+        }
+        #expect(answered == 1)
+        let learned = { log.events.compactMap { event -> IceCandidate? in if case .localCandidate(let c) = event { return c } else { return nil } } }
+        let until = Date().addingTimeInterval(5)
+        while learned().isEmpty, Date() < until { usleep(10_000) }
+        let srflx = try #require(learned().first, "no server-reflexive candidate: \(log.events)")
+        #expect(srflx.kind == .srflx && srflx.address == "2001:db8::7" && srflx.port == 40000)
+        #expect(srflx.relatedAddress == "::1" && srflx.relatedPort == offer.candidates[0].port)
+
+        // And media over IPv6 to a peer on ::1.
+        let peer = try RtcLoopbackPeer(setup: "active", address: "::1")
+        try peer.start(offer: offer)
+        try publisher.setAnswer(peer.answer(to: offer))
+        #expect(peer.pump(seconds: 10) { _ in log.connected }, "not connected over IPv6: \(log.events)")
+        publisher.send(frame: [UInt8](repeating: 7, count: 2000), keyframe: true, captureNanoseconds: rtcMonotonicNanoseconds(), width: 640, height: 360)
+        #expect(peer.pump(seconds: 5) { $0.rtp.count >= 2 }, "no RTP over IPv6")
+        #expect(publisher.stats.selectedPair?.contains("[::1]") == true, "pair: \(publisher.stats.selectedPair ?? "none")")
     }
 
     @Test func noAllowedAddressIsAClearError() {
