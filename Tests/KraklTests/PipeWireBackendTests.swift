@@ -14,15 +14,17 @@ final class PipeWireStack {
     static let script = Harness.repoRoot + "/scripts/pipewire-stack"
 
     /// nil (after printing SKIP and why) when a piece of the stack is missing.
+    /// `flags` are scripts/pipewire-stack start's (--no-portal, --deny, …).
     init?(_ flags: [String] = []) throws {
+        let withPortal = !flags.contains("--no-portal") && !flags.contains("--no-pipewire")
         var needed = ["dbus-daemon", "setpriv", "cc"]
         if !flags.contains("--no-pipewire") { needed += ["pipewire", "wireplumber", "pw-cli"] }
-        if flags.isEmpty { needed += ["sway", "swaymsg", "swaybg"] }
+        if withPortal { needed += ["sway", "swaymsg", "swaybg"] }
         if let missing = needed.first(where: { Harness.which($0) == nil }) {
             print("SKIP: \(missing) is not installed (scripts/setup installs the PipeWire portal stack)")
             return nil
         }
-        if flags.isEmpty, let missing = ["/usr/libexec/xdg-desktop-portal", "/usr/libexec/xdg-desktop-portal-wlr"].first(where: { !FileManager.default.isExecutableFile(atPath: $0) }) {
+        if withPortal, let missing = ["/usr/libexec/xdg-desktop-portal", "/usr/libexec/xdg-desktop-portal-wlr"].first(where: { !FileManager.default.isExecutableFile(atPath: $0) }) {
             print("SKIP: \(missing) is not installed (scripts/setup installs the PipeWire portal stack)")
             return nil
         }
@@ -338,6 +340,52 @@ struct PipeWireBackendTests {
         probe.finish()
         let conformance = try stack.run([Harness.agent, "conformance", Harness.library("BackendPipeWire"), "--option", "node=\(id)"], timeout: 120)
         #expect(conformance.status == 0 && !conformance.stdout.contains("FAIL"), "\(conformance.stdout)\(conformance.stderr)")
+    }
+
+    /// The person says no, for real: portal-wlr's chooser (pipewire-stack
+    /// start --deny) picks no output, so the portal answers SelectSources
+    /// (portal-wlr 0.7 asks there, not in Start) with response 1. The agent
+    /// says so at once, with exit status 20, and stores no restore token.
+    @Test func deniedSharingIsAClearErrorNotAHang() throws {
+        guard let stack = try PipeWireStack(["--deny"]) else { return }
+        try requireReadableBuild(stack)
+        let registry = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
+        chmod((registry as NSString).deletingLastPathComponent, 0o755)
+        let started = Date()
+        let result = try stack.run([Harness.agent, "--plugins", registry, "--backend", "pipewire", "--no-record", "--frames", "1"], timeout: 60)
+        let elapsed = Date().timeIntervalSince(started)
+        print(String(format: "denied: exit %d after %.2f s: %@", result.status, elapsed, result.stderr.split(separator: "\n").last.map(String.init) ?? ""))
+        #expect(!result.timedOut && elapsed < 10, "the agent took \(elapsed) s (the portal answered at once)")
+        #expect(result.status == 20, "exit \(result.status): \(result.stderr)")
+        #expect(result.stderr.contains("sharing was not allowed") && result.stderr.contains("(EACCES)"), "\(result.stderr)")
+        // Response 1 itself (not the session closing): the request was cancelled, in SelectSources.
+        #expect(result.stderr.contains("cancelled or denied (SelectSources)"), "\(result.stderr)")
+        let state = try #require(stack.environment["XDG_STATE_HOME"])
+        let stored = (try? FileManager.default.contentsOfDirectory(atPath: state + "/krakl")) ?? []
+        #expect(!stored.contains { $0.hasPrefix("pipewire-restore-token") }, "a denied request stored a token: \(stored)")
+    }
+
+    /// A portal that never answers (pipewire-stack start --no-answer: the
+    /// chooser never returns): with timeout=2 the agent gives up after about
+    /// 2 s with ETIMEDOUT, exit status 21, while the chooser is still open.
+    @Test func unansweredPortalTimesOut() throws {
+        guard let stack = try PipeWireStack(["--no-answer"]) else { return }
+        try requireReadableBuild(stack)
+        let registry = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
+        chmod((registry as NSString).deletingLastPathComponent, 0o755)
+        let started = Date()
+        let result = try stack.run([Harness.agent, "--plugins", registry, "--backend", "pipewire", "--no-record", "--frames", "1",
+                                    "--option", "timeout=2"], timeout: 60)
+        let elapsed = Date().timeIntervalSince(started)
+        print(String(format: "no answer: exit %d after %.2f s: %@", result.status, elapsed, result.stderr.split(separator: "\n").last.map(String.init) ?? ""))
+        #expect(!result.timedOut && elapsed >= 2 && elapsed < 12, "the agent took \(elapsed) s with timeout=2")
+        #expect(result.status == 21, "exit \(result.status): \(result.stderr)")
+        #expect(result.stderr.contains("gave no answer to SelectSources within 2 s") && result.stderr.contains("(ETIMEDOUT)"), "\(result.stderr)")
+        // The portal was still waiting on its chooser: no answer, not a failure.
+        #expect(!stack.pids(of: "sleep").isEmpty, "the chooser is gone: portal-wlr did not wait for it")
+        let state = try #require(stack.environment["XDG_STATE_HOME"])
+        let stored = (try? FileManager.default.contentsOfDirectory(atPath: state + "/krakl")) ?? []
+        #expect(!stored.contains { $0.hasPrefix("pipewire-restore-token") }, "a request with no answer stored a token: \(stored)")
     }
 
     /// No portal, no PipeWire, no such node, a bad option: each a clear
