@@ -241,11 +241,13 @@ public final class EncoderPipeline: @unchecked Sendable {
             let refreshDue = picture != nil && refreshNs > 0 && now >= lastEncodeNs + refreshNs
             if (pending && (capOpen || stopping)) || (keyframeRequested && (pending || picture != nil) && capOpen) || refreshDue { break }
             // Sleep until the cap opens (something is pending) or a refresh is due.
+            // A keyframe request before the first capture has nothing to encode
+            // yet: it waits, untimed, for that capture like everything else.
             var wake: UInt64?
-            if pending || keyframeRequested { wake = lastEncodeNs + minimumInterval }
+            if pending || (keyframeRequested && picture != nil) { wake = lastEncodeNs + minimumInterval }
             if picture != nil && refreshNs > 0 { wake = min(wake ?? .max, lastEncodeNs + refreshNs) }
             if let wake {
-                _ = condition.wait(until: Date(timeIntervalSinceNow: Double(wake &- now) / 1e9))
+                _ = condition.wait(until: Date(timeIntervalSinceNow: Double(wake > now ? wake - now : 0) / 1e9))
             } else {
                 condition.wait()
             }

@@ -246,6 +246,30 @@ struct EncoderPipelineTests {
         #expect(collector.finished)
     }
 
+    /// A keyframe asked for before anything was captured (a receiver's PLI
+    /// right after connecting; SIGUSR1 at start-up) waits for the first
+    /// frame instead of trapping on a deadline already in the past.
+    @Test func keyframeRequestBeforeTheFirstFrameWaitsForIt() throws {
+        let collector = Collector()
+        let pipeline = try EncoderPipeline(settings: EncoderSettings(), output: { _, _, _ in collector }, onFailure: { Issue.record("\($0)") })
+        pipeline.start()
+        pipeline.requestKeyframe()
+        // Let the encoder thread reach its wait with the request and no picture
+        // (bounded: it either traps here or goes on waiting).
+        for _ in 0..<20 { pipeline.requestKeyframe(); usleep(5_000) }
+        try Harness.requireBuild()
+        let library = try BackendLibrary.load(path: Harness.library("BackendFile"), backend: "file")
+        var options = JSONObject()
+        options["scene"] = .string("typing"); options["width"] = .number("320"); options["height"] = .number("240")
+        let feeder = Feeder(pipeline)
+        let source = try BackendSource(library: library, backendName: "file", options: options, sink: feeder, logger: { _, _, _ in })
+        try source.start()
+        #expect(collector.waitFor(5) >= 5)
+        source.stop()
+        pipeline.finish()
+        #expect(collector.frames.first?.keyframe == true)
+    }
+
     /// setBitrate while running: the frames after the change follow the new target.
     @Test func bitrateChangesWhileRunning() throws {
         var settings = EncoderSettings()
