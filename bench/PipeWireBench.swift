@@ -276,7 +276,7 @@ func runPipeWireBench(seconds: Double, rounds: Int, scenes requested: [String]) 
     for (scene, _) in scenes {
         let pick = { (prefix: String) in rows.first { $0.scene == scene && $0.capturer.hasPrefix(prefix) } }
         guard let krakl = pick("krakl"), let gst = pick("gst") else { continue }
-        print(String(format: "%@: capturer CPU krakl %.2f vs gst %.2f s/min (%.1fx); total with the compositor side %.2f vs %.2f",
-                     scene, krakl.capturerCpu, gst.capturerCpu, gst.capturerCpu / max(krakl.capturerCpu, 0.001), krakl.total, gst.total))
+        print(String(format: "%@: capturer CPU krakl %.2f vs gst %.2f s/min; with the compositor side %.2f vs %.2f; frames %d vs %d",
+                     scene, krakl.capturerCpu, gst.capturerCpu, krakl.total, gst.total, krakl.frames, gst.frames))
     }
 }
