@@ -29,6 +29,7 @@ var width = 1920, height = 1080
 let fps = 30
 var x11Mode = false
 var pipewireMode = false
+var rtcMode = false
 var scenesGiven = false
 var rounds = 3
 var words = Array(CommandLine.arguments.dropFirst())[...]
@@ -36,6 +37,7 @@ while let word = words.popFirst() {
     switch word {
     case "x11": x11Mode = true
     case "pipewire": pipewireMode = true
+    case "rtc": rtcMode = true
     case "--rounds": rounds = max(1, Int(words.popFirst() ?? "") ?? rounds)
     case "--seconds": seconds = Double(words.popFirst() ?? "") ?? seconds
     case "--scenes": scenes = (words.popFirst() ?? "").split(separator: ",").map(String.init); scenesGiven = true
@@ -44,7 +46,7 @@ while let word = words.popFirst() {
         let parts = (words.popFirst() ?? "").split(separator: "x").compactMap { Int($0) }
         if parts.count == 2 { (width, height) = (parts[0], parts[1]) }
     default:
-        print("usage: krakl-bench [x11|pipewire [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
+        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
         exit(2)
     }
 }
@@ -141,6 +143,10 @@ func quality(_ recording: String, reference: String, pixelFormat: String) -> (ps
 
 if x11Mode {
     try runX11Bench(seconds: seconds, rounds: rounds)
+    exit(0)
+}
+if rtcMode {
+    try runRtcBench(seconds: seconds, rounds: rounds)
     exit(0)
 }
 if pipewireMode {

@@ -25,6 +25,7 @@ import time
 
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
+from aiortc.rtcrtpreceiver import RTCRtpReceiver
 
 
 def read_stamp(plane, stride, width, height):
@@ -109,8 +110,24 @@ async def main():
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
 
     offer = await read_stdin_block(reader)
+    # When each frame's last packet came in (RTX included), by RTP timestamp: aiortc's jitter buffer
+    # hands a frame to the decoder only once a packet of the next frame arrives, so the decoded time
+    # includes that wait; this separates it (the sender's side ends when the frame is complete here).
+    # Decoded frames carry the RTP timestamp minus the first one (aiortc's TimestampMapper) as pts.
+    last_packet = {}
+    first_timestamp = []
+    handle_rtp = RTCRtpReceiver._handle_rtp_packet
+
+    async def recording_handle_rtp(self, packet, arrival_time_ms):
+        if not first_timestamp:
+            first_timestamp.append(packet.timestamp)
+        last_packet[packet.timestamp] = time.monotonic() * 1000
+        return await handle_rtp(self, packet, arrival_time_ms)
+
+    RTCRtpReceiver._handle_rtp_packet = recording_handle_rtp
+
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    frames = []          # (arrival ms, stamp frame number or None, capture ms or None, width, height)
+    frames = []          # (arrival ms, stamp frame number or None, capture ms or None, width, height, complete ms or None)
     samples = []         # (stamp, width, height, luma bytes) for PSNR
     track_ended = asyncio.Event()
     started = time.monotonic()
@@ -128,7 +145,9 @@ async def main():
                 plane = frame.planes[0]
                 luma = bytes(plane)
                 stamp = read_stamp(luma, plane.line_size, frame.width, frame.height)
-                frames.append((arrival, stamp[0] if stamp else None, stamp[1] if stamp else None, frame.width, frame.height))
+                complete = last_packet.get((frame.pts + first_timestamp[0]) % (1 << 32)) if first_timestamp and frame.pts is not None else None
+                frames.append((arrival, stamp[0] if stamp else None, stamp[1] if stamp else None, frame.width, frame.height,
+                               round(complete, 1) if complete is not None else None))
                 if args.dump and stamp and len(frames) % args.psnr_every == 1:
                     # Packed luma rows (the decoder's stride may be wider than the picture).
                     packed = b"".join(luma[r * plane.line_size:r * plane.line_size + frame.width] for r in range(frame.height))
@@ -159,7 +178,7 @@ async def main():
     arrivals = [f[0] for f in frames]
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
     latencies = []
-    for arrival, _, capture, _, _ in frames:
+    for arrival, _, capture, _, _, _ in frames:
         if capture is not None:
             latency = (int(arrival) - capture) % (1 << 32)
             if latency < 10_000:
@@ -177,7 +196,9 @@ async def main():
         "latency_ms_p99": percentile(latencies, 99),
         "states": states,
         "track_ended": track_ended.is_set(),
-        "arrivals": [[round(f[0], 1), f[1]] for f in frames],
+        # [decoded ms, stamp frame number, stamp capture ms, last packet ms] per decoded frame
+        # (CLOCK_MONOTONIC; capture mod 2^32)
+        "arrivals": [[round(f[0], 1), f[1], f[2], f[5]] for f in frames],
     }
     if args.dump and samples:
         scores = []
