@@ -57,7 +57,8 @@ let agent = buildDir + "/krakl-agent"
 let backendLibrary = buildDir + "/libBackendFile.so"
 let work = NSTemporaryDirectory() + "krakl-bench-\(getpid())"
 try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
-defer { try? FileManager.default.removeItem(atPath: work) }
+// Every mode ends with exit(), which skips a top-level defer: clean up at exit.
+atexit { try? FileManager.default.removeItem(atPath: work) }
 let frameCount = Int(seconds * Double(fps))
 try "{\"version\": 1, \"default\": \"x11\", \"backends\": {\"x11\": {\"library\": \"\(buildDir)/libBackendX11.so\"}}}"
     .write(toFile: work + "/plugins-x11.json", atomically: true, encoding: .utf8)

@@ -57,6 +57,12 @@ final class PipeWireSource: CaptureSource {
     private var pictureFormat = KRAKL_FORMAT_INVALID
     private var pictureOrigin = (x: 0, y: 0)
     private var havePicture = false
+    /// The picture missed the last buffer, which went to the host straight
+    /// from PipeWire's memory: the next copy must be of the whole buffer.
+    private var pictureStale = false
+    /// Set while a buffer is being processed that goes to the host as it
+    /// is (most of it changed, no cursor to draw in): its pixels and stride.
+    private var direct: (pixels: UnsafeRawPointer, stride: Int)?
     /// Damage of buffers dropped (older than the newest, or corrupted), in
     /// buffer pixels, still to be copied from the next good buffer.
     private var pendingDamage: [krakl_rect] = []
@@ -489,13 +495,26 @@ final class PipeWireSource: CaptureSource {
         } else {
             pendingWhole = true
         }
-        if pendingWhole { rects = [krakl_rect(x: 0, y: 0, width: Int32(width), height: Int32(height))] }
+        let whole = krakl_rect(x: 0, y: 0, width: Int32(width), height: Int32(height))
+        if pendingWhole { rects = [whole] }
         let source = base + offset + Int(crop.y) * stride + Int(crop.x) * 4
-        let picture = picture!
-        for r in rects {
-            for row in Int(r.y)..<Int(r.y + r.height) {
-                memcpy(picture + row * width * 4 + Int(r.x) * 4, source + row * stride + Int(r.x) * 4, Int(r.width) * 4)
+        // When most of the screen changed (scrolling, video) copying it into
+        // our picture costs more than everything else the backend does, so
+        // such a buffer goes to the host as it is, valid until process()
+        // returns it to PipeWire. Not with a cursor to draw in (that would
+        // write into the compositor's buffer).
+        let changed = rects.reduce(0) { $0 + Int($1.width) * Int($1.height) }
+        if delivering && !cursorMeta && changed * 4 >= width * height * 3 {
+            direct = (UnsafeRawPointer(source), stride)
+            pictureStale = true
+        } else {
+            let picture = picture!
+            for r in pictureStale ? [whole] : rects {
+                for row in Int(r.y)..<Int(r.y + r.height) {
+                    memcpy(picture + row * width * 4 + Int(r.x) * 4, source + row * stride + Int(r.x) * 4, Int(r.width) * 4)
+                }
             }
+            pictureStale = false
         }
         if pendingWhole { deliveryWhole = true } else { deliveryDamage += rects }
         pendingWhole = false
@@ -512,23 +531,27 @@ final class PipeWireSource: CaptureSource {
 
     /// Hands the picture to the host when something changed since the last delivery.
     private func deliver() {
+        defer { direct = nil }  // only ever valid inside process()
         guard delivering, !ended, havePicture, let picture, deliveryWhole || !deliveryDamage.isEmpty else { return }
+        // Outside a buffer (start() asking for the current picture) a stale
+        // picture is not sent; the next buffer is copied whole instead.
+        if pictureStale && direct == nil { return }
         let current = (format: pictureFormat, width: pictureSize.width, height: pictureSize.height)
         if let last = lastDelivered, last.format != current.format || last.width != current.width || last.height != current.height {
             host.sendEvent(KRAKL_EVENT_FORMAT_CHANGED, message: "\(what) is now \(current.width)x\(current.height)",
                            format: current.format, width: current.width, height: current.height)
             deliveryWhole = true
         }
-        let stride = current.width * 4
-        let under = cursorMeta ? cursor.draw(into: picture, stride: stride,
-                                             redFirst: pictureFormat == KRAKL_FORMAT_RGBX || pictureFormat == KRAKL_FORMAT_RGBA) : nil
+        let stride = direct?.stride ?? current.width * 4
+        let under = cursorMeta && direct == nil ? cursor.draw(into: picture, stride: stride,
+                                                              redFirst: pictureFormat == KRAKL_FORMAT_RGBX || pictureFormat == KRAKL_FORMAT_RGBA) : nil
         var frame = krakl_frame()
         frame.format = current.format.rawValue
         frame.width = UInt32(current.width)
         frame.height = UInt32(current.height)
         frame.plane_count = 1
         frame.stride.0 = UInt32(stride)
-        frame.plane.0 = UnsafePointer(picture)
+        frame.plane.0 = direct?.pixels.assumingMemoryBound(to: UInt8.self) ?? UnsafePointer(picture)
         sender.send(&frame, timestamp: sender.nextTimestamp(), damage: deliveryWhole ? [] : deliveryDamage, to: host)
         if let under { cursor.restore(under, into: picture, stride: stride) }
         lastDelivered = current
