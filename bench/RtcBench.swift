@@ -232,28 +232,16 @@ func monotonicMs() -> Double {
 /// 127.0.0.2, IPv6 off on it; optionally an nftables input chain for loss.
 final class BenchNamespace {
     static let ip = "/usr/sbin/ip", nft = "/usr/sbin/nft"
+    /// The namespace recipe the tests use too.
+    static let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().path + "/scripts/rtc-netns"
     let name: String
     private var deleted = false
 
     init(_ name: String) throws {
         self.name = name
         RtcLive.shared.add(namespace: name)
-        let steps: [[String]] = [
-            ["netns", "add", name],
-            ["netns", "exec", name, "ip", "link", "set", "lo", "up"],
-            ["netns", "exec", name, "ip", "link", "add", "kv0", "type", "veth", "peer", "name", "kv1"],
-            ["netns", "exec", name, "sysctl", "-q", "-w", "net.ipv6.conf.kv0.disable_ipv6=1", "net.ipv6.conf.kv1.disable_ipv6=1"],
-            ["netns", "exec", name, "ip", "addr", "add", "127.0.0.2/32", "dev", "kv0"],
-            ["netns", "exec", name, "ip", "link", "set", "kv0", "up"],
-            ["netns", "exec", name, "ip", "link", "set", "kv1", "up"],
-        ]
-        for step in steps {
-            let result = measure(Self.ip, step)
-            if result.status != 0 {
-                delete()
-                throw BenchError("ip \(step.joined(separator: " ")): \(result.stderr)")
-            }
-        }
+        let made = measure("/bin/bash", [Self.script, "add", name])
+        guard made.status == 0 else { throw BenchError("scripts/rtc-netns add \(name): \(made.stderr)") }
     }
 
     deinit { delete() }
@@ -261,7 +249,7 @@ final class BenchNamespace {
     func delete() {
         guard !deleted else { return }
         deleted = true
-        _ = measure(Self.ip, ["netns", "del", name])
+        _ = measure("/bin/bash", [Self.script, "del", name])
         RtcLive.shared.remove(namespace: name)
     }
 

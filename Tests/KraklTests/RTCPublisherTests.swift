@@ -8,6 +8,8 @@ import Testing
 /// candidates. Every packet of a session stays inside it. Deleted on deinit.
 final class RtcTestNamespace {
     static let ip = "/usr/sbin/ip"
+    /// The namespace recipe, shared with krakl-bench rtc.
+    static var script: String { Harness.repoRoot + "/scripts/rtc-netns" }
     nonisolated(unsafe) static var counter = 0
     let name: String
 
@@ -23,26 +25,14 @@ final class RtcTestNamespace {
         }
         Self.counter += 1
         name = "krakl-test-\(getpid())-\(Self.counter)"
-        let steps: [[String]] = [
-            ["netns", "add", name],
-            ["netns", "exec", name, "ip", "link", "set", "lo", "up"],
-            ["netns", "exec", name, "ip", "link", "add", "kv0", "type", "veth", "peer", "name", "kv1"],
-            ["netns", "exec", name, "sysctl", "-q", "-w", "net.ipv6.conf.kv0.disable_ipv6=1", "net.ipv6.conf.kv1.disable_ipv6=1"],
-            ["netns", "exec", name, "ip", "addr", "add", "127.0.0.2/32", "dev", "kv0"],
-            ["netns", "exec", name, "ip", "link", "set", "kv0", "up"],
-            ["netns", "exec", name, "ip", "link", "set", "kv1", "up"],
-        ]
-        for step in steps {
-            let result = try Harness.run(Self.ip, step, timeout: 20)
-            if result.status != 0 {
-                print("SKIP: cannot make a network namespace: ip \(step.joined(separator: " ")): \(result.stderr)")
-                _ = try? Harness.run(Self.ip, ["netns", "del", name], timeout: 20)
-                return nil
-            }
+        let made = try Harness.run("/bin/bash", [Self.script, "add", name], timeout: 20)
+        if made.status != 0 {
+            print("SKIP: cannot make a network namespace: scripts/rtc-netns add \(name): \(made.stderr)")
+            return nil
         }
     }
 
-    deinit { _ = try? Harness.run(Self.ip, ["netns", "del", name], timeout: 20) }
+    deinit { _ = try? Harness.run("/bin/bash", [Self.script, "del", name], timeout: 20) }
 
     /// argv for running `program` inside the namespace.
     func command(_ program: String, _ arguments: [String]) -> (String, [String]) {
