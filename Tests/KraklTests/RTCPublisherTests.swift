@@ -194,11 +194,24 @@ func rtcWait(untilMonotonicMs ms: Double) {
 struct RtcArrivals {
     let times: [Double]
     let stamps: [Int?]
+    /// Capture times read from the stamps: CLOCK_MONOTONIC ms, low 32 bits.
+    let captures: [Int?]
 
     init(_ report: [String: Any]) {
         let rows = report["arrivals"] as? [[Any]] ?? []
         times = rows.compactMap { $0.first as? Double }
         stamps = rows.map { $0.count > 1 ? $0[1] as? Int : nil }
+        captures = rows.map { $0.count > 2 ? $0[2] as? Int : nil }
+    }
+
+    /// Whether a stamp's 32-bit capture time lies after `ms` (CLOCK_MONOTONIC).
+    static func captured(_ capture: Int, after ms: Double) -> Bool {
+        Int32(truncatingIfNeeded: capture &- Int(UInt32(truncatingIfNeeded: Int(ms)))) > 0
+    }
+
+    /// Decode times of frames captured after `ms`: content that could not exist before it.
+    func decodedCaptured(after ms: Double) -> [Double] {
+        zip(times, captures).compactMap { time, capture in capture.map { Self.captured($0, after: ms) } == true ? time : nil }
     }
 
     func longestGap(from start: Double, to end: Double) -> Double {
@@ -207,9 +220,6 @@ struct RtcArrivals {
     }
 
     func firstAfter(_ t: Double) -> Double? { times.first { $0 > t } }
-
-    /// The first frame after `t` whose stamp reads (a picture decoded from damaged references does not).
-    func firstIntactAfter(_ t: Double) -> Double? { zip(times, stamps).first { $0.0 > t && $0.1 != nil }?.0 }
 }
 
 @Suite(.serialized) struct RTCPublisherTests {
@@ -346,12 +356,14 @@ struct RtcArrivals {
         let report = try #require(session.receiverReport(timeout: 30), "aiortc gave no report: \(session.receiver.log)")
         let stats = try #require(result["stats"] as? [String: Any])
         let arrivals = RtcArrivals(report)
-        let resumed = try #require(arrivals.firstIntactAfter(healed + 1), "no intact frame decoded after the outage")
+        // Judged by capture time: frames captured before the outage may still be
+        // decoded during it (aiortc works through its backlog, slower on a busy machine).
+        let resumed = try #require(arrivals.decodedCaptured(after: outage).first { $0 > healed }, "no frame captured after the outage began was decoded after healing")
         let resumedMs = resumed - healed
-        let during = arrivals.times.filter { $0 > outage + 300 && $0 < healed }.count
+        let during = arrivals.decodedCaptured(after: outage + 300).filter { $0 < healed }.count
         print(String(format: "5 s outage: first intact frame %.0f ms after healing; %d frames decoded during it; PLIs %@, keyframes %@, status %@",
                      resumedMs, during, "\(stats["plis_received"] ?? 0)", "\(stats["keyframes_sent"] ?? 0)", "\(result["result"] ?? "?")"))
-        #expect(during == 0, "frames arrived through a total outage: the fault did not apply")
+        #expect(during == 0, "frames captured during a total outage were decoded before it ended: the fault did not apply")
         #expect(resumedMs <= 1000, "video resumed \(resumedMs) ms after the network healed")
         #expect(stats["keyframes_sent"] as? Int ?? 0 >= 2, "no keyframe repaired the picture after the outage")
         #expect(result["status"] as? Int == 0, "a 5 s outage must not end the session: \(result["result"] ?? "?")")
