@@ -81,14 +81,20 @@ final class CaptureRun: FrameSink, @unchecked Sendable {
     }
 }
 
-/// The main job until a publisher exists: capture from the chosen backend
-/// and show what arrives. Returns the exit status.
-func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(AgentError) -> Int32 {
+/// The backend the command line names (or the registry's default), its
+/// plugins.json options with every --option applied, and its loaded library.
+func selectedBackend(_ arguments: Arguments) throws(AgentError) -> (entry: BackendEntry, options: JSONObject, library: BackendLibrary) {
     let registry = try PluginRegistry.load(path: arguments.plugins ?? PluginRegistry.defaultPath())
     let entry = try registry.entry(named: arguments.backend ?? registry.defaultBackend)
     var options = entry.options
     for (key, value) in arguments.options { options[key] = value }
-    let library = try BackendLibrary.load(path: entry.library, backend: entry.name)
+    return (entry, options, try BackendLibrary.load(path: entry.library, backend: entry.name))
+}
+
+/// The main job until a publisher exists: capture from the chosen backend
+/// and show what arrives. Returns the exit status.
+func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(AgentError) -> Int32 {
+    let (entry, options, library) = try selectedBackend(arguments)
     let run = CaptureRun(backend: entry.name, frameLimit: arguments.frames, logger: logger)
     if let record = arguments.record {
         do throws(EncoderError) {

@@ -26,11 +26,7 @@ do throws(AgentError) {
     case .version:
         print("krakl-agent 0.1.0 (backend ABI \(BackendLibrary.hostVersion.major).\(BackendLibrary.hostVersion.minor))")
     case .sources:
-        let registry = try PluginRegistry.load(path: arguments.plugins ?? PluginRegistry.defaultPath())
-        let entry = try registry.entry(named: arguments.backend ?? registry.defaultBackend)
-        var options = entry.options
-        for (key, value) in arguments.options { options[key] = value }
-        let library = try BackendLibrary.load(path: entry.library, backend: entry.name)
+        let (entry, options, library) = try selectedBackend(arguments)
         guard library.canListSources else {
             print("backend \(entry.name) does not list sources (it has no list_sources; ABI \(library.abiMajor).\(library.abiMinor))")
             break

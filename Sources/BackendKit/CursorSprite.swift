@@ -34,7 +34,7 @@ public struct CursorSprite {
         self.left = left
         self.top = top
         let placed = pixels.isEmpty ? nil
-            : Self.clip(krakl_rect(x: Int32(left), y: Int32(top), width: Int32(width), height: Int32(height)), pictureWidth, pictureHeight)
+            : krakl_rect(x: Int32(left), y: Int32(top), width: Int32(width), height: Int32(height)).clipped(width: pictureWidth, height: pictureHeight)
         guard image != nil || !Self.same(placed, rect) else { return [] }
         let old = rect
         rect = placed
@@ -89,12 +89,5 @@ public struct CursorSprite {
 
     private static func same(_ a: krakl_rect?, _ b: krakl_rect?) -> Bool {
         a?.x == b?.x && a?.y == b?.y && a?.width == b?.width && a?.height == b?.height
-    }
-
-    private static func clip(_ r: krakl_rect, _ w: Int, _ h: Int) -> krakl_rect? {
-        let x0 = max(0, Int(r.x)), y0 = max(0, Int(r.y))
-        let x1 = min(w, Int(r.x) + Int(r.width)), y1 = min(h, Int(r.y) + Int(r.height))
-        guard x0 < x1, y0 < y1 else { return nil }
-        return krakl_rect(x: Int32(x0), y: Int32(y0), width: Int32(x1 - x0), height: Int32(y1 - y0))
     }
 }

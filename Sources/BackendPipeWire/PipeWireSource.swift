@@ -462,9 +462,9 @@ final class PipeWireSource: CaptureSource {
         let stride = chunk.stride > 0 ? Int(chunk.stride) : negotiated.width * 4
         var crop = krakl_rect(x: 0, y: 0, width: Int32(negotiated.width), height: Int32(negotiated.height))
         var region = spa_region()
-        if krakl_pw_buffer_crop(buffer, &region), let clipped = clip(krakl_rect(x: region.position.x, y: region.position.y,
-                                                                                  width: Int32(clamping: region.size.width), height: Int32(clamping: region.size.height)),
-                                                                       negotiated.width, negotiated.height) {
+        if krakl_pw_buffer_crop(buffer, &region),
+           let clipped = krakl_rect(x: region.position.x, y: region.position.y, width: Int32(clamping: region.size.width),
+                                    height: Int32(clamping: region.size.height)).clipped(width: negotiated.width, height: negotiated.height) {
             crop = clipped
         }
         let offset = Int(chunk.offset) % max(maxSize, 1)
@@ -490,7 +490,7 @@ final class PipeWireSource: CaptureSource {
         if !pendingWhole, let own = damage(of: buffer) {
             for r in pendingDamage + own {
                 let moved = krakl_rect(x: r.x - crop.x, y: r.y - crop.y, width: r.width, height: r.height)
-                if let inside = clip(moved, width, height) { rects.append(inside) }
+                if let inside = moved.clipped(width: width, height: height) { rects.append(inside) }
             }
         } else {
             pendingWhole = true
@@ -520,13 +520,6 @@ final class PipeWireSource: CaptureSource {
         pendingWhole = false
         pendingDamage = []
         havePicture = true
-    }
-
-    private func clip(_ r: krakl_rect, _ width: Int, _ height: Int) -> krakl_rect? {
-        let x0 = max(0, Int(r.x)), y0 = max(0, Int(r.y))
-        let x1 = min(width, Int(r.x) + Int(r.width)), y1 = min(height, Int(r.y) + Int(r.height))
-        guard x0 < x1, y0 < y1 else { return nil }
-        return krakl_rect(x: Int32(x0), y: Int32(y0), width: Int32(x1 - x0), height: Int32(y1 - y0))
     }
 
     /// Hands the picture to the host when something changed since the last delivery.

@@ -1,3 +1,4 @@
+import BackendKit
 import KraklBackendABI
 
 /// Merges many small damage rectangles onto a grid of tiles, so that a
@@ -22,10 +23,9 @@ struct TileCoalescer {
         let cols = (width + tile - 1) / tile, rows = (height + tile - 1) / tile
         var touched = [Bool](repeating: false, count: cols * rows)
         var firstRow = rows, lastRow = -1
-        for r in rects {
-            let x0 = max(0, Int(r.x)), y0 = max(0, Int(r.y))
-            let x1 = min(width, Int(r.x) + Int(r.width)), y1 = min(height, Int(r.y) + Int(r.height))
-            guard x0 < x1, y0 < y1 else { continue }
+        for rect in rects {
+            guard let r = rect.clipped(width: width, height: height) else { continue }
+            let x0 = Int(r.x), y0 = Int(r.y), x1 = Int(r.x + r.width), y1 = Int(r.y + r.height)
             firstRow = min(firstRow, y0 / tile)
             lastRow = max(lastRow, (y1 - 1) / tile)
             for ty in (y0 / tile)...((y1 - 1) / tile) {

@@ -165,10 +165,12 @@ async def main():
         await pc.setLocalDescription(await pc.createAnswer())
         subscriber.message({"request": "start"}, jsep={"type": "answer", "sdp": pc.localDescription.sdp})
         end = time.monotonic() + args.seconds
+        last_keepalive = time.monotonic()
         while time.monotonic() < end and not ended.is_set():
             await asyncio.sleep(0.25)
-            if int(time.monotonic()) % 20 == 0:
+            if time.monotonic() - last_keepalive >= 20:  # Janus drops a session after 60 s of silence
                 await loop.run_in_executor(None, publisher.keepalive)
+                last_keepalive = time.monotonic()
         await pc.close()
 
     if args.destroy:
