@@ -152,18 +152,7 @@ final class PipeWireProbe {
     /// Reads output until `done` holds for it, it ends, or `timeout` passes.
     @discardableResult
     func read(timeout: Double = 20, until done: (String) -> Bool) -> Bool {
-        let deadline = Date().addingTimeInterval(timeout)
-        let fd = output.fileHandleForReading.fileDescriptor
-        var buffer = [UInt8](repeating: 0, count: 65536)
-        while !done(text) {
-            let left = Int32(max(0, deadline.timeIntervalSinceNow * 1000))
-            var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-            guard left > 0, poll(&pfd, 1, left) > 0 else { break }
-            let n = Glibc.read(fd, &buffer, buffer.count)
-            if n <= 0 { break }
-            text += String(decoding: buffer[0..<n], as: UTF8.self)
-        }
-        return done(text)
+        readOutput(output.fileHandleForReading.fileDescriptor, into: &text, timeout: timeout, until: done)
     }
 
     @discardableResult

@@ -129,6 +129,24 @@ enum Harness {
 final class DataBox: @unchecked Sendable { var data = Data() }
 
 /// A krakl-agent left running, for tests that signal it mid-run.
+/// Appends a child's output from `fd` to `text` until `done` holds for it,
+/// the output ends, or `timeout` passes; returns whether `done` holds. It
+/// polls before each read, so a silent child cannot hold a test past its deadline.
+@discardableResult
+func readOutput(_ fd: Int32, into text: inout String, timeout: Double, until done: (String) -> Bool) -> Bool {
+    let deadline = Date().addingTimeInterval(timeout)
+    var buffer = [UInt8](repeating: 0, count: 65536)
+    while !done(text) {
+        let left = Int32(max(0, deadline.timeIntervalSinceNow * 1000))
+        var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        guard left > 0, poll(&pfd, 1, left) > 0 else { break }
+        let n = Glibc.read(fd, &buffer, buffer.count)
+        if n <= 0 { break }
+        text += String(decoding: buffer[0..<n], as: UTF8.self)
+    }
+    return done(text)
+}
+
 final class RunningAgent {
     let process = Process()
     private let out = Pipe()
@@ -148,19 +166,7 @@ final class RunningAgent {
     /// or the output ends. Returns whether it got there.
     @discardableResult
     func read(until text: String, count: Int = 1, timeout: Double = 20) -> Bool {
-        let deadline = Date().addingTimeInterval(timeout)
-        let fd = out.fileHandleForReading.fileDescriptor
-        var buffer = [UInt8](repeating: 0, count: 4096)
-        while output.components(separatedBy: text).count - 1 < count {
-            // poll first, so a silent child cannot block the test past its deadline.
-            let left = Int32(max(0, deadline.timeIntervalSinceNow * 1000))
-            var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-            guard left > 0, poll(&pfd, 1, left) > 0 else { break }
-            let n = Glibc.read(fd, &buffer, buffer.count)
-            if n <= 0 { break }
-            output += String(decoding: buffer[0..<n], as: UTF8.self)
-        }
-        return output.components(separatedBy: text).count - 1 >= count
+        readOutput(out.fileHandleForReading.fileDescriptor, into: &output, timeout: timeout) { $0.components(separatedBy: text).count - 1 >= count }
     }
 
     func signal(_ number: Int32) { kill(process.processIdentifier, number) }
