@@ -347,8 +347,10 @@ struct RtcArrivals {
         try session.exchange()
         let connected = try #require(session.waitConnected(timeout: 20), "never connected: \(session.probe.log)")
         rtcWait(untilMonotonicMs: connected + 3000)
-        let outage = rtcMonotonicMilliseconds()
+        // The outage starts once the rule is in place: starting `nft` can take
+        // hundreds of ms on a busy machine, and frames captured before then pass.
         try namespace.dropUdp(percent: 100)
+        let outage = rtcMonotonicMilliseconds()
         rtcWait(untilMonotonicMs: outage + 5000)
         try namespace.heal()
         let healed = rtcMonotonicMilliseconds()
@@ -418,8 +420,8 @@ struct RtcArrivals {
         try session.exchange()
         let connected = try #require(session.waitConnected(timeout: 20), "never connected: \(session.probe.log)")
         rtcWait(untilMonotonicMs: connected + 2000)
-        let outage = rtcMonotonicMilliseconds()
         try namespace.dropUdp(percent: 100)
+        let outage = rtcMonotonicMilliseconds()  // once the rule is in place
         let result = try #require(session.probeResult(timeout: 60), "the probe gave no result: \(session.probe.log)")
         let events = result["events"] as? [[String: Any]] ?? []
         let lost = try #require(events.first { $0["event"] as? String == "connection_lost" }, "no connection_lost event: \(events)")
