@@ -349,9 +349,13 @@ struct RtcArrivals {
         rtcWait(untilMonotonicMs: connected + 3000)
         // The outage starts once the rule is in place: starting `nft` can take
         // hundreds of ms on a busy machine, and frames captured before then pass.
+        let asked = rtcMonotonicMilliseconds()
         try namespace.dropUdp(percent: 100)
         let outage = rtcMonotonicMilliseconds()
         rtcWait(untilMonotonicMs: outage + 5000)
+        // The rule goes away somewhere while `nft` runs: the outage surely lasts
+        // until `healing`, and resumption is timed from there (the strict side).
+        let healing = rtcMonotonicMilliseconds()
         try namespace.heal()
         let healed = rtcMonotonicMilliseconds()
         let result = try #require(session.probeResult(timeout: 40), "the probe gave no result: \(session.probe.log)")
@@ -360,11 +364,11 @@ struct RtcArrivals {
         let arrivals = RtcArrivals(report)
         // Judged by capture time: frames captured before the outage may still be
         // decoded during it (aiortc works through its backlog, slower on a busy machine).
-        let resumed = try #require(arrivals.decodedCaptured(after: outage).first { $0 > healed }, "no frame captured after the outage began was decoded after healing")
-        let resumedMs = resumed - healed
-        let during = arrivals.decodedCaptured(after: outage + 300).filter { $0 < healed }.count
-        print(String(format: "5 s outage: first intact frame %.0f ms after healing; %d frames decoded during it; PLIs %@, keyframes %@, status %@",
-                     resumedMs, during, "\(stats["plis_received"] ?? 0)", "\(stats["keyframes_sent"] ?? 0)", "\(result["result"] ?? "?")"))
+        let resumed = try #require(arrivals.decodedCaptured(after: outage).first { $0 > healing }, "no frame captured after the outage began was decoded after healing")
+        let resumedMs = resumed - healing
+        let during = arrivals.decodedCaptured(after: outage + 300).filter { $0 < healing }.count
+        print(String(format: "5 s outage (nft took %.0f ms to add the drop rule, %.0f ms to remove it): first intact frame %.0f ms after healing began; %d frames decoded during it; PLIs %@, keyframes %@, status %@",
+                     outage - asked, healed - healing, resumedMs, during, "\(stats["plis_received"] ?? 0)", "\(stats["keyframes_sent"] ?? 0)", "\(result["result"] ?? "?")"))
         #expect(during == 0, "frames captured during a total outage were decoded before it ended: the fault did not apply")
         #expect(resumedMs <= 1000, "video resumed \(resumedMs) ms after the network healed")
         #expect(stats["keyframes_sent"] as? Int ?? 0 >= 2, "no keyframe repaired the picture after the outage")
