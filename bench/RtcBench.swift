@@ -50,7 +50,12 @@ struct RtcRun {
     var firstFrameMs = Double.nan
     var kbps = Double.nan
     var receiverCpu = Double.nan, receiverBusiestThread = Double.nan, probeCpu = Double.nan
-    var retransmitted = 0, plis = 0, keyframes = 0
+    var retransmitted = 0, plis = 0, keyframes = 0, redundant = 0
+    /// Where the sender's share goes: libvpx's encode time, capture → encoded frame (conversion, waiting, encode),
+    /// and the mean wait of a media packet in the pacer.
+    var encodeP50 = Double.nan, encodedP50 = Double.nan, pacerWaitMean = Double.nan
+    /// The publisher's target at the end, and the receiver's last REMB, kbit/s.
+    var targetKbps = Double.nan, rembKbps = Double.nan
     var decodedPercent: Double { sent > 0 ? Double(decoded) / Double(sent) * 100 : .nan }
 }
 
@@ -367,8 +372,17 @@ func runRtcSession(_ scenario: RtcScenario, seconds: Double, index: Int, probe: 
     run.decoded = report["frames_decoded"] as? Int ?? 0
     run.kbps = Double(stats["bytes_sent"] as? Int ?? 0) * 8 / seconds / 1000
     run.retransmitted = stats["retransmitted_packets"] as? Int ?? 0
+    run.redundant = stats["redundant_packets"] as? Int ?? 0
     run.plis = stats["plis_received"] as? Int ?? 0
     run.keyframes = stats["keyframes_sent"] as? Int ?? 0
+    run.targetKbps = (stats["target_bitrate"] as? Double ?? .nan) / 1000
+    run.rembKbps = (stats["remb_bitrate"] as? Double ?? .nan) / 1000
+    let mediaPackets = (stats["packets_sent"] as? Int ?? 0) - run.retransmitted - run.redundant
+    if mediaPackets > 0, let waited = stats["total_packet_send_delay"] as? Double { run.pacerWaitMean = waited / Double(mediaPackets) * 1000 }
+    if let encoder = result["encoder"] as? [String: Any] {
+        run.encodeP50 = encoder["encode_ms_p50"] as? Double ?? .nan
+        run.encodedP50 = encoder["capture_to_encoded_ms_p50"] as? Double ?? .nan
+    }
     let rows = report["arrivals"] as? [[Any]] ?? []
     let times = rows.compactMap { $0.first as? Double }
     // Per-frame latency as the receiver computes it: decoded ms (truncated) minus the stamp's capture ms, mod 2^32.
@@ -400,7 +414,9 @@ func runRtcSession(_ scenario: RtcScenario, seconds: Double, index: Int, probe: 
 
 // MARK: the bench
 
-func runRtcBench(seconds: Double, rounds: Int) throws {
+/// `only`: keep the scenarios whose label contains one of these texts (all when empty),
+/// e.g. `--only "1920×1080 scrolling"` while working on one of them.
+func runRtcBench(seconds: Double, rounds: Int, only: [String] = []) throws {
     guard geteuid() == 0 else { throw BenchError("krakl-bench rtc needs root (ip netns add, nft)") }
     let repoRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().path
     let receiver = repoRoot + "/Tests/Fixtures/aiortc_receiver.py"
@@ -417,7 +433,7 @@ func runRtcBench(seconds: Double, rounds: Int) throws {
         try? FileManager.default.removeItem(atPath: work) // the sessions' logs; main's own defer does not run past exit()
     }
 
-    let scenarios = [
+    let allScenarios = [
         RtcScenario(scene: "typing", width: 640, height: 360, lossPercent: 0),
         RtcScenario(scene: "typing", width: 1920, height: 1080, lossPercent: 0),
         RtcScenario(scene: "scrolling", width: 1920, height: 1080, lossPercent: 0),
@@ -426,6 +442,9 @@ func runRtcBench(seconds: Double, rounds: Int) throws {
         RtcScenario(scene: "typing", width: 1920, height: 1080, lossPercent: 5),
         RtcScenario(scene: "scrolling", width: 1920, height: 1080, lossPercent: 5),
     ]
+    let plain = { (text: String) in text.replacingOccurrences(of: "×", with: "x") } // so "1920x1080" matches too
+    let scenarios = only.isEmpty ? allScenarios : allScenarios.filter { s in only.contains { plain(s.label).contains(plain($0)) } }
+    guard !scenarios.isEmpty else { throw BenchError("--only \(only.joined(separator: ",")) matches none of: \(allScenarios.map(\.label).joined(separator: "; "))") }
     print("krakl-bench rtc: krakl-rtc-probe → aiortc in a namespace each, \(Int(seconds)) s of video a session, 30 fps, 2500 kbit/s start, \(rounds) rounds")
     var runs = [[RtcRun]](repeating: [], count: scenarios.count)
     var index = 0
@@ -436,10 +455,10 @@ func runRtcBench(seconds: Double, rounds: Int) throws {
             print("  round \(round + 1)/\(rounds): \(scenarios[s].label) …")
             let run = runRtcSession(scenarios[s], seconds: seconds, index: index, probe: probe, receiver: receiver, python: python,
                                     plugins: work + "/plugins.json")
-            print(String(format: "    connect %.1f ms, %d/%d decoded (%.1f %%), latency p50 %.0f p99 %.0f ms (from 2 s: %.0f/%.0f; last packet in: %.0f/%.0f), freeze %.0f ms, first frame %.0f ms, %.0f kbit/s, receiver CPU %.0f %% (busiest thread %.0f %%), probe %.0f %%, rtx %d, PLIs %d, keyframes %d%@",
+            print(String(format: "    connect %.1f ms, %d/%d decoded (%.1f %%), latency p50 %.0f p99 %.0f ms (from 2 s: %.0f/%.0f; last packet in: %.0f/%.0f), freeze %.0f ms, first frame %.0f ms, %.0f kbit/s, receiver CPU %.0f %% (busiest thread %.0f %%), probe %.0f %%, rtx %d, copies %d, PLIs %d, keyframes %d; sender: encode p50 %.1f ms, capture → encoded p50 %.1f ms, pacer wait mean %.1f ms; target at the end %.0f kbit/s (REMB %.0f)%@",
                          run.connectMs, run.decoded, run.sent, run.decodedPercent, run.p50, run.p99, run.steadyP50, run.steadyP99, run.completeP50, run.completeP99,
                          run.freezeMs, run.firstFrameMs, run.kbps, run.receiverCpu, run.receiverBusiestThread, run.probeCpu,
-                         run.retransmitted, run.plis, run.keyframes, run.failure.map { "; FAILED: \($0)" } ?? ""))
+                         run.retransmitted, run.redundant, run.plis, run.keyframes, run.encodeP50, run.encodedP50, run.pacerWaitMean, run.targetKbps, run.rembKbps, run.failure.map { "; FAILED: \($0)" } ?? ""))
             runs[s].append(run)
         }
     }

@@ -32,6 +32,7 @@ var pipewireMode = false
 var rtcMode = false
 var scenesGiven = false
 var rounds = 3
+var onlyScenarios: [String] = []
 var words = Array(CommandLine.arguments.dropFirst())[...]
 while let word = words.popFirst() {
     switch word {
@@ -41,12 +42,13 @@ while let word = words.popFirst() {
     case "--rounds": rounds = max(1, Int(words.popFirst() ?? "") ?? rounds)
     case "--seconds": seconds = Double(words.popFirst() ?? "") ?? seconds
     case "--scenes": scenes = (words.popFirst() ?? "").split(separator: ",").map(String.init); scenesGiven = true
+    case "--only": onlyScenarios = (words.popFirst() ?? "").split(separator: ",").map(String.init)
     case "--bitrate": bitrateKbps = Int(words.popFirst() ?? "") ?? bitrateKbps
     case "--size":
         let parts = (words.popFirst() ?? "").split(separator: "x").compactMap { Int($0) }
         if parts.count == 2 { (width, height) = (parts[0], parts[1]) }
     default:
-        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
+        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only TEXT,TEXT]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
         exit(2)
     }
 }
@@ -147,7 +149,7 @@ if x11Mode {
     exit(0)
 }
 if rtcMode {
-    try runRtcBench(seconds: seconds, rounds: rounds)
+    try runRtcBench(seconds: seconds, rounds: rounds, only: onlyScenarios)
     exit(0)
 }
 if pipewireMode {

@@ -140,6 +140,7 @@ public final class EncoderPipeline: @unchecked Sendable {
         var output: EncodedFrameSink?
         var picture: I420Image?
         var lastEncodeNs: UInt64 = 0
+        var lastCaptureNs: UInt64 = 0 // capture time of the last picture encoded
         var lastKeyframeNs: UInt64 = 0
         var lastPts: Int64 = -1
         let minimumInterval = UInt64(1e9 / settings.maximumFps)
@@ -150,7 +151,8 @@ public final class EncoderPipeline: @unchecked Sendable {
         var carried = DamageAccumulator()
         var refreshRow = 0
         loop: while true {
-            guard var work = takeWork(picture: &picture, lastEncodeNs: lastEncodeNs, minimumInterval: minimumInterval, refreshNs: refreshNs) else { break }
+            guard var work = takeWork(picture: &picture, lastEncodeNs: lastEncodeNs, lastCaptureNs: lastCaptureNs,
+                                      minimumInterval: minimumInterval, refreshNs: refreshNs) else { break }
             work.damage.merge(carried)
             carried.clear()
             let now = monotonicNow()
@@ -215,6 +217,7 @@ public final class EncoderPipeline: @unchecked Sendable {
                                             activeShare: share, encodeNs: encodeNs, timestampNs: work.timestampNs))
                 }
                 lastEncodeNs = now
+                if !work.refresh { lastCaptureNs = work.timestampNs }
             } catch {
                 onFailure(error)
                 break loop
@@ -230,14 +233,24 @@ public final class EncoderPipeline: @unchecked Sendable {
     }
 
     /// Waits for something to encode and takes it out of the slot; nil when stopping.
-    private func takeWork(picture: inout I420Image?, lastEncodeNs: UInt64, minimumInterval: UInt64, refreshNs: UInt64) -> Work? {
+    private func takeWork(picture: inout I420Image?, lastEncodeNs: UInt64, lastCaptureNs: UInt64, minimumInterval: UInt64,
+                          refreshNs: UInt64) -> Work? {
         condition.lock()
         defer { condition.unlock() }
         while true {
             // Stopping drains the slot: the last captured picture is encoded too.
             if stopping && !pending { return nil }
             let now = monotonicNow()
+            // The frame-rate cap is judged on capture times as well as on when
+            // the last encode started. Judged on take times alone, a frame that
+            // arrives a little early (capture jitter, or the previous take ran
+            // late) waits for the cap, every later frame inherits that wait,
+            // and nothing ever wins it back: measured at 30 fps from a 30 fps
+            // source, capture → encoded drifted to 24 ms for a 5 ms encode.
+            // A quarter interval of slack lets a source at the cap through at
+            // once while a faster one is still held to the cap.
             let capOpen = now >= lastEncodeNs + minimumInterval
+                || (pending && pendingTimestamp >= lastCaptureNs + minimumInterval - minimumInterval / 4)
             let refreshDue = picture != nil && refreshNs > 0 && now >= lastEncodeNs + refreshNs
             if (pending && (capOpen || stopping)) || (keyframeRequested && (pending || picture != nil) && capOpen) || refreshDue { break }
             // Sleep until the cap opens (something is pending) or a refresh is due.

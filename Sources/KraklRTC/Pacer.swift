@@ -9,7 +9,9 @@
 /// Pure state (no clock, no socket): the owner asks `pop(now:)` for the
 /// next packet and `nextSendTime(now:)` for when to ask again.
 public struct Pacer: Sendable {
-    public enum Kind: Sendable, Equatable { case media, retransmission }
+    /// `redundant`: a copy sent unasked (see Publisher's loss protection); it waits and leaves
+    /// with the retransmissions.
+    public enum Kind: Sendable, Equatable { case media, retransmission, redundant }
 
     public struct Item: Sendable {
         public var packet: RtpPacket
@@ -66,7 +68,7 @@ public struct Pacer: Sendable {
     @discardableResult
     public mutating func enqueue(_ packets: [RtpPacket], kind: Kind, now: UInt64) -> Int {
         var dropped = 0
-        if kind == .retransmission {
+        if kind != .media {
             // Resends are worth less than fresh media when the queue is full: drop the excess.
             for packet in packets where count < capacity { retransmissions.append(Item(packet: packet, kind: kind, enqueuedNs: now)) }
             return 0

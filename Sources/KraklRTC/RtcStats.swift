@@ -22,6 +22,9 @@ public struct RtcStats: Sendable, Equatable {
     public var payloadBytesSent = 0
     public var retransmittedPackets = 0
     public var retransmittedBytes = 0
+    /// Copies of small frames' packets sent unasked while the receiver reports loss (loss protection).
+    public var redundantPackets = 0
+    public var redundantBytes = 0
     public var nacksReceived = 0
     public var nackedPackets = 0
     public var plisReceived = 0
@@ -32,6 +35,9 @@ public struct RtcStats: Sendable, Equatable {
     public var keyframeRequestsSuppressed = 0
     public var senderReportsSent = 0
     public var pacerDroppedPackets = 0
+    /// Seconds media packets waited in the pacer, summed (getStats' totalPacketSendDelay);
+    /// divide by the media packets sent for the mean.
+    public var totalPacketSendDelay = 0.0
     public var socketSendFailures = 0
 
     // remote-inbound-rtp (from receiver reports)
@@ -63,9 +69,10 @@ public struct RtcStats: Sendable, Equatable {
             "state": state, "frames_sent": framesSent, "keyframes_sent": keyframesSent, "frames_dropped": framesDropped,
             "packets_sent": packetsSent, "bytes_sent": bytesSent, "payload_bytes_sent": payloadBytesSent,
             "retransmitted_packets": retransmittedPackets, "retransmitted_bytes": retransmittedBytes,
+            "redundant_packets": redundantPackets, "redundant_bytes": redundantBytes,
             "nacks_received": nacksReceived, "nacked_packets": nackedPackets, "plis_received": plisReceived,
             "firs_received": firsReceived, "keyframe_requests": keyframeRequests, "keyframe_requests_suppressed": keyframeRequestsSuppressed, "sender_reports_sent": senderReportsSent,
-            "pacer_dropped_packets": pacerDroppedPackets, "socket_send_failures": socketSendFailures,
+            "pacer_dropped_packets": pacerDroppedPackets, "total_packet_send_delay": totalPacketSendDelay, "socket_send_failures": socketSendFailures,
             "receiver_reports": receiverReports, "target_bitrate": targetBitrate, "loss_based_bitrate": lossBasedBitrate,
             "bitrate_updates": bitrateUpdates, "transport_feedbacks": transportFeedbacks,
             "ice_checks_sent": iceChecksSent, "ice_requests_received": iceRequestsReceived, "consent_responses": consentResponses,

@@ -181,14 +181,20 @@ if let answerPath {
     }
 }
 
+/// Set once the encoder starts; read by finalReport.
+nonisolated(unsafe) var publisherSink: PublisherSink?
+
 func finalReport(result: String, status: Int32, encoder: EncoderStatistics.Summary?) -> Never {
     var object: [String: Any] = ["result": result, "status": Int(status), "stats": publisher.stats.dictionary]
     log.condition.lock()
     object["events"] = log.events
     log.condition.unlock()
     if let e = encoder {
+        let waits = publisherSink?.captureToEncodedMs.sorted() ?? []
+        func percentile(_ p: Double) -> Double { waits.isEmpty ? 0 : waits[min(waits.count - 1, Int(Double(waits.count) * p))] }
         object["encoder"] = ["frames": e.frames, "keyframes": e.keyframes, "bytes": e.bytes, "bitrate_kbps": e.bitrateKbps,
-                             "dropped_frames": e.droppedFrames]
+                             "dropped_frames": e.droppedFrames, "encode_ms_p50": e.encodeMs.p50, "encode_ms_p99": e.encodeMs.p99,
+                             "capture_to_encoded_ms_p50": percentile(0.5), "capture_to_encoded_ms_p99": percentile(0.99)]
     }
     emit(object, to: stdout)
     exit(status)
@@ -218,10 +224,16 @@ guard connected else {
 // MARK: capture → encoder → publisher
 
 /// The encoder's output goes to the publisher instead of a file.
-final class PublisherSink: EncodedFrameSink {
+final class PublisherSink: EncodedFrameSink, @unchecked Sendable {
     let publisher: Publisher
+    private let lock = NSLock()
+    /// Capture → encoded, ms, a frame each: the part of the end-to-end latency spent before the publisher.
+    private var encodedAfterMs: [Double] = []
     init(_ publisher: Publisher) { self.publisher = publisher }
+    var captureToEncodedMs: [Double] { lock.withLock { encodedAfterMs } }
     func write(_ frame: EncodedFrame) throws(EncoderError) {
+        let waited = monotonicMilliseconds() - Double(frame.timestampNs) / 1e6
+        lock.withLock { encodedAfterMs.append(waited) }
         publisher.send(frame: frame.data, keyframe: frame.keyframe, captureNanoseconds: frame.timestampNs,
                        width: frame.width, height: frame.height)
     }
@@ -259,7 +271,11 @@ let capture = CaptureSink()
 let pipeline: EncoderPipeline
 let source: BackendSource
 do {
-    pipeline = try EncoderPipeline(settings: encoderSettings, dumpInput: dumpInput, output: { _, _, _ in PublisherSink(publisher) },
+    pipeline = try EncoderPipeline(settings: encoderSettings, dumpInput: dumpInput, output: { _, _, _ in
+        let sink = PublisherSink(publisher)
+        publisherSink = sink
+        return sink
+    },
                                    onFailure: { error in log.record(.failed("encoder: \(error.message)")) })
     capture.pipeline = pipeline
     let registry = try PluginRegistry.load(path: pluginsPath ?? PluginRegistry.defaultPath())
