@@ -444,7 +444,7 @@ func runRtcBench(seconds: Double, rounds: Int, only: [String] = []) throws {
     ]
     let plain = { (text: String) in text.replacingOccurrences(of: "×", with: "x") } // so "1920x1080" matches too
     let scenarios = only.isEmpty ? allScenarios : allScenarios.filter { s in only.contains { plain(s.label).contains(plain($0)) } }
-    guard !scenarios.isEmpty else { throw BenchError("--only \(only.joined(separator: ",")) matches none of: \(allScenarios.map(\.label).joined(separator: "; "))") }
+    guard !scenarios.isEmpty else { throw BenchError("--only \(only.joined(separator: "|")) matches none of: \(allScenarios.map(\.label).joined(separator: " | "))") }
     print("krakl-bench rtc: krakl-rtc-probe → aiortc in a namespace each, \(Int(seconds)) s of video a session, 30 fps, 2500 kbit/s start, \(rounds) rounds")
     var runs = [[RtcRun]](repeating: [], count: scenarios.count)
     var index = 0

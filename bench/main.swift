@@ -42,13 +42,13 @@ while let word = words.popFirst() {
     case "--rounds": rounds = max(1, Int(words.popFirst() ?? "") ?? rounds)
     case "--seconds": seconds = Double(words.popFirst() ?? "") ?? seconds
     case "--scenes": scenes = (words.popFirst() ?? "").split(separator: ",").map(String.init); scenesGiven = true
-    case "--only": onlyScenarios = (words.popFirst() ?? "").split(separator: ",").map(String.init)
+    case "--only": onlyScenarios = (words.popFirst() ?? "").split(separator: "|").map(String.init) // labels hold commas
     case "--bitrate": bitrateKbps = Int(words.popFirst() ?? "") ?? bitrateKbps
     case "--size":
         let parts = (words.popFirst() ?? "").split(separator: "x").compactMap { Int($0) }
         if parts.count == 2 { (width, height) = (parts[0], parts[1]) }
     default:
-        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only TEXT,TEXT]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
+        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT']] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
         exit(2)
     }
 }

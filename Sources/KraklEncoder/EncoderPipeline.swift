@@ -232,6 +232,22 @@ public final class EncoderPipeline: @unchecked Sendable {
         }
     }
 
+    /// Whether the frame-rate cap lets a frame be encoded now: an interval since the last encode
+    /// began, or (for a pending capture) an interval, less a quarter of slack, between its capture
+    /// and that of the last picture encoded.
+    ///
+    /// Judged on take times alone, a frame that arrives a little early (capture jitter, or the
+    /// previous take ran late) waits for the cap, every later frame inherits that wait, and
+    /// nothing wins it back: measured at 30 fps from a 30 fps source, capture → encoded drifted
+    /// to 24 ms for a 5 ms encode (4.5 ms with this rule). The slack lets a source at the cap
+    /// through at once while a faster one is still held to it.
+    static func frameRateCapAllows(now: UInt64, lastEncodeNs: UInt64, lastCaptureNs: UInt64, pendingCaptureNs: UInt64?,
+                                   interval: UInt64) -> Bool {
+        if now >= lastEncodeNs + interval { return true }
+        guard let capture = pendingCaptureNs else { return false }
+        return capture >= lastCaptureNs + interval - interval / 4
+    }
+
     /// Waits for something to encode and takes it out of the slot; nil when stopping.
     private func takeWork(picture: inout I420Image?, lastEncodeNs: UInt64, lastCaptureNs: UInt64, minimumInterval: UInt64,
                           refreshNs: UInt64) -> Work? {
@@ -241,16 +257,8 @@ public final class EncoderPipeline: @unchecked Sendable {
             // Stopping drains the slot: the last captured picture is encoded too.
             if stopping && !pending { return nil }
             let now = monotonicNow()
-            // The frame-rate cap is judged on capture times as well as on when
-            // the last encode started. Judged on take times alone, a frame that
-            // arrives a little early (capture jitter, or the previous take ran
-            // late) waits for the cap, every later frame inherits that wait,
-            // and nothing ever wins it back: measured at 30 fps from a 30 fps
-            // source, capture → encoded drifted to 24 ms for a 5 ms encode.
-            // A quarter interval of slack lets a source at the cap through at
-            // once while a faster one is still held to the cap.
-            let capOpen = now >= lastEncodeNs + minimumInterval
-                || (pending && pendingTimestamp >= lastCaptureNs + minimumInterval - minimumInterval / 4)
+            let capOpen = Self.frameRateCapAllows(now: now, lastEncodeNs: lastEncodeNs, lastCaptureNs: lastCaptureNs,
+                                                  pendingCaptureNs: pending ? pendingTimestamp : nil, interval: minimumInterval)
             let refreshDue = picture != nil && refreshNs > 0 && now >= lastEncodeNs + refreshNs
             if (pending && (capOpen || stopping)) || (keyframeRequested && (pending || picture != nil) && capOpen) || refreshDue { break }
             // Sleep until the cap opens (something is pending) or a refresh is due.

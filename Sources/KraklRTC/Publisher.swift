@@ -24,21 +24,25 @@ public struct PublisherConfiguration: Sendable {
     /// A NACK asking for more packets than this gets a keyframe instead of retransmissions.
     public var nackBurstLimit = 64
     public var senderReportInterval: UInt64 = 1_000_000_000
-    /// Loss protection for small frames: while the receiver has reported loss (a NACK, or a receiver
-    /// report with loss) within `protectionHold`, every packet of a frame of at most
-    /// `protectedFramePackets` packets is sent a second time `protectionDelay` later (on RTX when
-    /// negotiated). Repetition is what forward error correction amounts to for a frame of one
-    /// packet; it costs little (such frames are small: typing, a cursor). It matters for receivers
-    /// that ask for a lost packet only once: aiortc re-asks only when it sees a new gap, and with one
-    /// packet a frame it then releases one frame per arriving packet, so a lost NACK or retransmission
-    /// stalled it until the next loss and left a backlog that never drained (measured at 5 % loss:
-    /// 88–94 % of typing frames decoded, freezes to 1.2 s). The copy waits longer than a frame
-    /// interval on purpose: the next frame's packet then still reaches the receiver first, so a
-    /// lost packet still shows as a gap and the NACK (which lists every packet still missing) stays
-    /// the fast path and the backstop; an immediate copy hid those gaps, and a packet lost together
-    /// with its copy stalled aiortc for seconds (seen: a 2.1 s freeze). 0 packets turns it off.
+    /// Loss protection for small frames: until the first receiver report says the path loses nothing,
+    /// and while the receiver has reported loss (a NACK, or a receiver report with loss) within
+    /// `protectionHold`, every packet of a frame of at most
+    /// `protectedFramePackets` packets is sent again `protectionDelay` later (on RTX when negotiated),
+    /// and a second time after twice that while the last receiver report said `secondCopyLoss` or more.
+    /// Repetition is what forward error correction amounts to for a frame of one packet; it costs
+    /// little (such frames are small: typing, a cursor). It matters for receivers that ask for a lost
+    /// packet only once: aiortc re-asks only when it sees a new gap, and with one packet a frame it then
+    /// releases one frame per arriving packet, so a lost NACK or retransmission stalled it until the
+    /// next loss and left a backlog that never drained (measured at 5 % loss: 88–94 % of typing frames
+    /// decoded, freezes to 1.2 s). With one copy a packet lost with its copy and its NACK or
+    /// retransmission still stalled aiortc in about one session of ten (0.9–1.9 s); at 5 % loss a
+    /// second copy makes that ~1 in 10 000 packets' worth rarer. The copies wait longer than a frame
+    /// interval on purpose: the next frame's packet then still reaches the receiver first, so a lost
+    /// packet still shows as a gap and the NACK (which lists every packet still missing) stays the fast
+    /// path; an immediate copy hid those gaps. 0 packets turns it off.
     public var protectedFramePackets = 2
     public var protectionDelay: UInt64 = 50_000_000
+    public var secondCopyLoss = 0.02
     public var protectionHold: UInt64 = 10_000_000_000
     public var ice = IceConfiguration()
     public var cname: String?
@@ -132,9 +136,14 @@ public final class Publisher: @unchecked Sendable {
     private var keyframeTailSequence: UInt16?
     private var lastKeyframeSentNs: UInt64?
     /// Until when small frames are sent twice (loss was reported), and the copies waiting for their time.
-    private var protectUntilNs: UInt64 = 0
+    /// Loss protection is on until the first receiver report says the path loses nothing (loss is
+    /// unknown before it), and for `protectionHold` after any report of loss.
+    private var protectUntilNs = UInt64.max
+    /// The loss fraction of the last receiver report.
+    private var reportedLoss = 0.0
     private var protectedSequences = Set<UInt16>()
-    private var pendingCopies = RingQueue<(dueNs: UInt64, sequence: UInt16)>()
+    /// First and second copies, each queue in due order.
+    private var pendingCopies = [RingQueue<(dueNs: UInt64, sequence: UInt16)>](repeating: RingQueue(), count: 2)
     private var nextSenderReportAt: UInt64?
     private var mediaPacketCount: UInt32 = 0
     private var mediaOctetCount: UInt32 = 0
@@ -373,7 +382,7 @@ public final class Publisher: @unchecked Sendable {
         consider(ice.nextDeadline)
         if let timeout = dtls?.timeout { consider(now + UInt64(max(timeout, 0) * 1e9)) }
         consider(deferredKeyframeAt)
-        if media { consider(nextSenderReportAt); consider(pacer.nextSendTime(now: now)); consider(pendingCopies.first?.dueNs) }
+        if media { consider(nextSenderReportAt); consider(pacer.nextSendTime(now: now)); pendingCopies.forEach { consider($0.first?.dueNs) } }
         guard let deadline = next else { return }
         if let scheduled, scheduled.at <= deadline { return }
         if let scheduled { loop.cancel(scheduled.id) }
@@ -492,7 +501,7 @@ public final class Publisher: @unchecked Sendable {
             let packets = sender.packets(frame: frame.data, keyframe: frame.keyframe, captureNanoseconds: frame.captureNs,
                                          width: frame.width, height: frame.height)
             dropped += pacer.enqueue(packets, kind: .media, now: now)
-            if now < protectUntilNs && packets.count <= configuration.protectedFramePackets {
+            if now < protectUntilNs && packets.count <= configuration.protectedFramePackets {  // 0: off
                 // Bounded: packets the pacer dropped never leave and would stay marked.
                 if protectedSequences.count > 256 { protectedSequences.removeAll(keepingCapacity: true) }
                 for packet in packets { protectedSequences.insert(packet.sequenceNumber) }
@@ -545,7 +554,10 @@ public final class Publisher: @unchecked Sendable {
                 }
                 history.store(packet, sentNanoseconds: sendNs)
                 if protectedSequences.remove(packet.sequenceNumber) != nil {
-                    pendingCopies.append((sendNs + configuration.protectionDelay, packet.sequenceNumber))
+                    pendingCopies[0].append((sendNs + configuration.protectionDelay, packet.sequenceNumber))
+                    if reportedLoss >= configuration.secondCopyLoss {
+                        pendingCopies[1].append((sendNs + 2 * configuration.protectionDelay, packet.sequenceNumber))
+                    }
                 }
                 waitedNs += sendNs &- min(sendNs, item.enqueuedNs)
                 payload += packet.payload.count
@@ -672,7 +684,12 @@ public final class Publisher: @unchecked Sendable {
             let arrival = NtpTime.compact(NtpTime.from(unixNanoseconds: UInt64(wall.tv_sec) * 1_000_000_000 + UInt64(wall.tv_nsec)))
             let rtt = block.roundTripSeconds(arrivalCompactNtp: arrival)
             estimator.onLossReport(fractionLost: block.lossFraction, now: now)
-            if block.lossFraction > 0 { lossReported(now: now) }
+            reportedLoss = block.lossFraction
+            if block.lossFraction > 0 {
+                lossReported(now: now)
+            } else if protectUntilNs == .max {
+                protectUntilNs = 0  // the first report, and clean: nothing to protect against yet
+            }
             updateStats {
                 $0.receiverReports += 1
                 if let rtt { $0.roundTripMilliseconds = rtt * 1000 }
@@ -685,18 +702,22 @@ public final class Publisher: @unchecked Sendable {
 
     /// Loss seen: small frames are protected for the next `protectionHold`.
     private func lossReported(now: UInt64) {
-        guard configuration.protectedFramePackets > 0 else { return }
         protectUntilNs = now + configuration.protectionHold
     }
 
     /// Moves the copies whose time has come into the pacer (they leave with the retransmissions).
     private func queueDueCopies(now: UInt64) {
         var copies: [RtpPacket] = []
-        while let first = pendingCopies.first, first.dueNs <= now {
-            _ = pendingCopies.popFirst()
-            // Through the history, so a NACK for the same packet right after is not answered twice.
-            guard let original = history.takeForRetransmission(sequenceNumber: first.sequence, nowNanoseconds: now) else { continue }
-            if rtx != nil { copies.append(rtx!.wrap(original)) } else { copies.append(original) }
+        for k in pendingCopies.indices {
+            while let first = pendingCopies[k].first, first.dueNs <= now {
+                _ = pendingCopies[k].popFirst()
+                // Read, not taken: a copy does not count as a retransmission, so a NACK that crosses it is
+                // still answered (seen with aiortc: the copy and the packet both lost, the NACK sent 3 ms
+                // after the copy left was ignored as "resent less than an RTT ago", and aiortc, which asks
+                // only once per gap, stalled 370 ms).
+                guard let original = history.entry(sequenceNumber: first.sequence)?.packet else { continue }
+                if rtx != nil { copies.append(rtx!.wrap(original)) } else { copies.append(original) }
+            }
         }
         if !copies.isEmpty { pacer.enqueue(copies, kind: .redundant, now: now) }
     }

@@ -17,6 +17,7 @@ Run it with /opt/krakl-venv/bin/python; it needs a non-127.0.0.1 address
 (aioice drops 127.0.0.1), e.g. 127.0.0.2 inside a network namespace.
 """
 import argparse
+import os
 import asyncio
 import json
 import math
@@ -104,6 +105,10 @@ async def main():
     parser.add_argument("--dump", help="raw I420 frames the encoder saw (for PSNR)")
     parser.add_argument("--psnr-every", type=int, default=15, help="compare every Nth decoded frame")
     args = parser.parse_args()
+    if os.environ.get("KRAKL_AIORTC_LOG_DIR"):  # for investigating a session: aiortc's own debug log
+        import logging
+        logging.basicConfig(filename=os.path.join(os.environ["KRAKL_AIORTC_LOG_DIR"], f"aiortc-{os.getpid()}.log"),
+                            level=logging.DEBUG, format="%(relativeCreated)d %(name)s %(message)s")
 
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()

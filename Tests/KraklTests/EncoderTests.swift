@@ -373,3 +373,41 @@ struct EncoderPipelineTests {
         }
     }
 }
+
+@Suite("Encoder: frame-rate cap")
+struct EncoderFrameRateCapTests {
+    let interval: UInt64 = 33_333_333 // 30 fps
+    let ms: UInt64 = 1_000_000
+
+    /// The regression: a 30 fps source whose frame is taken 2 ms late. The next capture comes a whole
+    /// interval after the previous one, only 31 ms after the late take; judged on take times it waited
+    /// 2 ms, and the wait carried over to every later frame.
+    @Test func aCaptureOneIntervalAfterTheLastIsEncodedAtOnce() {
+        let lastCapture: UInt64 = 1_000 * ms, lastTake = lastCapture + 2 * ms
+        let next = lastCapture + interval
+        #expect(EncoderPipeline.frameRateCapAllows(now: next, lastEncodeNs: lastTake, lastCaptureNs: lastCapture,
+                                                   pendingCaptureNs: next, interval: interval))
+        // Capture jitter within the slack (a frame 5 ms early) passes too.
+        #expect(EncoderPipeline.frameRateCapAllows(now: next - 5 * ms, lastEncodeNs: lastTake, lastCaptureNs: lastCapture,
+                                                   pendingCaptureNs: next - 5 * ms, interval: interval))
+    }
+
+    /// A 60 fps source is still held to 30: its in-between capture waits until an interval has passed.
+    @Test func aFasterSourceIsHeldToTheCap() {
+        let lastCapture: UInt64 = 1_000 * ms, lastTake = lastCapture + 1 * ms
+        let early = lastCapture + interval / 2
+        #expect(!EncoderPipeline.frameRateCapAllows(now: early + ms, lastEncodeNs: lastTake, lastCaptureNs: lastCapture,
+                                                    pendingCaptureNs: early, interval: interval))
+        #expect(EncoderPipeline.frameRateCapAllows(now: lastTake + interval, lastEncodeNs: lastTake, lastCaptureNs: lastCapture,
+                                                   pendingCaptureNs: early, interval: interval))
+    }
+
+    /// Nothing pending (a keyframe request or a refresh of the current picture): time alone decides.
+    @Test func withoutACaptureOnlyTimeCounts() {
+        let lastTake: UInt64 = 1_000 * ms
+        #expect(!EncoderPipeline.frameRateCapAllows(now: lastTake + 10 * ms, lastEncodeNs: lastTake, lastCaptureNs: lastTake,
+                                                    pendingCaptureNs: nil, interval: interval))
+        #expect(EncoderPipeline.frameRateCapAllows(now: lastTake + interval, lastEncodeNs: lastTake, lastCaptureNs: lastTake,
+                                                   pendingCaptureNs: nil, interval: interval))
+    }
+}

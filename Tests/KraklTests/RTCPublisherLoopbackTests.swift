@@ -25,6 +25,8 @@ final class RtcLoopbackPeer {
     private(set) var srtpOut: SrtpSession?
     private(set) var peer: TransportAddress?
     private(set) var rtp: [RtpPacket] = []
+    /// When each of `rtp` arrived (monotonic ns), index for index.
+    private(set) var rtpArrivals: [UInt64] = []
     private(set) var senderReports: [(report: RtcpSenderReport, arrival: UInt64)] = []
     private(set) var dtlsEvents: [DtlsEvent] = []
     private var buffer = [UInt8](repeating: 0, count: 65_536)
@@ -111,6 +113,7 @@ final class RtcLoopbackPeer {
                         for case .senderReport(let report) in packets { senderReports.append((report, arrival)) }
                     } else if let plain = srtpIn.unprotect(srtp: bytes), let packet = try? RtpPacket(parsing: plain) {
                         rtp.append(packet)
+                        rtpArrivals.append(arrival)
                     }
                 default: break
                 }
@@ -225,6 +228,82 @@ final class RtcCallbackLog: @unchecked Sendable {
         // close(): BYE and close_notify reach the peer.
         publisher.close()
         #expect(peer.pump(seconds: 3) { $0.dtlsEvents.contains(.remoteClosed) }, "no close_notify from close()")
+    }
+
+    /// Loss protection: a one-packet frame's packet comes again on RTX after the protection delay before the
+    /// first receiver report (loss unknown) and once a report shows loss (twice from 2 % loss on), not after a
+    /// clean report; a three-packet frame's packets never.
+    @Test func smallFramesAreSentAgainOnceTheReceiverReportsLoss() throws {
+        var configuration = PublisherConfiguration()
+        configuration.addresses = IceAddressPolicy(allowed: [IPAddress("127.0.0.1")!])
+        let publisher = try Publisher(configuration: configuration)
+        defer { publisher.close() }
+        let log = RtcCallbackLog()
+        publisher.onEvent = { log.event($0) }
+        let peer = try RtcLoopbackPeer(setup: "active")
+        let offer = publisher.offer
+        try peer.start(offer: offer)
+        _ = try publisher.setAnswer(peer.answer(to: offer))
+        #expect(peer.pump(seconds: 10) { _ in log.connected }, "not connected: \(log.events) \(peer.dtlsEvents)")
+        let delay = configuration.protectionDelay
+        func media() -> [RtpPacket] { peer.rtp.filter { $0.ssrc == offer.ssrc } }
+        func copies(of sequence: UInt16) -> [UInt64] {
+            zip(peer.rtp, peer.rtpArrivals).compactMap { packet, arrival in
+                packet.ssrc == offer.rtxSSRC && (try? RtxPacketizer.unwrap(packet))?.0 == sequence ? arrival : nil
+            }
+        }
+        func arrival(of sequence: UInt16) -> UInt64? {
+            zip(peer.rtp, peer.rtpArrivals).first { $0.0.ssrc == offer.ssrc && $0.0.sequenceNumber == sequence }?.1
+        }
+        func report(fractionLost: UInt8) throws {
+            let block = RtcpReportBlock(ssrc: offer.ssrc, fractionLost: fractionLost, cumulativeLost: 1,
+                                        extendedHighestSequence: UInt32(media().last?.sequenceNumber ?? 0), jitter: 0,
+                                        lastSenderReport: 0, delaySinceLastSenderReport: 0)
+            try peer.sendRtcp([RtcpWriter.receiverReport(ssrc: 7, reports: [block])])
+            let expected = Double(fractionLost) / 256
+            #expect(peer.pump(seconds: 2) { _ in publisher.stats.fractionLost == expected }, "the receiver report was not taken")
+        }
+        let small = [UInt8](repeating: 0x33, count: 400), large = [UInt8](repeating: 0x44, count: 3000)
+
+        // Before any receiver report the loss is unknown: a small frame is protected (one copy).
+        publisher.send(frame: small, keyframe: true, captureNanoseconds: rtcMonotonicNanoseconds(), width: 640, height: 360)
+        #expect(peer.pump(seconds: 3) { _ in media().count == 1 })
+        let first = media()[0].sequenceNumber
+        #expect(peer.pump(seconds: 3) { _ in copies(of: first).count == 1 }, "no copy before the first receiver report")
+
+        // A clean report: the next small frame goes once.
+        try report(fractionLost: 0)
+        publisher.send(frame: small, keyframe: false, captureNanoseconds: rtcMonotonicNanoseconds(), width: 640, height: 360)
+        #expect(peer.pump(seconds: 3) { _ in media().count == 2 })
+        peer.pump(seconds: Double(4 * delay) / 1e9)
+        #expect(copies(of: media()[1].sequenceNumber).isEmpty, "a copy sent after the receiver reported a clean path")
+
+        // Light loss (1/256): one copy of a small frame's packet, none of a large frame's.
+        try report(fractionLost: 1)
+        publisher.send(frame: small, keyframe: false, captureNanoseconds: rtcMonotonicNanoseconds(), width: 640, height: 360)
+        publisher.send(frame: large, keyframe: false, captureNanoseconds: rtcMonotonicNanoseconds(), width: 640, height: 360)
+        #expect(peer.pump(seconds: 3) { _ in media().count == 6 })
+        let second = media()[2].sequenceNumber
+        #expect(peer.pump(seconds: 3) { _ in !copies(of: second).isEmpty }, "no copy of a one-packet frame after loss was reported")
+        peer.pump(seconds: Double(4 * delay) / 1e9)
+        let firstCopies = copies(of: second)
+        #expect(firstCopies.count == 1, "\(firstCopies.count) copies at 0.4 % loss")
+        if let sent = arrival(of: second), let copy = firstCopies.first {
+            #expect(copy >= sent + delay * 4 / 5, "the copy came \(Double(copy - sent) / 1e6) ms after the packet, before the next frame would")
+        }
+        for packet in media()[3...] { #expect(copies(of: packet.sequenceNumber).isEmpty, "a three-packet frame was copied") }
+        let rtxPayload = try #require(peer.rtp.first { $0.ssrc == offer.rtxSSRC }.map { try RtxPacketizer.unwrap($0).1 })
+        #expect(rtxPayload == media()[0].payload)
+
+        // Heavier loss (64/256): two copies.
+        try report(fractionLost: 64)
+        publisher.send(frame: small, keyframe: false, captureNanoseconds: rtcMonotonicNanoseconds(), width: 640, height: 360)
+        #expect(peer.pump(seconds: 3) { _ in media().count == 7 })
+        let seventh = media()[6].sequenceNumber
+        #expect(peer.pump(seconds: 3) { _ in copies(of: seventh).count == 2 }, "\(copies(of: seventh).count) copies at 25 % loss")
+        let stats = publisher.stats
+        #expect(stats.redundantPackets == 4 && stats.retransmittedPackets == 0,
+                "copies \(stats.redundantPackets), retransmissions \(stats.retransmittedPackets)")
     }
 
     @Test func connectsOverIPv6AndLearnsServerReflexiveCandidates() throws {
