@@ -136,14 +136,7 @@ public final class Publisher: @unchecked Sendable {
     private var keyframeTailSequence: UInt16?
     private var lastKeyframeSentNs: UInt64?
     /// Until when small frames are sent twice (loss was reported), and the copies waiting for their time.
-    /// Loss protection is on until the first receiver report says the path loses nothing (loss is
-    /// unknown before it), and for `protectionHold` after any report of loss.
-    private var protectUntilNs = UInt64.max
-    /// The loss fraction of the last receiver report.
-    private var reportedLoss = 0.0
-    private var protectedSequences = Set<UInt16>()
-    /// First and second copies, each queue in due order.
-    private var pendingCopies = [RingQueue<(dueNs: UInt64, sequence: UInt16)>](repeating: RingQueue(), count: 2)
+    private var protection: LossProtection
     private var nextSenderReportAt: UInt64?
     private var mediaPacketCount: UInt32 = 0
     private var mediaOctetCount: UInt32 = 0
@@ -180,6 +173,7 @@ public final class Publisher: @unchecked Sendable {
         currentOffer = offer
         history = RtpSendHistory(capacity: configuration.historyCapacity)
         pacer = Pacer(rate: configuration.startBitrate * configuration.pacingFactor, capacity: configuration.pacerCapacity)
+        protection = LossProtection(configuration: configuration)
         estimator = BandwidthEstimator(minimum: configuration.minimumBitrate, maximum: configuration.maximumBitrate,
                                        start: configuration.startBitrate)
         sentTimes = Array(repeating: nil, count: 8192)
@@ -382,7 +376,7 @@ public final class Publisher: @unchecked Sendable {
         consider(ice.nextDeadline)
         if let timeout = dtls?.timeout { consider(now + UInt64(max(timeout, 0) * 1e9)) }
         consider(deferredKeyframeAt)
-        if media { consider(nextSenderReportAt); consider(pacer.nextSendTime(now: now)); pendingCopies.forEach { consider($0.first?.dueNs) } }
+        if media { consider(nextSenderReportAt); consider(pacer.nextSendTime(now: now)); consider(protection.nextDue) }
         guard let deadline = next else { return }
         if let scheduled, scheduled.at <= deadline { return }
         if let scheduled { loop.cancel(scheduled.id) }
@@ -501,11 +495,7 @@ public final class Publisher: @unchecked Sendable {
             let packets = sender.packets(frame: frame.data, keyframe: frame.keyframe, captureNanoseconds: frame.captureNs,
                                          width: frame.width, height: frame.height)
             dropped += pacer.enqueue(packets, kind: .media, now: now)
-            if now < protectUntilNs && packets.count <= configuration.protectedFramePackets {  // 0: off
-                // Bounded: packets the pacer dropped never leave and would stay marked.
-                if protectedSequences.count > 256 { protectedSequences.removeAll(keepingCapacity: true) }
-                for packet in packets { protectedSequences.insert(packet.sequenceNumber) }
-            }
+            protection.frameQueued(packets.map(\.sequenceNumber), now: now)
             framesSent += 1
             if frame.keyframe {
                 keyframes += 1
@@ -553,12 +543,7 @@ public final class Publisher: @unchecked Sendable {
                     lastKeyframeSentNs = sendNs
                 }
                 history.store(packet, sentNanoseconds: sendNs)
-                if protectedSequences.remove(packet.sequenceNumber) != nil {
-                    pendingCopies[0].append((sendNs + configuration.protectionDelay, packet.sequenceNumber))
-                    if reportedLoss >= configuration.secondCopyLoss {
-                        pendingCopies[1].append((sendNs + 2 * configuration.protectionDelay, packet.sequenceNumber))
-                    }
-                }
+                protection.packetSent(packet.sequenceNumber, at: sendNs)
                 waitedNs += sendNs &- min(sendNs, item.enqueuedNs)
                 payload += packet.payload.count
                 mediaPacketCount &+= 1
@@ -684,12 +669,7 @@ public final class Publisher: @unchecked Sendable {
             let arrival = NtpTime.compact(NtpTime.from(unixNanoseconds: UInt64(wall.tv_sec) * 1_000_000_000 + UInt64(wall.tv_nsec)))
             let rtt = block.roundTripSeconds(arrivalCompactNtp: arrival)
             estimator.onLossReport(fractionLost: block.lossFraction, now: now)
-            reportedLoss = block.lossFraction
-            if block.lossFraction > 0 {
-                lossReported(now: now)
-            } else if protectUntilNs == .max {
-                protectUntilNs = 0  // the first report, and clean: nothing to protect against yet
-            }
+            protection.receiverReport(lossFraction: block.lossFraction, now: now)
             updateStats {
                 $0.receiverReports += 1
                 if let rtt { $0.roundTripMilliseconds = rtt * 1000 }
@@ -700,30 +680,22 @@ public final class Publisher: @unchecked Sendable {
         }
     }
 
-    /// Loss seen: small frames are protected for the next `protectionHold`.
-    private func lossReported(now: UInt64) {
-        protectUntilNs = now + configuration.protectionHold
-    }
-
     /// Moves the copies whose time has come into the pacer (they leave with the retransmissions).
     private func queueDueCopies(now: UInt64) {
         var copies: [RtpPacket] = []
-        for k in pendingCopies.indices {
-            while let first = pendingCopies[k].first, first.dueNs <= now {
-                _ = pendingCopies[k].popFirst()
-                // Read, not taken: a copy does not count as a retransmission, so a NACK that crosses it is
-                // still answered (seen with aiortc: the copy and the packet both lost, the NACK sent 3 ms
-                // after the copy left was ignored as "resent less than an RTT ago", and aiortc, which asks
-                // only once per gap, stalled 370 ms).
-                guard let original = history.entry(sequenceNumber: first.sequence)?.packet else { continue }
-                if rtx != nil { copies.append(rtx!.wrap(original)) } else { copies.append(original) }
-            }
+        for sequence in protection.takeDue(now: now) {
+            // Read, not taken: a copy does not count as a retransmission, so a NACK that crosses it is
+            // still answered (seen with aiortc: the copy and the packet both lost, the NACK sent 3 ms
+            // after the copy left was ignored as "resent less than an RTT ago", and aiortc, which asks
+            // only once per gap, stalled 370 ms).
+            guard let original = history.entry(sequenceNumber: sequence)?.packet else { continue }
+            if rtx != nil { copies.append(rtx!.wrap(original)) } else { copies.append(original) }
         }
         if !copies.isEmpty { pacer.enqueue(copies, kind: .redundant, now: now) }
     }
 
     private func retransmit(_ sequences: [UInt16], now: UInt64) {
-        lossReported(now: now)
+        protection.lossSeen(now: now)
         updateStats {
             $0.nacksReceived += 1
             $0.nackedPackets += sequences.count
