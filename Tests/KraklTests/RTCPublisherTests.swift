@@ -237,10 +237,10 @@ struct RtcArrivals {
         let sent = stats["frames_sent"] as? Int ?? 0
         let decoded = report["frames_decoded"] as? Int ?? 0
         let psnr = report["psnr_y_min"] as? Double
-        print(String(format: "aiortc: connected %.1f ms after the answer (ICE + DTLS); %d of %d frames decoded; latency p50 %@ ms p99 %@ ms; luma PSNR min %@ dB over %@ samples; RTT %@ ms; SRTP %@",
+        print(String(format: "aiortc: connected %.1f ms after the answer (ICE + DTLS); %d of %d frames decoded; latency p50 %@ ms p99 %@ ms; luma PSNR min %@ dB over %@ samples; RTT %@ ms; SRTP %@; loss-protection copies %@ (until the first receiver report)",
                      connectMs, decoded, sent, "\(report["latency_ms_p50"] ?? "-")", "\(report["latency_ms_p99"] ?? "-")",
                      psnr.map { String(format: "%.1f", $0) } ?? "-", "\(report["psnr_samples"] ?? 0)", "\(stats["rtt_ms"] ?? "-")",
-                     "\(stats["srtp_profile"] ?? "-")"))
+                     "\(stats["srtp_profile"] ?? "-")", "\(stats["redundant_packets"] ?? "-")"))
         #expect(connectMs < 1000, "connecting took \(connectMs) ms on loopback")
         #expect(sent >= 100, "only \(sent) frames sent in 5 s at 30 fps")
         #expect(Double(decoded) >= 0.9 * Double(sent), "aiortc decoded \(decoded) of \(sent) frames")
@@ -250,9 +250,9 @@ struct RtcArrivals {
         if let psnr { #expect(psnr >= 30, "decoded pictures differ from the source: PSNR \(psnr) dB") }
         #expect((report["psnr_samples"] as? Int ?? 0) > 0, "no decoded frame could be matched to the source dump")
         #expect(stats["keyframes_sent"] as? Int ?? 0 >= 1)
-        // Loss protection runs only until aiortc's first receiver report (~1 s) says the path is clean: kept on, it
-        // would copy every one-packet typing frame.
-        #expect(stats["redundant_packets"] as? Int ?? 0 < sent / 3, "loss protection copies went on over a clean link: \(stats["redundant_packets"] ?? 0) for \(sent) frames")
+        // Loss protection runs only until aiortc's first receiver report says the path is clean (aiortc reports
+        // every 0.5–1.5 s: at most ~45 frames; 16–31 copies seen). Kept on, it would copy all ~150 typing frames.
+        #expect(stats["redundant_packets"] as? Int ?? 0 < sent / 2, "loss protection copies went on over a clean link: \(stats["redundant_packets"] ?? 0) for \(sent) frames")
         #expect(stats["sender_reports_sent"] as? Int ?? 0 >= 3, "sender reports: \(stats["sender_reports_sent"] ?? 0)")
         #expect(stats["receiver_reports"] as? Int ?? 0 >= 1, "no receiver report parsed")
         #expect(stats["dtls_role"] as? String == "server", "aiortc answers setup:active, so we are the DTLS server")
