@@ -29,6 +29,8 @@ final class RtcLoopbackPeer {
     private(set) var rtpArrivals: [UInt64] = []
     private(set) var senderReports: [(report: RtcpSenderReport, arrival: UInt64)] = []
     private(set) var dtlsEvents: [DtlsEvent] = []
+    /// How often the peer's ICE agent reported a selected pair (again after a restart).
+    private(set) var selections = 0
     private var buffer = [UInt8](repeating: 0, count: 65_536)
 
     init(setup: String, address: String = "127.0.0.1") throws {
@@ -92,6 +94,7 @@ final class RtcLoopbackPeer {
             let (transmits, events) = ice.drain()
             for t in transmits { socket.send(t.bytes, to: t.to) }
             for case .selected(let pair) in events {
+                selections += 1
                 peer = pair.remoteAddress
                 if let dtls, dtls.role == .client, dtls.state == .new { handle(dtls.start()) }
             }
@@ -304,6 +307,47 @@ final class RtcCallbackLog: @unchecked Sendable {
         let stats = publisher.stats
         #expect(stats.redundantPackets == 4 && stats.retransmittedPackets == 0,
                 "copies \(stats.redundantPackets), retransmissions \(stats.retransmittedPackets)")
+    }
+
+    /// ICE restart through the publisher's API: a new offer with new credentials, the peer's new answer, a new
+    /// nomination; media keeps flowing on the old pair meanwhile and after it, on the same DTLS session.
+    @Test func iceRestartRenewsCredentialsAndMediaKeepsFlowing() throws {
+        var configuration = PublisherConfiguration()
+        configuration.addresses = IceAddressPolicy(allowed: [IPAddress("127.0.0.1")!])
+        let publisher = try Publisher(configuration: configuration)
+        defer { publisher.close() }
+        let log = RtcCallbackLog()
+        publisher.onEvent = { log.event($0) }
+        let peer = try RtcLoopbackPeer(setup: "active")
+        let offer = publisher.offer
+        try peer.start(offer: offer)
+        _ = try publisher.setAnswer(peer.answer(to: offer))
+        #expect(peer.pump(seconds: 10) { _ in log.connected }, "not connected: \(log.events) \(peer.dtlsEvents)")
+        func media() -> Int { peer.rtp.filter { $0.ssrc == offer.ssrc }.count }
+        let frame = [UInt8](repeating: 0x21, count: 500)
+        publisher.send(frame: frame, keyframe: true, captureNanoseconds: rtcMonotonicNanoseconds(), width: 640, height: 360)
+        #expect(peer.pump(seconds: 3) { _ in media() == 1 })
+        let selectionsBefore = peer.selections, checksBefore = publisher.stats.iceChecksSent
+
+        let restartedSdp = publisher.restartIce()
+        let restarted = publisher.offer
+        #expect(restarted.iceUfrag != offer.iceUfrag && restarted.icePwd != offer.icePwd, "the restart kept the old credentials")
+        #expect(restartedSdp.contains("a=ice-ufrag:\(restarted.iceUfrag)") && restarted.fingerprint == offer.fingerprint)
+        // Before the answer, media still goes over the old pair.
+        publisher.send(frame: frame, keyframe: false, captureNanoseconds: rtcMonotonicNanoseconds(), width: 640, height: 360)
+        #expect(peer.pump(seconds: 3) { _ in media() == 2 }, "media stopped while the restart waited for its answer")
+
+        peer.ice.restart(credentials: .random(), now: rtcMonotonicNanoseconds())
+        peer.ice.setRemote(credentials: IceCredentials(ufrag: restarted.iceUfrag, pwd: restarted.icePwd), candidates: restarted.candidates,
+                           now: rtcMonotonicNanoseconds())
+        _ = try publisher.setAnswer(peer.answer(to: restarted))
+        #expect(peer.pump(seconds: 10) { $0.selections > selectionsBefore }, "no new nomination after the restart's answer")
+        #expect(publisher.stats.iceChecksSent > checksBefore, "no checks with the new credentials")
+        publisher.send(frame: frame, keyframe: false, captureNanoseconds: rtcMonotonicNanoseconds(), width: 640, height: 360)
+        #expect(peer.pump(seconds: 3) { _ in media() == 3 }, "media stopped after the restart")
+        #expect(!log.events.contains { if case .connectionLost = $0 { return true } else { return false } })
+        #expect(peer.dtlsEvents.filter { if case .connected = $0 { return true } else { return false } }.count == 1,
+                "the restart renegotiated DTLS")
     }
 
     @Test func connectsOverIPv6AndLearnsServerReflexiveCandidates() throws {
