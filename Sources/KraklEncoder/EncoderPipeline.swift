@@ -244,8 +244,9 @@ public final class EncoderPipeline: @unchecked Sendable {
     static func frameRateCapAllows(now: UInt64, lastEncodeNs: UInt64, lastCaptureNs: UInt64, pendingCaptureNs: UInt64?,
                                    interval: UInt64) -> Bool {
         if now >= lastEncodeNs + interval { return true }
-        guard let capture = pendingCaptureNs else { return false }
-        return capture >= lastCaptureNs + interval - interval / 4
+        // Backends' timestamps are theirs: compared without arithmetic that could overflow on a bogus one.
+        guard let capture = pendingCaptureNs, capture > lastCaptureNs else { return false }
+        return capture - lastCaptureNs >= interval - interval / 4
     }
 
     /// Waits for something to encode and takes it out of the slot; nil when stopping.

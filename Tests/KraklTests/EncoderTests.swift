@@ -402,6 +402,17 @@ struct EncoderFrameRateCapTests {
                                                    pendingCaptureNs: early, interval: interval))
     }
 
+    /// A backend's bogus timestamps (the largest value, or going backwards) neither trap nor open the cap early.
+    @Test func bogusCaptureTimesFallBackToTheClock() {
+        let lastTake: UInt64 = 1_000 * ms
+        #expect(!EncoderPipeline.frameRateCapAllows(now: lastTake + ms, lastEncodeNs: lastTake, lastCaptureNs: .max,
+                                                    pendingCaptureNs: .max, interval: interval))
+        #expect(!EncoderPipeline.frameRateCapAllows(now: lastTake + ms, lastEncodeNs: lastTake, lastCaptureNs: 5_000 * ms,
+                                                    pendingCaptureNs: 10, interval: interval))
+        #expect(EncoderPipeline.frameRateCapAllows(now: lastTake + interval, lastEncodeNs: lastTake, lastCaptureNs: .max,
+                                                   pendingCaptureNs: 10, interval: interval))
+    }
+
     /// Nothing pending (a keyframe request or a refresh of the current picture): time alone decides.
     @Test func withoutACaptureOnlyTimeCounts() {
         let lastTake: UInt64 = 1_000 * ms
