@@ -255,9 +255,6 @@ final class RtcCallbackLog: @unchecked Sendable {
                 packet.ssrc == offer.rtxSSRC && (try? RtxPacketizer.unwrap(packet))?.0 == sequence ? arrival : nil
             }
         }
-        func arrival(of sequence: UInt16) -> UInt64? {
-            zip(peer.rtp, peer.rtpArrivals).first { $0.0.ssrc == offer.ssrc && $0.0.sequenceNumber == sequence }?.1
-        }
         func report(fractionLost: UInt8) throws {
             let block = RtcpReportBlock(ssrc: offer.ssrc, fractionLost: fractionLost, cumulativeLost: 1,
                                         extendedHighestSequence: UInt32(media().last?.sequenceNumber ?? 0), jitter: 0,
@@ -283,6 +280,7 @@ final class RtcCallbackLog: @unchecked Sendable {
 
         // Light loss (1/256): one copy of a small frame's packet, none of a large frame's.
         try report(fractionLost: 1)
+        let handedOver = rtcMonotonicNanoseconds()
         publisher.send(frame: small, keyframe: false, captureNanoseconds: rtcMonotonicNanoseconds(), width: 640, height: 360)
         publisher.send(frame: large, keyframe: false, captureNanoseconds: rtcMonotonicNanoseconds(), width: 640, height: 360)
         #expect(peer.pump(seconds: 3) { _ in media().count == 6 })
@@ -291,8 +289,9 @@ final class RtcCallbackLog: @unchecked Sendable {
         peer.pump(seconds: Double(4 * delay) / 1e9)
         let firstCopies = copies(of: second)
         #expect(firstCopies.count == 1, "\(firstCopies.count) copies at 0.4 % loss")
-        if let sent = arrival(of: second), let copy = firstCopies.first {
-            #expect(copy >= sent + delay * 4 / 5, "the copy came \(Double(copy - sent) / 1e6) ms after the packet, before the next frame would")
+        // Timed from the hand-over, not from the original's arrival: a busy machine can delay reading the original.
+        if let copy = firstCopies.first {
+            #expect(copy >= handedOver + delay, "the copy came \(Double(copy - handedOver) / 1e6) ms after the frame was handed over")
         }
         for packet in media()[3...] { #expect(copies(of: packet.sequenceNumber).isEmpty, "a three-packet frame was copied") }
         let rtxPayload = try #require(peer.rtp.first { $0.ssrc == offer.rtxSSRC }.map { try RtxPacketizer.unwrap($0).1 })
@@ -304,6 +303,8 @@ final class RtcCallbackLog: @unchecked Sendable {
         #expect(peer.pump(seconds: 3) { _ in media().count == 7 })
         let seventh = media()[6].sequenceNumber
         #expect(peer.pump(seconds: 3) { _ in copies(of: seventh).count == 2 }, "\(copies(of: seventh).count) copies at 25 % loss")
+        // The peer can see a packet before the publisher's thread has counted it: wait for the count (bounded).
+        peer.pump(seconds: 2) { _ in publisher.stats.redundantPackets >= 4 }
         let stats = publisher.stats
         #expect(stats.redundantPackets == 4 && stats.retransmittedPackets == 0,
                 "copies \(stats.redundantPackets), retransmissions \(stats.retransmittedPackets)")
@@ -342,7 +343,7 @@ final class RtcCallbackLog: @unchecked Sendable {
                            now: rtcMonotonicNanoseconds())
         _ = try publisher.setAnswer(peer.answer(to: restarted))
         #expect(peer.pump(seconds: 10) { $0.selections > selectionsBefore }, "no new nomination after the restart's answer")
-        #expect(publisher.stats.iceChecksSent > checksBefore, "no checks with the new credentials")
+        #expect(peer.pump(seconds: 2) { _ in publisher.stats.iceChecksSent > checksBefore }, "no checks with the new credentials")
         publisher.send(frame: frame, keyframe: false, captureNanoseconds: rtcMonotonicNanoseconds(), width: 640, height: 360)
         #expect(peer.pump(seconds: 3) { _ in media() == 3 }, "media stopped after the restart")
         #expect(!log.events.contains { if case .connectionLost = $0 { return true } else { return false } })
