@@ -26,8 +26,8 @@ public struct PublisherConfiguration: Sendable {
     public var senderReportInterval: UInt64 = 1_000_000_000
     /// Loss protection for small frames: until the first receiver report says the path loses nothing,
     /// and while the receiver has reported loss (a NACK, or a receiver report with loss) within
-    /// `protectionHold`, every packet of a frame of at most
-    /// `protectedFramePackets` packets is sent again `protectionDelay` later (on RTX when negotiated),
+    /// `protectionHold`, every packet of a frame of at most `protectedFramePackets` packets is sent
+    /// again `protectionDelay` later (on RTX when negotiated),
     /// and a second time after twice that while the last receiver report said `secondCopyLoss` or more.
     /// Repetition is what forward error correction amounts to for a frame of one packet; it costs
     /// little (such frames are small: typing, a cursor). It matters for receivers that ask for a lost
@@ -135,7 +135,7 @@ public final class Publisher: @unchecked Sendable {
     /// The last packet of the newest keyframe while it waits in the pacer, and when such a packet last left.
     private var keyframeTailSequence: UInt16?
     private var lastKeyframeSentNs: UInt64?
-    /// Until when small frames are sent twice (loss was reported), and the copies waiting for their time.
+    /// Which small frames' packets to send again, and when (loss protection).
     private var protection: LossProtection
     private var nextSenderReportAt: UInt64?
     private var mediaPacketCount: UInt32 = 0
