@@ -126,6 +126,31 @@ final class RtcLoopbackPeer {
     }
 }
 
+/// A publisher on 127.0.0.1 with a loopback peer that has answered (the peer is the DTLS client).
+struct RtcLoopbackSession {
+    let configuration: PublisherConfiguration
+    let publisher: Publisher
+    let peer: RtcLoopbackPeer
+    let log = RtcCallbackLog()
+    let offer: SdpVideoOffer
+
+    init() throws {
+        var configuration = PublisherConfiguration()
+        configuration.addresses = IceAddressPolicy(allowed: [IPAddress("127.0.0.1")!])
+        self.configuration = configuration
+        publisher = try Publisher(configuration: configuration)
+        let log = self.log
+        publisher.onEvent = { log.event($0) }
+        peer = try RtcLoopbackPeer(setup: "active")
+        offer = publisher.offer
+        try peer.start(offer: offer)
+        _ = try publisher.setAnswer(peer.answer(to: offer))
+    }
+
+    /// Runs the peer until the publisher reports connected (bounded).
+    func connect() -> Bool { peer.pump(seconds: 10) { _ in log.connected } }
+}
+
 /// Counts the publisher's callbacks (they arrive on its network thread).
 final class RtcCallbackLog: @unchecked Sendable {
     private let lock = NSLock()
@@ -237,17 +262,10 @@ final class RtcCallbackLog: @unchecked Sendable {
     /// first receiver report (loss unknown) and once a report shows loss (twice from 2 % loss on), not after a
     /// clean report; a three-packet frame's packets never.
     @Test func smallFramesAreSentAgainOnceTheReceiverReportsLoss() throws {
-        var configuration = PublisherConfiguration()
-        configuration.addresses = IceAddressPolicy(allowed: [IPAddress("127.0.0.1")!])
-        let publisher = try Publisher(configuration: configuration)
-        defer { publisher.close() }
-        let log = RtcCallbackLog()
-        publisher.onEvent = { log.event($0) }
-        let peer = try RtcLoopbackPeer(setup: "active")
-        let offer = publisher.offer
-        try peer.start(offer: offer)
-        _ = try publisher.setAnswer(peer.answer(to: offer))
-        #expect(peer.pump(seconds: 10) { _ in log.connected }, "not connected: \(log.events) \(peer.dtlsEvents)")
+        let session = try RtcLoopbackSession()
+        defer { session.publisher.close() }
+        let (publisher, peer, offer, log, configuration) = (session.publisher, session.peer, session.offer, session.log, session.configuration)
+        #expect(session.connect(), "not connected: \(log.events) \(peer.dtlsEvents)")
         let delay = configuration.protectionDelay
         func media() -> [RtpPacket] { peer.rtp.filter { $0.ssrc == offer.ssrc } }
         func copies(of sequence: UInt16) -> [UInt64] {
@@ -313,17 +331,10 @@ final class RtcCallbackLog: @unchecked Sendable {
     /// ICE restart through the publisher's API: a new offer with new credentials, the peer's new answer, a new
     /// nomination; media keeps flowing on the old pair meanwhile and after it, on the same DTLS session.
     @Test func iceRestartRenewsCredentialsAndMediaKeepsFlowing() throws {
-        var configuration = PublisherConfiguration()
-        configuration.addresses = IceAddressPolicy(allowed: [IPAddress("127.0.0.1")!])
-        let publisher = try Publisher(configuration: configuration)
-        defer { publisher.close() }
-        let log = RtcCallbackLog()
-        publisher.onEvent = { log.event($0) }
-        let peer = try RtcLoopbackPeer(setup: "active")
-        let offer = publisher.offer
-        try peer.start(offer: offer)
-        _ = try publisher.setAnswer(peer.answer(to: offer))
-        #expect(peer.pump(seconds: 10) { _ in log.connected }, "not connected: \(log.events) \(peer.dtlsEvents)")
+        let session = try RtcLoopbackSession()
+        defer { session.publisher.close() }
+        let (publisher, peer, offer, log) = (session.publisher, session.peer, session.offer, session.log)
+        #expect(session.connect(), "not connected: \(log.events) \(peer.dtlsEvents)")
         func media() -> Int { peer.rtp.filter { $0.ssrc == offer.ssrc }.count }
         let frame = [UInt8](repeating: 0x21, count: 500)
         publisher.send(frame: frame, keyframe: true, captureNanoseconds: rtcMonotonicNanoseconds(), width: 640, height: 360)
