@@ -29,7 +29,7 @@ struct LossProtection: Sendable {
     func isActive(now: UInt64) -> Bool { framePackets > 0 && now < activeUntil }
 
     /// A frame's packets went into the pacer.
-    mutating func frameQueued(_ sequences: [UInt16], now: UInt64) {
+    mutating func frameQueued<Sequences: Collection<UInt16>>(_ sequences: Sequences, now: UInt64) {
         guard isActive(now: now), sequences.count <= framePackets else { return }
         // Bounded: packets the pacer dropped never leave and would stay marked.
         if marked.count > 256 { marked.removeAll(keepingCapacity: true) }

@@ -495,7 +495,7 @@ public final class Publisher: @unchecked Sendable {
             let packets = sender.packets(frame: frame.data, keyframe: frame.keyframe, captureNanoseconds: frame.captureNs,
                                          width: frame.width, height: frame.height)
             dropped += pacer.enqueue(packets, kind: .media, now: now)
-            protection.frameQueued(packets.map(\.sequenceNumber), now: now)
+            protection.frameQueued(packets.lazy.map(\.sequenceNumber), now: now)  // no array per frame
             framesSent += 1
             if frame.keyframe {
                 keyframes += 1
