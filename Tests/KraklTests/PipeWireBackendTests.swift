@@ -123,19 +123,17 @@ final class PipeWireProbe {
     private let input = Pipe(), output = Pipe()
     private(set) var text = ""
 
-    nonisolated(unsafe) private static var built: String?
-
-    static func build() throws -> String {
-        if let built { return built }
+    private static let tool = BuiltOnce {
         let folder = try Harness.temporaryDirectory()
         chmod(folder, 0o755)
         let path = folder + "/pipewire_probe"
         let cc = try Harness.run("/usr/bin/cc", ["-std=c99", "-D_DEFAULT_SOURCE", "-Wall", "-Werror", "-O1", "-pthread", "-I", Harness.header,
                                                  Harness.repoRoot + "/Tests/Fixtures/pipewire_probe.c", "-o", path, "-ldl"])
         try #require(cc.status == 0, "cc pipewire_probe: \(cc.stderr)")
-        built = path
         return path
     }
+
+    static func build() throws -> String { try tool.get() }
 
     init(_ stack: PipeWireStack, options: [String]) throws {
         process.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")

@@ -10,8 +10,11 @@ final class RtcTestNamespace {
     static let ip = "/usr/sbin/ip"
     /// The namespace recipe, shared with krakl-bench rtc.
     static var script: String { Harness.repoRoot + "/scripts/rtc-netns" }
-    nonisolated(unsafe) static var counter = 0
     let name: String
+    /// Only a namespace this object made is deleted: a failed init still
+    /// runs deinit, and deleting by name would take a namespace of another
+    /// test running in parallel.
+    private var made = false
 
     /// nil (after printing SKIP and the reason) when namespaces cannot be made here.
     init?() throws {
@@ -23,16 +26,19 @@ final class RtcTestNamespace {
             print("SKIP: \(Self.ip) missing (iproute2)")
             return nil
         }
-        Self.counter += 1
-        name = "krakl-test-\(getpid())-\(Self.counter)"
-        let made = try Harness.run("/bin/bash", [Self.script, "add", name], timeout: 20)
-        if made.status != 0 {
-            print("SKIP: cannot make a network namespace: scripts/rtc-netns add \(name): \(made.stderr)")
+        // Unique without shared state: tests make namespaces in parallel.
+        name = "krakl-test-\(getpid())-" + UUID().uuidString.prefix(8).lowercased()
+        let result = try Harness.run("/bin/bash", [Self.script, "add", name], timeout: 20)
+        if result.status != 0 {
+            print("SKIP: cannot make a network namespace: scripts/rtc-netns add \(name): \(result.stderr)")
             return nil
         }
+        made = true
     }
 
-    deinit { _ = try? Harness.run("/bin/bash", [Self.script, "del", name], timeout: 20) }
+    deinit {
+        if made { _ = try? Harness.run("/bin/bash", [Self.script, "del", name], timeout: 20) }
+    }
 
     /// argv for running `program` inside the namespace.
     func command(_ program: String, _ arguments: [String]) -> (String, [String]) {

@@ -128,6 +128,24 @@ enum Harness {
 /// Filled by one reader thread, read after the group wait.
 final class DataBox: @unchecked Sendable { var data = Data() }
 
+/// A fixture program compiled once per test run. Tests run in parallel, so
+/// the cache is behind a lock (an unguarded static raced in CI's runs).
+final class BuiltOnce: @unchecked Sendable {
+    private let lock = NSLock()
+    private var path: String?
+    private let build: () throws -> String
+    init(_ build: @escaping () throws -> String) { self.build = build }
+
+    func get() throws -> String {
+        lock.lock()
+        defer { lock.unlock() }
+        if let path { return path }
+        let made = try build()
+        path = made
+        return made
+    }
+}
+
 /// A krakl-agent left running, for tests that signal it mid-run.
 /// Appends a child's output from `fd` to `text` until `done` holds for it,
 /// the output ends, or `timeout` passes; returns whether `done` holds. It
@@ -229,16 +247,13 @@ final class XvfbServer {
         try #require(result.status == 0, "xfill: \(result.stderr)")
     }
 
-    nonisolated(unsafe) private static var xfillPath: String?
-    static func xfill() throws -> String {
-        if let path = xfillPath { return path }
-        let dir = try Harness.temporaryDirectory()
-        let out = dir + "/xfill"
+    private static let xfillTool = BuiltOnce {
+        let out = try Harness.temporaryDirectory() + "/xfill"
         let cc = try Harness.run("/usr/bin/cc", [Harness.repoRoot + "/Tests/Fixtures/xfill.c", "-o", out, "-lX11"])
         try #require(cc.status == 0, "cc xfill: \(cc.stderr)")
-        xfillPath = out
         return out
     }
+    static func xfill() throws -> String { try xfillTool.get() }
 
     /// SIGKILL: children of the test runner inherit a signal mask that
     /// blocks SIGTERM (seen: Xvfb ignored terminate()), and a killed server
