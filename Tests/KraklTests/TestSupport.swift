@@ -29,11 +29,34 @@ enum Harness {
         }
     }
 
+    /// A fresh scratch folder for one test, inside this run's folder.
     static func temporaryDirectory() throws -> String {
-        let path = NSTemporaryDirectory() + "krakl-test-" + UUID().uuidString
+        let path = runFolder + "/" + UUID().uuidString
         try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
         return path
     }
+
+    /// Every scratch folder of a test run lives in one folder, removed when the
+    /// runner exits: the tests write raw 1080p pictures for ffmpeg to compare
+    /// (≈ 0.8 GB a recording), and folders left behind filled a disk here
+    /// (79 GB after some 50 runs). Folders of runs that died before exiting
+    /// are removed by the next run. World-readable: daemons of the PipeWire
+    /// tests run as another user and read fixtures from it.
+    static let runFolder: String = {
+        let base = NSTemporaryDirectory() + "krakl-tests-"
+        let parent = (base as NSString).deletingLastPathComponent
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: parent)) ?? [] {
+            let path = parent + "/" + name
+            guard path.hasPrefix(base), let pid = pid_t(path.dropFirst(base.count)),
+                  kill(pid, 0) != 0, errno == ESRCH else { continue }
+            try? FileManager.default.removeItem(atPath: path)
+        }
+        let folder = base + "\(getpid())"
+        try? FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        chmod(folder, 0o755)
+        atexit { try? FileManager.default.removeItem(atPath: Harness.runFolder) }
+        return folder
+    }()
 
     /// The repository's plugins.json with its `.build/release/` libraries
     /// pointed at this build's folder (the tests run the debug build).
