@@ -44,6 +44,9 @@ public struct PublisherConfiguration: Sendable {
     public var protectionDelay: UInt64 = 50_000_000
     public var secondCopyLoss = 0.02
     public var protectionHold: UInt64 = 10_000_000_000
+    /// Largest share of the bandwidth estimate that resends and copies may take from the encoder in
+    /// any second; copies are skipped beyond it (ProtectionBudget).
+    public var maximumProtectionShare = 0.5
     public var ice = IceConfiguration()
     public var cname: String?
 
@@ -137,6 +140,7 @@ public final class Publisher: @unchecked Sendable {
     private var lastKeyframeSentNs: UInt64?
     /// Which small frames' packets to send again, and when (loss protection).
     private var protection: LossProtection
+    private var protectionBudget: ProtectionBudget
     private var nextSenderReportAt: UInt64?
     private var mediaPacketCount: UInt32 = 0
     private var mediaOctetCount: UInt32 = 0
@@ -174,6 +178,7 @@ public final class Publisher: @unchecked Sendable {
         history = RtpSendHistory(capacity: configuration.historyCapacity)
         pacer = Pacer(rate: configuration.startBitrate * configuration.pacingFactor, capacity: configuration.pacerCapacity)
         protection = LossProtection(configuration: configuration)
+        protectionBudget = ProtectionBudget(maximumShare: configuration.maximumProtectionShare)
         estimator = BandwidthEstimator(minimum: configuration.minimumBitrate, maximum: configuration.maximumBitrate,
                                        start: configuration.startBitrate)
         sentTimes = Array(repeating: nil, count: 8192)
@@ -689,9 +694,18 @@ public final class Publisher: @unchecked Sendable {
             // after the copy left was ignored as "resent less than an RTT ago", and aiortc, which asks
             // only once per gap, stalled 370 ms).
             guard let original = history.entry(sequenceNumber: sequence)?.packet else { continue }
+            let size = Self.wireSize(original)
+            guard protectionBudget.allows(bytes: size, target: estimator.target, now: now) else {
+                updateStats { $0.copiesOverBudget += 1 }
+                continue
+            }
+            protectionBudget.record(bytes: size, now: now)
             if rtx != nil { copies.append(rtx!.wrap(original)) } else { copies.append(original) }
         }
-        if !copies.isEmpty { pacer.enqueue(copies, kind: .redundant, now: now) }
+        if !copies.isEmpty {
+            pacer.enqueue(copies, kind: .redundant, now: now)
+            reportBitrate(force: false, now: now)  // the encoder's part just shrank
+        }
     }
 
     private func retransmit(_ sequences: [UInt16], now: UInt64) {
@@ -717,24 +731,35 @@ public final class Publisher: @unchecked Sendable {
             if entry.retransmissions >= 8 { continue }
             if entry.retransmissions > 0 && now &- entry.sentNanoseconds < max(rttNs * 3 / 2, 20_000_000) { continue }
             guard let original = history.takeForRetransmission(sequenceNumber: sequence, nowNanoseconds: now) else { continue }
+            // Counted, never refused for the budget: a receiver that asks once per gap (aiortc) waits
+            // for exactly this packet (its jitter buffer blocks until 512 packets later).
+            protectionBudget.record(bytes: Self.wireSize(original), now: now)
             if rtx != nil { queued.append(rtx!.wrap(original)) } else { queued.append(original) }
         }
-        if !queued.isEmpty { pacer.enqueue(queued, kind: .retransmission, now: now) }
+        if !queued.isEmpty {
+            pacer.enqueue(queued, kind: .retransmission, now: now)
+            reportBitrate(force: false, now: now)  // the encoder's part just shrank
+        }
     }
 
+    private static func wireSize(_ packet: RtpPacket) -> Int { packet.headerSize + packet.payload.count + Int(packet.paddingCount) }
+
+    /// Paces at the estimate; the encoder gets the estimate less what resends and copies took.
     private func reportBitrate(force: Bool, now: UInt64) {
         let target = estimator.target
         pacer.setRate(target * configuration.pacingFactor, now: now)
-        let changed = lastReportedBitrate.map { abs(target - $0) / $0 > 0.05 } ?? true
+        let media = protectionBudget.mediaTarget(target, now: now)
+        let changed = lastReportedBitrate.map { abs(media - $0) / $0 > 0.05 } ?? true
         updateStats {
             $0.targetBitrate = target
+            $0.encoderTargetBitrate = media
             $0.lossBasedBitrate = estimator.lossBased
             $0.delayBasedBitrate = estimator.delayBased
             $0.ackedBitrate = estimator.ackedBitrate
         }
         guard force || changed else { return }
-        lastReportedBitrate = target
+        lastReportedBitrate = media
         updateStats { $0.bitrateUpdates += 1 }
-        onBitrate?(Int(target))
+        onBitrate?(Int(media))
     }
 }

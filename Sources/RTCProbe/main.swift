@@ -318,8 +318,10 @@ while Date() < end {
     }
     let s = publisher.stats
     emit(["t_ms": monotonicMilliseconds(), "frames_sent": s.framesSent, "packets_sent": s.packetsSent,
-          "target_bitrate": s.targetBitrate, "rtt_ms": s.roundTripMilliseconds ?? -1, "fraction_lost": s.fractionLost ?? -1,
-          "nacks": s.nacksReceived, "plis": s.plisReceived], to: stderr)
+          "bytes_sent": s.bytesSent, "retransmitted_bytes": s.retransmittedBytes, "redundant_bytes": s.redundantBytes,
+          "target_bitrate": s.targetBitrate, "encoder_target_bitrate": s.encoderTargetBitrate,
+          "rtt_ms": s.roundTripMilliseconds ?? -1, "fraction_lost": s.fractionLost ?? -1,
+          "nacks": s.nacksReceived, "plis": s.plisReceived, "keyframes": s.keyframesSent], to: stderr)
 }
 _ = source.stop()
 source.destroy()

@@ -134,9 +134,10 @@ struct RtcLoopbackSession {
     let log = RtcCallbackLog()
     let offer: SdpVideoOffer
 
-    init() throws {
+    init(_ configure: (inout PublisherConfiguration) -> Void = { _ in }) throws {
         var configuration = PublisherConfiguration()
         configuration.addresses = IceAddressPolicy(allowed: [IPAddress("127.0.0.1")!])
+        configure(&configuration)
         self.configuration = configuration
         publisher = try Publisher(configuration: configuration)
         let log = self.log
@@ -326,6 +327,39 @@ final class RtcCallbackLog: @unchecked Sendable {
         let stats = publisher.stats
         #expect(stats.redundantPackets == 4 && stats.retransmittedPackets == 0,
                 "copies \(stats.redundantPackets), retransmissions \(stats.retransmittedPackets)")
+    }
+
+    /// Resends come out of the encoder's share of the estimate: the pacer keeps the estimate, the encoder is told
+    /// the estimate less what was resent in the last second (never less than half), and gets it all back once
+    /// that second has passed.
+    @Test func resendsComeOutOfTheEncodersShare() throws {
+        let session = try RtcLoopbackSession { $0.startBitrate = 1_000_000 }
+        defer { session.publisher.close() }
+        let (publisher, peer, offer, log) = (session.publisher, session.peer, session.offer, session.log)
+        publisher.onBitrate = { log.bitrate($0) }
+        #expect(session.connect(), "not connected: \(log.events) \(peer.dtlsEvents)")
+        try peer.sendRtcp([RtcpWriter.remb(senderSSRC: 7, bitrate: 400_000, ssrcs: [offer.ssrc])])
+        #expect(peer.pump(seconds: 3) { _ in log.bitrates.last == 400_000 }, "REMB 400 kbit/s: encoder told \(log.bitrates)")
+        #expect(publisher.stats.encoderTargetBitrate == publisher.stats.targetBitrate, "nothing resent yet, yet the encoder got less")
+
+        // 8 frames of 4 packets, all asked for again: ~33 kB, more than half of 400 kbit in a second.
+        let frame = [UInt8](repeating: 0x6b, count: 4000)
+        for i in 0..<8 {
+            publisher.send(frame: frame, keyframe: i == 0, captureNanoseconds: rtcMonotonicNanoseconds(), width: 640, height: 360)
+        }
+        func media() -> [RtpPacket] { peer.rtp.filter { $0.ssrc == offer.ssrc } }
+        #expect(peer.pump(seconds: 5) { _ in media().count == 32 }, "\(media().count) of 32 packets arrived")
+        try peer.sendRtcp([RtcpWriter.nack(senderSSRC: 7, mediaSSRC: offer.ssrc, lost: media().map(\.sequenceNumber))])
+        #expect(peer.pump(seconds: 5) { _ in publisher.stats.retransmittedPackets == 32 }, "\(publisher.stats.retransmittedPackets) of 32 resent")
+        #expect(peer.pump(seconds: 2) { _ in log.bitrates.last == 200_000 }, "encoder told \(log.bitrates) after resending ~260 kbit")
+        let during = publisher.stats
+        #expect(during.targetBitrate == 400_000 && during.encoderTargetBitrate == 200_000,
+                "estimate \(during.targetBitrate), encoder \(during.encoderTargetBitrate)")
+
+        // A second on, the resends have left the window: the next estimate update gives the encoder all of it.
+        peer.pump(seconds: 1.1)
+        try peer.sendRtcp([RtcpWriter.remb(senderSSRC: 7, bitrate: 400_000, ssrcs: [offer.ssrc])])
+        #expect(peer.pump(seconds: 3) { _ in log.bitrates.last == 400_000 }, "encoder told \(log.bitrates) once the resends were a second old")
     }
 
     /// ICE restart through the publisher's API: a new offer with new credentials, the peer's new answer, a new
