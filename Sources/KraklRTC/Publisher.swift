@@ -718,10 +718,7 @@ public final class Publisher: @unchecked Sendable {
             protectionBudget.record(bytes: size, now: now)
             if rtx != nil { copies.append(rtx!.wrap(original)) } else { copies.append(original) }
         }
-        if !copies.isEmpty {
-            pacer.enqueue(copies, kind: .redundant, now: now)
-            reportBitrate(force: false, now: now)  // the encoder's part just shrank
-        }
+        if !copies.isEmpty { pacer.enqueue(copies, kind: .redundant, now: now) }
     }
 
     private func retransmit(_ sequences: [UInt16], now: UInt64) {
@@ -752,10 +749,10 @@ public final class Publisher: @unchecked Sendable {
             protectionBudget.record(bytes: Self.wireSize(original), now: now)
             if rtx != nil { queued.append(rtx!.wrap(original)) } else { queued.append(original) }
         }
-        if !queued.isEmpty {
-            pacer.enqueue(queued, kind: .retransmission, now: now)
-            reportBitrate(force: false, now: now)  // the encoder's part just shrank
-        }
+        // The encoder hears of its smaller part at the next estimate update (receiver report, REMB,
+        // transport-wide-cc), not at every NACK: a retune per NACK would change libvpx's target
+        // several times a second under steady loss.
+        if !queued.isEmpty { pacer.enqueue(queued, kind: .retransmission, now: now) }
     }
 
     private static func wireSize(_ packet: RtpPacket) -> Int { packet.headerSize + packet.payload.count + Int(packet.paddingCount) }
