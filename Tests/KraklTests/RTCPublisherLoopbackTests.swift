@@ -330,8 +330,8 @@ final class RtcCallbackLog: @unchecked Sendable {
     }
 
     /// Resends come out of the encoder's share of the estimate: the pacer keeps the estimate, the encoder is told
-    /// the estimate less what was resent in the last second (never less than half), and gets it all back once
-    /// that second has passed.
+    /// (at the next estimate update) the estimate less what was resent in the last second (never less than half),
+    /// and gets it all back once that second has passed.
     @Test func resendsComeOutOfTheEncodersShare() throws {
         let session = try RtcLoopbackSession { $0.startBitrate = 1_000_000 }
         defer { session.publisher.close() }
@@ -351,6 +351,8 @@ final class RtcCallbackLog: @unchecked Sendable {
         #expect(peer.pump(seconds: 5) { _ in media().count == 32 }, "\(media().count) of 32 packets arrived")
         try peer.sendRtcp([RtcpWriter.nack(senderSSRC: 7, mediaSSRC: offer.ssrc, lost: media().map(\.sequenceNumber))])
         #expect(peer.pump(seconds: 5) { _ in publisher.stats.retransmittedPackets == 32 }, "\(publisher.stats.retransmittedPackets) of 32 resent")
+        // The encoder hears of it at the next estimate update (here a REMB with the same value), not at the NACK.
+        try peer.sendRtcp([RtcpWriter.remb(senderSSRC: 7, bitrate: 400_000, ssrcs: [offer.ssrc])])
         #expect(peer.pump(seconds: 2) { _ in log.bitrates.last == 200_000 }, "encoder told \(log.bitrates) after resending ~260 kbit")
         let during = publisher.stats
         #expect(during.targetBitrate == 400_000 && during.encoderTargetBitrate == 200_000,
