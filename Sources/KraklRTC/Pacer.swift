@@ -24,7 +24,7 @@ public struct Pacer: Sendable {
             self.packet = packet
             self.kind = kind
             self.enqueuedNs = enqueuedNs
-            size = packet.headerSize + packet.payload.count + Int(packet.paddingCount)
+            size = packet.serializedSize
         }
     }
 

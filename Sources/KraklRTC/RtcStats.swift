@@ -25,7 +25,7 @@ public struct RtcStats: Sendable, Equatable {
     /// Copies of small frames' packets sent unasked while the receiver reports loss (loss protection).
     public var redundantPackets = 0
     public var redundantBytes = 0
-    /// Loss-protection copies not sent: resends and copies had taken their share of the estimate that second.
+    /// Loss-protection copies not sent: the path was queueing and resends and copies had taken their share of the estimate that second.
     public var copiesOverBudget = 0
     public var nacksReceived = 0
     public var nackedPackets = 0

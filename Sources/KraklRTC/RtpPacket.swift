@@ -85,9 +85,12 @@ public struct RtpPacket: Equatable, Sendable {
         12 + 4 * csrcs.count + (extensions.isEmpty ? 0 : 4 + paddedTo4(extensions.reduce(0) { $0 + 1 + $1.data.count }))
     }
 
+    /// Bytes on the wire before SRTP: header, payload and padding.
+    public var serializedSize: Int { headerSize + payload.count + Int(paddingCount) }
+
     public func serialized() -> [UInt8] {
         var out: [UInt8] = []
-        out.reserveCapacity(headerSize + payload.count + Int(paddingCount))
+        out.reserveCapacity(serializedSize)
         out.append(0x80 | (paddingCount > 0 ? 0x20 : 0) | (extensions.isEmpty ? 0 : 0x10) | UInt8(csrcs.count & 0x0F))
         out.append((marker ? 0x80 : 0) | (payloadType & 0x7F))
         out.appendBE16(sequenceNumber)

@@ -270,7 +270,9 @@ struct EncoderPipelineTests {
         #expect(collector.frames.first?.keyframe == true)
     }
 
-    /// setBitrate while running: the frames after the change follow the new target.
+    /// setBitrate while running: the frames after the change follow the new target. Judged 8 s after the change:
+    /// libvpx's CBR buffer takes seconds to settle after a 2.5× cut, and on a busy machine 4 s was not always
+    /// enough (a full run read 1.02 Mbit/s for the 800 kbit/s target; under 3 busy loops, 1 run in 3).
     @Test func bitrateChangesWhileRunning() throws {
         var settings = EncoderSettings()
         settings.bitrateKbps = 2000
@@ -281,7 +283,7 @@ struct EncoderPipelineTests {
         collector.condition.lock()
         let changeAt = collector.frames.count
         collector.condition.unlock()
-        #expect(collector.waitFor(changeAt + 120) >= changeAt + 120)
+        #expect(collector.waitFor(changeAt + 240) >= changeAt + 240)
         source.stop()
         pipeline.finish()
         // Mean bytes per frame over a second before the change and the last second after it.
