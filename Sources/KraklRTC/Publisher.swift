@@ -44,11 +44,6 @@ public struct PublisherConfiguration: Sendable {
     public var protectionDelay: UInt64 = 50_000_000
     public var secondCopyLoss = 0.02
     public var protectionHold: UInt64 = 10_000_000_000
-    /// Largest share of the bandwidth estimate that resends and copies may take from the encoder in
-    /// any second; while the path queues, copies are skipped beyond it (ProtectionBudget).
-    public var maximumProtectionShare = 0.5
-    /// A round trip this much above the smallest seen means a queue is filling on the path (ms).
-    public var congestedQueueingDelayMs = 100.0
     public var ice = IceConfiguration()
     public var cname: String?
 
@@ -142,11 +137,6 @@ public final class Publisher: @unchecked Sendable {
     private var lastKeyframeSentNs: UInt64?
     /// Which small frames' packets to send again, and when (loss protection).
     private var protection: LossProtection
-    private var protectionBudget: ProtectionBudget
-    /// The smallest round trip the receiver reports have shown (the path with empty queues), and how much
-    /// longer the latest one was: a filling queue on the way.
-    private var baseRttMs: Double?
-    private var queueingDelayMs = 0.0
     private var nextSenderReportAt: UInt64?
     private var mediaPacketCount: UInt32 = 0
     private var mediaOctetCount: UInt32 = 0
@@ -184,7 +174,6 @@ public final class Publisher: @unchecked Sendable {
         history = RtpSendHistory(capacity: configuration.historyCapacity)
         pacer = Pacer(rate: configuration.startBitrate * configuration.pacingFactor, capacity: configuration.pacerCapacity)
         protection = LossProtection(configuration: configuration)
-        protectionBudget = ProtectionBudget(maximumShare: configuration.maximumProtectionShare)
         estimator = BandwidthEstimator(minimum: configuration.minimumBitrate, maximum: configuration.maximumBitrate,
                                        start: configuration.startBitrate)
         sentTimes = Array(repeating: nil, count: 8192)
@@ -679,11 +668,6 @@ public final class Publisher: @unchecked Sendable {
             clock_gettime(CLOCK_REALTIME, &wall)
             let arrival = NtpTime.compact(NtpTime.from(unixNanoseconds: UInt64(wall.tv_sec) * 1_000_000_000 + UInt64(wall.tv_nsec)))
             let rtt = block.roundTripSeconds(arrivalCompactNtp: arrival)
-            if let rtt {
-                let ms = rtt * 1000
-                baseRttMs = min(baseRttMs ?? ms, ms)
-                queueingDelayMs = ms - baseRttMs!
-            }
             estimator.onLossReport(fractionLost: block.lossFraction, now: now)
             protection.receiverReport(lossFraction: block.lossFraction, now: now)
             updateStats {
@@ -705,18 +689,6 @@ public final class Publisher: @unchecked Sendable {
             // after the copy left was ignored as "resent less than an RTT ago", and aiortc, which asks
             // only once per gap, stalled 370 ms).
             guard let original = history.entry(sequenceNumber: sequence)?.packet else { continue }
-            let size = original.serializedSize
-            // On a queueing path the loss is our own overload, and copies add to it: they go only within
-            // protection's share. Otherwise the loss is the link's (radio, a lossy hop) and the copies are
-            // what keeps a receiver that asks once per gap decoding (held to the share at 5 % random loss,
-            // 1080p typing froze 1.0 s in one of 3 aiortc sessions; <= 334 ms in every session since), so
-            // they are only counted.
-            if queueingDelayMs >= configuration.congestedQueueingDelayMs,
-               !protectionBudget.allows(bytes: size, target: estimator.target, now: now) {
-                updateStats { $0.copiesOverBudget += 1 }
-                continue
-            }
-            protectionBudget.record(bytes: size, now: now)
             if rtx != nil { copies.append(rtx!.wrap(original)) } else { copies.append(original) }
         }
         if !copies.isEmpty { pacer.enqueue(copies, kind: .redundant, now: now) }
@@ -745,33 +717,24 @@ public final class Publisher: @unchecked Sendable {
             if entry.retransmissions >= 8 { continue }
             if entry.retransmissions > 0 && now &- entry.sentNanoseconds < max(rttNs * 3 / 2, 20_000_000) { continue }
             guard let original = history.takeForRetransmission(sequenceNumber: sequence, nowNanoseconds: now) else { continue }
-            // Counted, never refused for the budget: a receiver that asks once per gap (aiortc) waits
-            // for exactly this packet (its jitter buffer blocks until 512 packets later).
-            protectionBudget.record(bytes: original.serializedSize, now: now)
             if rtx != nil { queued.append(rtx!.wrap(original)) } else { queued.append(original) }
         }
-        // The encoder hears of its smaller part at the next estimate update (receiver report, REMB,
-        // transport-wide-cc), not at every NACK: a retune per NACK would change libvpx's target
-        // several times a second under steady loss.
         if !queued.isEmpty { pacer.enqueue(queued, kind: .retransmission, now: now) }
     }
 
-    /// Paces at the estimate; the encoder gets the estimate less what resends and copies took.
     private func reportBitrate(force: Bool, now: UInt64) {
         let target = estimator.target
         pacer.setRate(target * configuration.pacingFactor, now: now)
-        let media = protectionBudget.mediaTarget(target, now: now)
-        let changed = lastReportedBitrate.map { abs(media - $0) / $0 > 0.05 } ?? true
+        let changed = lastReportedBitrate.map { abs(target - $0) / $0 > 0.05 } ?? true
         updateStats {
             $0.targetBitrate = target
-            $0.encoderTargetBitrate = media
             $0.lossBasedBitrate = estimator.lossBased
             $0.delayBasedBitrate = estimator.delayBased
             $0.ackedBitrate = estimator.ackedBitrate
         }
         guard force || changed else { return }
-        lastReportedBitrate = media
+        lastReportedBitrate = target
         updateStats { $0.bitrateUpdates += 1 }
-        onBitrate?(Int(media))
+        onBitrate?(Int(target))
     }
 }

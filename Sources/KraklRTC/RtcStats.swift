@@ -25,8 +25,6 @@ public struct RtcStats: Sendable, Equatable {
     /// Copies of small frames' packets sent unasked while the receiver reports loss (loss protection).
     public var redundantPackets = 0
     public var redundantBytes = 0
-    /// Loss-protection copies not sent: the path was queueing and resends and copies had taken their share of the estimate that second.
-    public var copiesOverBudget = 0
     public var nacksReceived = 0
     public var nackedPackets = 0
     public var plisReceived = 0
@@ -50,10 +48,7 @@ public struct RtcStats: Sendable, Equatable {
     public var jitterMilliseconds: Double?
 
     // bandwidth
-    /// The bandwidth estimate (the pacer's base).
     public var targetBitrate: Double = 0
-    /// What the encoder was given: the estimate less what resends and copies took in the last second.
-    public var encoderTargetBitrate: Double = 0
     public var rembBitrate: Double?
     public var ackedBitrate: Double?
     public var lossBasedBitrate: Double = 0
@@ -74,11 +69,11 @@ public struct RtcStats: Sendable, Equatable {
             "state": state, "frames_sent": framesSent, "keyframes_sent": keyframesSent, "frames_dropped": framesDropped,
             "packets_sent": packetsSent, "bytes_sent": bytesSent, "payload_bytes_sent": payloadBytesSent,
             "retransmitted_packets": retransmittedPackets, "retransmitted_bytes": retransmittedBytes,
-            "redundant_packets": redundantPackets, "redundant_bytes": redundantBytes, "copies_over_budget": copiesOverBudget,
+            "redundant_packets": redundantPackets, "redundant_bytes": redundantBytes,
             "nacks_received": nacksReceived, "nacked_packets": nackedPackets, "plis_received": plisReceived,
             "firs_received": firsReceived, "keyframe_requests": keyframeRequests, "keyframe_requests_suppressed": keyframeRequestsSuppressed, "sender_reports_sent": senderReportsSent,
             "pacer_dropped_packets": pacerDroppedPackets, "total_packet_send_delay": totalPacketSendDelay, "socket_send_failures": socketSendFailures,
-            "receiver_reports": receiverReports, "target_bitrate": targetBitrate, "encoder_target_bitrate": encoderTargetBitrate, "loss_based_bitrate": lossBasedBitrate,
+            "receiver_reports": receiverReports, "target_bitrate": targetBitrate, "loss_based_bitrate": lossBasedBitrate,
             "bitrate_updates": bitrateUpdates, "transport_feedbacks": transportFeedbacks,
             "ice_checks_sent": iceChecksSent, "ice_requests_received": iceRequestsReceived, "consent_responses": consentResponses,
         ]

@@ -319,7 +319,7 @@ while Date() < end {
     let s = publisher.stats
     emit(["t_ms": monotonicMilliseconds(), "frames_sent": s.framesSent, "packets_sent": s.packetsSent,
           "bytes_sent": s.bytesSent, "retransmitted_bytes": s.retransmittedBytes, "redundant_bytes": s.redundantBytes,
-          "target_bitrate": s.targetBitrate, "encoder_target_bitrate": s.encoderTargetBitrate,
+          "target_bitrate": s.targetBitrate,
           "rtt_ms": s.roundTripMilliseconds ?? -1, "fraction_lost": s.fractionLost ?? -1,
           "nacks": s.nacksReceived, "plis": s.plisReceived, "keyframes": s.keyframesSent], to: stderr)
 }

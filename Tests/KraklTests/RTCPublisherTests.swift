@@ -179,24 +179,6 @@ final class RtcPublisherSession {
         return (Self.jsonLine(receiver, marker: "{\"report\"", timeout: 5))?["report"] as? [String: Any]
     }
 
-    /// The probe's once-a-second status lines (stats so far, `t_ms` CLOCK_MONOTONIC), oldest first.
-    var statusLines: [[String: Any]] {
-        probe.log.split(whereSeparator: \.isNewline).compactMap { line in
-            guard line.hasPrefix("{\"bytes_sent\"") else { return nil }
-            return (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any]
-        }
-    }
-
-    /// What the publisher sent (RTP bytes: media, resends and copies), bits per second, between its first and
-    /// last status line in [from, to] (CLOCK_MONOTONIC ms); nil with fewer than two lines there.
-    func sendRate(from: Double, to: Double) -> Double? {
-        let inside = statusLines.filter { ($0["t_ms"] as? Double).map { $0 >= from && $0 <= to } ?? false }
-        guard let first = inside.first, let last = inside.last, inside.count >= 2,
-              let t0 = first["t_ms"] as? Double, let t1 = last["t_ms"] as? Double,
-              let b0 = first["bytes_sent"] as? Int, let b1 = last["bytes_sent"] as? Int, t1 > t0 else { return nil }
-        return Double(b1 - b0) * 8 / ((t1 - t0) / 1000)
-    }
-
     /// Waits for the probe's "connected" event; returns the event's time (CLOCK_MONOTONIC ms).
     func waitConnected(timeout: Double) -> Double? {
         guard probe.waitFor("\"event\":\"connected\"", timeout: timeout) else { return nil }
@@ -431,17 +413,11 @@ struct RtcArrivals {
         let arrivals = RtcArrivals(report)
         let end = connected + seconds * 1000
         let lateFrames = arrivals.times.filter { $0 > end - 3000 && $0 < end }.count
-        // From 2 s after the limit (the estimate needs about that to come down) to the end.
-        let sent = try #require(session.sendRate(from: connected + 5000, to: end + 1000), "no status lines: \(session.probe.log)")
-        print(String(format: "1 Mbit/s bottleneck from 3 s: target %.0f kbit/s at the end (loss-based %.0f, REMB %@), RTT %@ ms, loss %@; sent %.0f kbit/s from 5 s (resent %@, copies %@, copies over budget %@); %@ of %@ frames decoded, %d in the last 3 s, longest freeze after the limit %.0f ms; keyframes %@, PLIs %@",
+        print(String(format: "1 Mbit/s bottleneck from 3 s: target %.0f kbit/s at the end (loss-based %.0f, REMB %@), RTT %@ ms, loss %@; %@ of %@ frames decoded, %d in the last 3 s, longest freeze after the limit %.0f ms; keyframes %@, PLIs %@",
                      target / 1000, (stats["loss_based_bitrate"] as? Double ?? 0) / 1000, "\(stats["remb_bitrate"] ?? "-")",
-                     "\(stats["rtt_ms"] ?? "-")", "\(stats["fraction_lost"] ?? "-")", sent / 1000, "\(stats["retransmitted_packets"] ?? 0)",
-                     "\(stats["redundant_packets"] ?? 0)", "\(stats["copies_over_budget"] ?? 0)", "\(report["frames_decoded"] ?? 0)",
+                     "\(stats["rtt_ms"] ?? "-")", "\(stats["fraction_lost"] ?? "-")", "\(report["frames_decoded"] ?? 0)",
                      "\(stats["frames_sent"] ?? 0)", lateFrames, arrivals.longestGap(from: connected + 3000, to: end - 200),
                      "\(stats["keyframes_sent"] ?? 0)", "\(stats["plis_received"] ?? 0)"))
-        // Media, resends and copies together must come down to the link, or the link stays lossy and
-        // everything is sent again (measured before the protection budget: 1.44–1.59 Mbit/s; with it 0.89–1.10).
-        #expect(sent < 1_250_000, "sent \(Int(sent / 1000)) kbit/s into a 1 Mbit/s link from 2 s after the limit")
         #expect(result["status"] as? Int == 0, "probe: \(result["result"] ?? "?")")
         #expect(target < 1_000_000, "the target stayed at \(target) bit/s over a 1 Mbit/s link")
         #expect(stats["bitrate_updates"] as? Int ?? 0 >= 2, "the encoder was never told a new bitrate")
