@@ -152,7 +152,8 @@ enum Harness {
 final class DataBox: @unchecked Sendable { var data = Data() }
 
 /// A fixture program compiled once per test run. Tests run in parallel, so
-/// the cache is behind a lock (an unguarded static raced in CI's runs).
+/// the cache is behind a lock (a CI run failed on another unguarded static:
+/// two tests drew the same namespace name from a shared counter).
 final class BuiltOnce: @unchecked Sendable {
     private let lock = NSLock()
     private var path: String?
