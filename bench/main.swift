@@ -157,10 +157,7 @@ if pipewireMode {
     exit(0)
 }
 
-func percentile(_ values: [Double], _ p: Double) -> Double {
-    let sorted = values.sorted()
-    return sorted.isEmpty ? .nan : sorted[min(sorted.count - 1, Int(Double(sorted.count) * p))]
-}
+func percentile(_ values: [Double], _ p: Double) -> Double { values.sorted().nearestRank(p) ?? .nan }
 
 // MARK: the constant-rate raw stream for ffmpeg and GStreamer
 

@@ -54,9 +54,7 @@ public final class CaptureStatistics: @unchecked Sendable {
             shot.invalidFrames = invalidFrames
             shot.seconds = Double(now - (window ? windowStartNs : started)) / 1e9
             shot.damageShareMean = shot.frames > 0 ? damageShares[from...].reduce(0, +) / Double(shot.frames) : 0
-            func percentile(_ p: Double) -> Double {
-                slice.isEmpty ? 0 : Double(slice[min(slice.count - 1, Int(Double(slice.count) * p))]) / 1e6
-            }
+            func percentile(_ p: Double) -> Double { slice.nearestRank(p).map { Double($0) / 1e6 } ?? 0 }
             shot.latencyMs = (percentile(0.5), percentile(0.99), Double(slice.last ?? 0) / 1e6)
             shot.lastSize = lastSize
             if window {

@@ -1,4 +1,5 @@
 import Foundation
+import KraklCore
 
 /// What the encoder did, per frame and in total; read from any thread.
 public final class EncoderStatistics: @unchecked Sendable {
@@ -70,7 +71,7 @@ public final class EncoderStatistics: @unchecked Sendable {
             }
             s.bitrateKbps = s.seconds > 0 ? Double(s.bytes) * 8 / s.seconds / 1000 : 0
             let times = slice.map(\.encodeNs).sorted()
-            func percentile(_ p: Double) -> Double { times.isEmpty ? 0 : Double(times[min(times.count - 1, Int(Double(times.count) * p))]) / 1e6 }
+            func percentile(_ p: Double) -> Double { times.nearestRank(p).map { Double($0) / 1e6 } ?? 0 }
             s.encodeMs = (percentile(0.5), percentile(0.99), Double(times.last ?? 0) / 1e6)
             s.activeShareMean = slice.isEmpty ? 0 : slice.reduce(0) { $0 + $1.activeShare } / Double(slice.count)
             s.capturedFrames = captured

@@ -191,7 +191,7 @@ func finalReport(result: String, status: Int32, encoder: EncoderStatistics.Summa
     log.condition.unlock()
     if let e = encoder {
         let waits = publisherSink?.captureToEncodedMs.sorted() ?? []
-        func percentile(_ p: Double) -> Double { waits.isEmpty ? 0 : waits[min(waits.count - 1, Int(Double(waits.count) * p))] }
+        func percentile(_ p: Double) -> Double { waits.nearestRank(p) ?? 0 }
         object["encoder"] = ["frames": e.frames, "keyframes": e.keyframes, "bytes": e.bytes, "bitrate_kbps": e.bitrateKbps,
                              "dropped_frames": e.droppedFrames, "encode_ms_p50": e.encodeMs.p50, "encode_ms_p99": e.encodeMs.p99,
                              "capture_to_encoded_ms_p50": percentile(0.5), "capture_to_encoded_ms_p99": percentile(0.99)]
