@@ -45,6 +45,11 @@ let package = Package(
         .systemLibrary(name: "CSrtp", pkgConfig: "libsrtp2"),
         // The send-only WebRTC stack: SDP, ICE/STUN, DTLS-SRTP, RTP/RTCP, pacing, bandwidth estimate.
         .target(name: "KraklRTC", dependencies: ["KraklCore", "COpenSSL", "CSrtp"], swiftSettings: swift5),
+        // Rooms: join codes and tokens, the WHIP and Janus VideoRoom drivers (HTTP via FoundationNetworking).
+        .target(name: "KraklRoom", swiftSettings: swift5),
+        // One sharing session: the lifecycle state machine and the only wiring of source,
+        // encoder, publisher and room driver (krakl-agent and krakl-rtc-probe are command lines over it).
+        .target(name: "KraklSession", dependencies: ["KraklCore", "KraklEncoder", "KraklRTC", "KraklRoom"], swiftSettings: swift5),
         // The agent's memset: large zero fills of private anonymous memory become
         // page releases (libvpx's 50 MB token-buffer clear at 1080p). Agent only.
         .target(name: "ZeroFill"),
@@ -53,6 +58,6 @@ let package = Package(
         .executableTarget(name: "RTCProbe", dependencies: ["KraklBackendABI", "KraklCore", "KraklEncoder", "KraklRTC"], swiftSettings: swift5),
         // bench/: krakl vs ffmpeg vs GStreamer on the same content (docs/PERFORMANCE.md).
         .executableTarget(name: "KraklBench", dependencies: ["KraklCore"], path: "bench", exclude: ["xactivity.c", "portal_gst.py"], swiftSettings: swift5),
-        .testTarget(name: "KraklTests", dependencies: ["KraklCore", "KraklEncoder", "FrameStamp", "KraklRTC", "ZeroFill", "BackendKit"], swiftSettings: swift5),
+        .testTarget(name: "KraklTests", dependencies: ["KraklCore", "KraklEncoder", "FrameStamp", "KraklRTC", "ZeroFill", "BackendKit", "KraklRoom", "KraklSession"], swiftSettings: swift5),
     ]
 )

@@ -1,0 +1,2 @@
+// One sharing session: the lifecycle (SharingLifecycle) and its wiring (SharingSession).
+@_exported import KraklRoom
