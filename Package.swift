@@ -53,7 +53,7 @@ let package = Package(
         // The agent's memset: large zero fills of private anonymous memory become
         // page releases (libvpx's 50 MB token-buffer clear at 1080p). Agent only.
         .target(name: "ZeroFill"),
-        .executableTarget(name: "Agent", dependencies: ["KraklCore", "KraklEncoder", "ZeroFill"], swiftSettings: swift5),
+        .executableTarget(name: "Agent", dependencies: ["KraklCore", "KraklEncoder", "KraklRTC", "KraklRoom", "KraklSession", "ZeroFill"], swiftSettings: swift5),
         // Test-only: runs the publisher against a given SDP answer (issue 6 item 8).
         .executableTarget(name: "RTCProbe", dependencies: ["KraklBackendABI", "KraklCore", "KraklEncoder", "KraklRTC"], swiftSettings: swift5),
         // bench/: krakl vs ffmpeg vs GStreamer on the same content (docs/PERFORMANCE.md).

@@ -23,6 +23,7 @@
 // the CPU of the receiver (all its threads, and its busiest thread) and of
 // the probe over the sending window, from /proc schedstat. Rounds run the
 // scenarios in rotating order, as the other benches do.
+import KraklCore
 import Foundation
 
 // MARK: scenarios
@@ -225,12 +226,6 @@ func threadCpuSeconds(_ pid: pid_t) -> [String: Double] {
     return result
 }
 
-func monotonicMs() -> Double {
-    var ts = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return Double(ts.tv_sec) * 1000 + Double(ts.tv_nsec) / 1e6
-}
-
 // MARK: the namespace
 
 /// A network namespace of the bench's own: lo up, a veth pair with
@@ -333,9 +328,9 @@ func runRtcSession(_ scenario: RtcScenario, seconds: Double, index: Int, probe: 
     let windowEnd = connected + seconds * 1000
     let receiverStart = threadCpuSeconds(aiortc.pid), probeStart = processCpuSeconds(publisher.pid)
     var receiverEnd = receiverStart, probeEnd = probeStart
-    var sampledUntil = monotonicMs()
+    var sampledUntil = MonotonicClock.milliseconds()
     let result = publisher.poll(timeout: seconds + 60) { text -> [String: Any]? in
-        let now = monotonicMs()
+        let now = MonotonicClock.milliseconds()
         if now <= windowEnd {
             let r = threadCpuSeconds(aiortc.pid), p = processCpuSeconds(publisher.pid)
             if !r.isEmpty { receiverEnd = r }

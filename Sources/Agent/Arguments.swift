@@ -1,7 +1,7 @@
 import KraklCore
 import KraklEncoder
 
-/// The command line, parsed. Parsing never exits: errors are AgentError
+/// The command line, parsed. Parsing never exits: errors are HostError
 /// .usage / .invalidOption so main() can print them and pick the status.
 struct Arguments {
     enum Command: Equatable { case run, backends, sources, conformance(String), help, version }
@@ -23,9 +23,9 @@ struct Arguments {
     var statsJSON: String?
     var frameLog: String?
 
-    init(_ words: [String]) throws(AgentError) {
+    init(_ words: [String]) throws(HostError) {
         var rest = words[...]
-        func value(for flag: String) throws(AgentError) -> String {
+        func value(for flag: String) throws(HostError) -> String {
             guard let next = rest.popFirst() else { throw .usage("\(flag) needs a value") }
             return next
         }

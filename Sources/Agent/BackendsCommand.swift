@@ -9,7 +9,7 @@ func listBackends(_ registry: PluginRegistry) {
     let width = registry.backends.map(\.name.count).max() ?? 4
     for entry in registry.backends {
         let name = entry.name.padding(toLength: width, withPad: " ", startingAt: 0)
-        do throws(AgentError) {
+        do throws(HostError) {
             let library = try BackendLibrary.load(path: entry.library, backend: entry.name)
             print("  \(name)  loads    ABI \(library.abiMajor).\(library.abiMinor)  \(entry.library)")
             print("  \(String(repeating: " ", count: width))  \(library.description.isEmpty ? entry.description : library.description)")

@@ -83,17 +83,14 @@ final class CaptureRun: FrameSink, @unchecked Sendable {
 
 /// The backend the command line names (or the registry's default), its
 /// plugins.json options with every --option applied, and its loaded library.
-func selectedBackend(_ arguments: Arguments) throws(AgentError) -> (entry: BackendEntry, options: JSONObject, library: BackendLibrary) {
-    let registry = try PluginRegistry.load(path: arguments.plugins ?? PluginRegistry.defaultPath())
-    let entry = try registry.entry(named: arguments.backend ?? registry.defaultBackend)
-    var options = entry.options
-    for (key, value) in arguments.options { options[key] = value }
-    return (entry, options, try BackendLibrary.load(path: entry.library, backend: entry.name))
+func selectedBackend(_ arguments: Arguments) throws(HostError) -> (entry: BackendEntry, options: JSONObject, library: BackendLibrary) {
+    let selection = try BackendSelection(registryPath: arguments.plugins, name: arguments.backend, overrides: arguments.options)
+    return (selection.entry, selection.options, selection.library)
 }
 
 /// The main job until a publisher exists: capture from the chosen backend
 /// and show what arrives. Returns the exit status.
-func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(AgentError) -> Int32 {
+func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(HostError) -> Int32 {
     let (entry, options, library) = try selectedBackend(arguments)
     let run = CaptureRun(backend: entry.name, frameLimit: arguments.frames, logger: logger)
     if let record = arguments.record {
@@ -131,7 +128,7 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
         print("krakl-agent: recording \(e.codec) at \(e.bitrateKbps) kbit/s, at most \(e.maximumSize.width)x\(e.maximumSize.height) and \(Int(e.maximumFps)) fps, to \(record)")
     }
     run.pipeline?.start()
-    do throws(AgentError) {
+    do throws(HostError) {
         try source.start()
     } catch {
         run.pipeline?.finish()

@@ -5,13 +5,13 @@ import KraklCore
 // as they happen.
 setvbuf(stdout, nil, _IOLBF, 0)
 
-func fail(_ error: AgentError) -> Never {
+func fail(_ error: HostError) -> Never {
     fputs("krakl-agent: \(error.description)\n", stderr)
     exit(error.exitStatus)
 }
 
 let arguments: Arguments
-do throws(AgentError) {
+do throws(HostError) {
     arguments = try Arguments(Array(CommandLine.arguments.dropFirst()))
 } catch {
     fail(error)
@@ -19,7 +19,7 @@ do throws(AgentError) {
 
 let logger = stderrLogger(maximum: arguments.verbose ? .debug : .warning)
 
-do throws(AgentError) {
+do throws(HostError) {
     switch arguments.command {
     case .help:
         print(helpText)

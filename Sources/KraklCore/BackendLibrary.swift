@@ -37,7 +37,7 @@ public final class BackendLibrary: @unchecked Sendable {
     /// dlopen()s `path` (RTLD_NOW | RTLD_LOCAL: unresolved symbols fail
     /// here, not mid-capture; one backend's symbols never leak into
     /// another's), finds the entry symbol and checks the table.
-    public static func load(path: String, backend: String) throws(AgentError) -> BackendLibrary {
+    public static func load(path: String, backend: String) throws(HostError) -> BackendLibrary {
         lock.lock()
         defer { lock.unlock() }
         if let library = loaded[path] { return library }

@@ -49,7 +49,7 @@ public final class BackendSource {
     /// Calls the backend's create() with `options` (normally a JSON
     /// object's text; conformance also passes bad text on purpose).
     public init(library: BackendLibrary, backendName: String, optionsText: String,
-                sink: FrameSink?, logger: @escaping BackendLogger) throws(AgentError) {
+                sink: FrameSink?, logger: @escaping BackendLogger) throws(HostError) {
         self.library = library
         self.backendName = backendName
         context = HostContext(backend: backendName, optionsText: optionsText, sink: sink, logger: logger)
@@ -65,14 +65,14 @@ public final class BackendSource {
     }
 
     public convenience init(library: BackendLibrary, backendName: String, options: JSONObject,
-                            sink: FrameSink?, logger: @escaping BackendLogger) throws(AgentError) {
+                            sink: FrameSink?, logger: @escaping BackendLogger) throws(HostError) {
         try self.init(library: library, backendName: backendName, optionsText: JSON.object(options).serialized,
                       sink: sink, logger: logger)
     }
 
     deinit { destroy() }
 
-    public func start() throws(AgentError) {
+    public func start() throws(HostError) {
         guard let source, !isStarted else { return }
         _ = context.takeLastError()
         context.capturingErrors = true
@@ -116,7 +116,7 @@ final class HostContext {
     private let lock = PThreadLock()
     private var lastError: String?
     /// While create() or start() runs, error lines are kept for the
-    /// AgentError that reports the failure instead of printed twice.
+    /// HostError that reports the failure instead of printed twice.
     var capturingErrors: Bool {
         get { lock.withLock { _capturing } }
         set { lock.withLock { _capturing = newValue } }
@@ -248,7 +248,7 @@ extension BackendLibrary {
 
     /// The sources the options could select (monitors, windows), as the
     /// backend's list_sources reports them.
-    public func listSources(backendName: String, options: JSONObject, logger: @escaping BackendLogger) throws(AgentError) -> [(name: String, description: String)] {
+    public func listSources(backendName: String, options: JSONObject, logger: @escaping BackendLogger) throws(HostError) -> [(name: String, description: String)] {
         guard canListSources else { return [] }
         let context = HostContext(backend: backendName, optionsText: JSON.object(options).serialized, sink: nil, logger: logger)
         context.capturingErrors = true

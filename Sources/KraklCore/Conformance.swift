@@ -45,7 +45,7 @@ public final class ConformanceSuite {
     @discardableResult
     public func run() -> Bool {
         let library: BackendLibrary
-        do throws(AgentError) {
+        do throws(HostError) {
             library = try BackendLibrary.load(path: path, backend: URL(fileURLWithPath: path).lastPathComponent)
         } catch {
             report(.fail, "abi-handshake", error.description)
@@ -64,7 +64,7 @@ public final class ConformanceSuite {
         let name = library.name.isEmpty ? "backend" : library.name
         var created = false
         check("create-destroy") {
-            do throws(AgentError) {
+            do throws(HostError) {
                 let source = try BackendSource(library: library, backendName: name, options: options, sink: nil, logger: logger)
                 source.destroy()
                 created = true
@@ -83,7 +83,7 @@ public final class ConformanceSuite {
         for (check, text) in [("rejects-malformed-options", "{\"width\": 64,"), ("rejects-non-object-options", "[1, 2, 3]"),
                               ("rejects-unknown-option", JSON.object(unknownKey).serialized)] {
             self.check(check) {
-                do throws(AgentError) {
+                do throws(HostError) {
                     let source = try BackendSource(library: library, backendName: name, optionsText: text, sink: nil, logger: { _, _, _ in })
                     source.destroy()
                     return (.fail, "create() accepted \(text)")
@@ -109,7 +109,7 @@ public final class ConformanceSuite {
     private func runDeliveryChecks(library: BackendLibrary, name: String) {
         let sink = RecordingSink()
         let source: BackendSource
-        do throws(AgentError) {
+        do throws(HostError) {
             source = try BackendSource(library: library, backendName: name, options: options, sink: sink, logger: logger)
             try source.start()
         } catch {
@@ -132,7 +132,7 @@ public final class ConformanceSuite {
         // Start again: frames must come back, timestamps keep increasing.
         var restartDetail = ""
         var restarted = false
-        do throws(AgentError) {
+        do throws(HostError) {
             sink.resume()
             try source.start()
             let second = sink.waitForFrames(sink.frameCount + 1, quietPeriod: 0, timeout: timeout)
@@ -170,7 +170,7 @@ public final class ConformanceSuite {
     /// agent, which connects and disconnects many times in one life.
     private func runLeakCheck(library: BackendLibrary, name: String) {
         // One cycle first, so one-time set-up (libraries, caches) is not counted.
-        func cycle() throws(AgentError) {
+        func cycle() throws(HostError) {
             let sink = RecordingSink()
             let source = try BackendSource(library: library, backendName: name, options: options, sink: sink, logger: { _, _, _ in })
             try source.start()
@@ -179,7 +179,7 @@ public final class ConformanceSuite {
             source.destroy()
         }
         check("no-leaks") {
-            do throws(AgentError) {
+            do throws(HostError) {
                 try cycle()
                 let before = (threads: ProcessCounters.threads(), fds: ProcessCounters.openFiles())
                 for _ in 0..<10 { try cycle() }
@@ -207,7 +207,7 @@ public final class ConformanceSuite {
         }
         check("source-ended") {
             let sink = RecordingSink()
-            do throws(AgentError) {
+            do throws(HostError) {
                 let source = try BackendSource(library: library, backendName: name, options: options, sink: sink, logger: logger)
                 try source.start()
                 guard sink.waitForEnd(timeout: timeout) else {

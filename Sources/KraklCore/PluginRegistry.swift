@@ -20,7 +20,7 @@ public struct PluginRegistry: Sendable {
     public let defaultBackend: String
     public let backends: [BackendEntry]
 
-    public func entry(named name: String) throws(AgentError) -> BackendEntry {
+    public func entry(named name: String) throws(HostError) -> BackendEntry {
         guard let entry = backends.first(where: { $0.name == name }) else {
             throw .unknownBackend(name: name, known: backends.map(\.name), registry: path)
         }
@@ -28,7 +28,7 @@ public struct PluginRegistry: Sendable {
     }
 
     /// Reads and validates a registry file.
-    public static func load(path: String) throws(AgentError) -> PluginRegistry {
+    public static func load(path: String) throws(HostError) -> PluginRegistry {
         let text: String
         do {
             text = try String(contentsOfFile: path, encoding: .utf8)
@@ -41,7 +41,7 @@ public struct PluginRegistry: Sendable {
 
     /// Validates registry text; `path` names it in errors and anchors
     /// relative library paths.
-    public static func parse(_ text: String, path: String) throws(AgentError) -> PluginRegistry {
+    public static func parse(_ text: String, path: String) throws(HostError) -> PluginRegistry {
         var parser = JSONParser(text)
         let root: JSON
         do throws(JSONParseError) {
@@ -49,7 +49,7 @@ public struct PluginRegistry: Sendable {
         } catch {
             throw .registryMalformed(path: path, line: error.line, column: error.column, message: error.message)
         }
-        func fail(_ at: String, _ message: String) -> AgentError {
+        func fail(_ at: String, _ message: String) -> HostError {
             let (line, column) = parser.location(ofPath: at) ?? (1, 1)
             return .registryMalformed(path: path, line: line, column: column, message: message)
         }
@@ -115,7 +115,7 @@ public struct PluginRegistry: Sendable {
 /// Parses `--option key=value`. The value is JSON when it reads as a JSON
 /// scalar (30, true, null, "quoted"), otherwise a plain string, so
 /// `scene=typing` and `fps=30` both do what one expects.
-public func parseOptionAssignment(_ text: String) throws(AgentError) -> (key: String, value: JSON) {
+public func parseOptionAssignment(_ text: String) throws(HostError) -> (key: String, value: JSON) {
     guard let equals = text.firstIndex(of: "="), equals != text.startIndex else {
         throw .invalidOption("--option \(text) is not key=value (for example --option scene=typing)")
     }
@@ -134,4 +134,24 @@ public func parseOptionAssignment(_ text: String) throws(AgentError) -> (key: St
         }
     }
     return (key, .string(raw))
+}
+
+/// A backend chosen for a run: its plugins.json entry, its options with the
+/// command line's `--option`s applied, and its loaded library. The one way
+/// the agent's commands, the sharing session and the probe pick a backend.
+public struct BackendSelection: @unchecked Sendable {
+    public let entry: BackendEntry
+    public let options: JSONObject
+    public let library: BackendLibrary
+
+    /// Loads the registry at `registryPath` (nil: `PluginRegistry.defaultPath()`), picks `name`
+    /// (nil: the registry's default), applies `overrides` in order, and dlopens the library.
+    public init(registryPath: String?, name: String?, overrides: [(key: String, value: JSON)]) throws(HostError) {
+        let registry = try PluginRegistry.load(path: registryPath ?? PluginRegistry.defaultPath())
+        entry = try registry.entry(named: name ?? registry.defaultBackend)
+        var options = entry.options
+        for (key, value) in overrides { options[key] = value }
+        self.options = options
+        library = try BackendLibrary.load(path: entry.library, backend: entry.name)
+    }
 }

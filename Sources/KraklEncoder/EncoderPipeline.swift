@@ -155,7 +155,7 @@ public final class EncoderPipeline: @unchecked Sendable {
                                       minimumInterval: minimumInterval, refreshNs: refreshNs) else { break }
             work.damage.merge(carried)
             carried.clear()
-            let now = monotonicNow()
+            let now = MonotonicClock.nanoseconds()
             do throws(EncoderError) {
                 guard let image = picture else { continue }
                 if let size = work.newSize {
@@ -195,9 +195,9 @@ public final class EncoderPipeline: @unchecked Sendable {
                     refreshRow = refreshRow + band >= rows ? 0 : refreshRow + band
                     share = Double(map!.reduce(0) { $0 + Int($1) }) / Double(cols * rows)
                 }
-                let encodeStart = monotonicNow()
+                let encodeStart = MonotonicClock.nanoseconds()
                 let packets = try encoder.encode(image, pts: pts, duration: duration, keyframe: work.keyframe, activeMap: map)
-                let encodeNs = monotonicNow() - encodeStart
+                let encodeNs = MonotonicClock.nanoseconds() - encodeStart
                 if packets.isEmpty {
                     carried = work.damage
                     statistics.recordDrop()
@@ -257,7 +257,7 @@ public final class EncoderPipeline: @unchecked Sendable {
         while true {
             // Stopping drains the slot: the last captured picture is encoded too.
             if stopping && !pending { return nil }
-            let now = monotonicNow()
+            let now = MonotonicClock.nanoseconds()
             let capOpen = Self.frameRateCapAllows(now: now, lastEncodeNs: lastEncodeNs, lastCaptureNs: lastCaptureNs,
                                                   pendingCaptureNs: pending ? pendingTimestamp : nil, interval: minimumInterval)
             let refreshDue = picture != nil && refreshNs > 0 && now >= lastEncodeNs + refreshNs
@@ -297,15 +297,10 @@ public final class EncoderPipeline: @unchecked Sendable {
         } else {
             // Nothing new: refresh (or a requested keyframe of) the current picture.
             work.damage.addWhole()
-            work.timestampNs = monotonicNow()
+            work.timestampNs = MonotonicClock.nanoseconds()
             work.refresh = !work.keyframe
         }
         return work
     }
 }
 
-func monotonicNow() -> UInt64 {
-    var ts = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
-}

@@ -1,3 +1,5 @@
+import KraklCore
+
 /// How frames are encoded. Defaults suit a screen shared into a call.
 public struct EncoderSettings: Sendable {
     public var codec: VideoCodec = .vp8

@@ -1,3 +1,4 @@
+import KraklCore
 import Glibc
 
 /// Where encoded frames go: a file now, the RTP publisher later.

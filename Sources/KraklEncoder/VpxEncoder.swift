@@ -1,11 +1,9 @@
+import KraklCore
 import CVpx
 import Glibc
 
-public enum VideoCodec: String, Sendable, CaseIterable {
-    case vp8, vp9
+extension VideoCodec {
     var libvpxNumber: Int32 { self == .vp8 ? 8 : 9 }
-    public var webmCodecID: String { self == .vp8 ? "V_VP8" : "V_VP9" }
-    public var fourcc: String { self == .vp8 ? "VP80" : "VP90" }
 }
 
 /// A failure to set up or run the encoder, said so a person can act on it.

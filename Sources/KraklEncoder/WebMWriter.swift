@@ -1,3 +1,4 @@
+import KraklCore
 import Glibc
 
 /// Writes a WebM (Matroska) file that browsers, ffmpeg and mpv play: one

@@ -1,18 +1,10 @@
 import Foundation
+import KraklCore
 import Glibc
-
-/// CLOCK_MONOTONIC in nanoseconds: the one clock the network side uses for
-/// deadlines, pacing and RTT (capture timestamps use it too, so frame ages
-/// compare directly).
-@inline(__always) func monotonicNanoseconds() -> UInt64 {
-    var ts = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
-}
 
 /// A single-threaded event loop on its own thread (not Swift concurrency):
 /// file descriptors watched with poll(2), timers in a deadline heap, and an
-/// eventfd that wakes the loop when another thread posts work.
+/// self-pipe that wakes the loop when another thread posts work.
 ///
 /// Thread rules: `post`, `stop` and `isRunning` may be called from any
 /// thread; `watch`, `unwatch`, `schedule` and `cancel` only on the loop
@@ -43,7 +35,7 @@ public final class EventLoop: @unchecked Sendable {
     private let finished = DispatchSemaphore(value: 0)
     private var threadID: pthread_t?
 
-    /// Creates the wake-up eventfd; the thread starts with `start()`.
+    /// Creates the wake-up pipe; the thread starts with `start()`.
     public init(name: String = "krakl-net") throws {
         var ends: [Int32] = [-1, -1]
         guard pipe(&ends) == 0 else { throw NetworkError.socket("pipe: \(String(cString: strerror(errno)))") }
@@ -144,7 +136,7 @@ public final class EventLoop: @unchecked Sendable {
 
     @discardableResult
     public func schedule(afterNanoseconds delay: UInt64, _ handler: @escaping () -> Void) -> TimerID {
-        schedule(at: monotonicNanoseconds() &+ delay, handler)
+        schedule(at: MonotonicClock.nanoseconds() &+ delay, handler)
     }
 
     /// Cancels a timer that has not fired; harmless for one that has.
@@ -171,7 +163,7 @@ public final class EventLoop: @unchecked Sendable {
             // Sleep until the next timer (rounded up to whole ms: never early), at most 1 s.
             var wait = 1_000_000_000 as UInt64
             if let next = heap.first {
-                let now = monotonicNanoseconds()
+                let now = MonotonicClock.nanoseconds()
                 wait = next.deadline > now ? min(wait, next.deadline - now) : 0
             }
             let ready = poll(&descriptors, nfds_t(descriptors.count), Int32((wait + 999_999) / 1_000_000))
@@ -200,7 +192,7 @@ public final class EventLoop: @unchecked Sendable {
     private func fireDueTimers() {
         // Bounded: timers scheduled by a handler for "now" wait for the next turn.
         var budget = heap.count
-        let now = monotonicNanoseconds()
+        let now = MonotonicClock.nanoseconds()
         while budget > 0, let first = heap.first, first.deadline <= now {
             budget -= 1
             let timer = popFirst()

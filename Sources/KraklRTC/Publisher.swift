@@ -1,3 +1,4 @@
+import KraklCore
 import Foundation
 import Glibc
 
@@ -182,7 +183,7 @@ public final class Publisher: @unchecked Sendable {
         loop.start()
         loop.post { [self] in
             for socket in sockets { loop.watch(fd: socket.fd) { [unowned self] in self.readSocket(socket) } }
-            ice.startGathering(now: monotonicNanoseconds())
+            ice.startGathering(now: MonotonicClock.nanoseconds())
             service()
         }
     }
@@ -219,12 +220,12 @@ public final class Publisher: @unchecked Sendable {
     }
 
     public func setAnswer(_ answer: SdpAnswer) {
-        let now = monotonicNanoseconds()
+        let now = MonotonicClock.nanoseconds()
         stateLock.lock()
         let first = negotiated == nil
         negotiated = answer
         if first {
-            statistics.codec = answer.codec.rawValue
+            statistics.codec = answer.codec.sdpName
             statistics.state = "checking"
             statistics.dtlsRole = answer.setup == .active ? "server" : "client"
         }
@@ -237,7 +238,7 @@ public final class Publisher: @unchecked Sendable {
                 candidates.append(IceCandidate(foundation: "cline", priority: IceCandidate.priority(kind: .host), address: address,
                                                port: answer.port, kind: .host))
             }
-            ice.setRemote(credentials: IceCredentials(ufrag: answer.iceUfrag, pwd: answer.icePwd), candidates: candidates, now: monotonicNanoseconds())
+            ice.setRemote(credentials: IceCredentials(ufrag: answer.iceUfrag, pwd: answer.icePwd), candidates: candidates, now: MonotonicClock.nanoseconds())
             service()
         }
     }
@@ -245,7 +246,7 @@ public final class Publisher: @unchecked Sendable {
     /// A candidate the peer trickled.
     public func addRemoteCandidate(_ candidate: IceCandidate) {
         loop.post { [self] in
-            ice.addRemoteCandidate(candidate, now: monotonicNanoseconds())
+            ice.addRemoteCandidate(candidate, now: MonotonicClock.nanoseconds())
             service()
         }
     }
@@ -261,7 +262,7 @@ public final class Publisher: @unchecked Sendable {
         let sdp = currentOffer.sdp
         stateLock.unlock()
         loop.post { [self] in
-            ice.restart(credentials: credentials, now: monotonicNanoseconds())
+            ice.restart(credentials: credentials, now: MonotonicClock.nanoseconds())
             service()
         }
         return sdp
@@ -331,7 +332,7 @@ public final class Publisher: @unchecked Sendable {
         for _ in 0..<256 {
             guard let (bytes, from) = socket.receive(&receiveBuffer) else { break }
             // Per datagram: handlers below run service(), which moves the clock on.
-            let now = monotonicNanoseconds()
+            let now = MonotonicClock.nanoseconds()
             guard let first = bytes.first else { continue }
             switch first {
             case 0...3:
@@ -354,7 +355,7 @@ public final class Publisher: @unchecked Sendable {
     /// Runs what is due (ICE, DTLS retransmission, pacing, reports) and arms one timer for the next thing.
     private func service() {
         guard !finished else { return }
-        var now = monotonicNanoseconds()
+        var now = MonotonicClock.nanoseconds()
         if let due = ice.nextDeadline, due <= now { ice.tick(now: now) }
         flushIce()
         if let dtls, let timeout = dtls.timeout, timeout <= 0 { handleDtls(dtls.onTimer()) }
@@ -370,7 +371,7 @@ public final class Publisher: @unchecked Sendable {
         pump(now: now)
         guard !finished else { return }
 
-        now = monotonicNanoseconds()
+        now = MonotonicClock.nanoseconds()
         var next: UInt64?
         func consider(_ t: UInt64?) { if let t { next = min(next ?? t, t) } }
         consider(ice.nextDeadline)
@@ -430,9 +431,9 @@ public final class Publisher: @unchecked Sendable {
                     fail("SRTP set-up failed: \(error)")
                     return
                 }
-                let ms = Double(monotonicNanoseconds() - answerAt) / 1e6
+                let ms = Double(MonotonicClock.nanoseconds() - answerAt) / 1e6
                 media = true
-                nextSenderReportAt = monotonicNanoseconds() + configuration.senderReportInterval / 2
+                nextSenderReportAt = MonotonicClock.nanoseconds() + configuration.senderReportInterval / 2
                 updateStats {
                     $0.state = "connected"
                     $0.connectMilliseconds = ms
@@ -441,8 +442,8 @@ public final class Publisher: @unchecked Sendable {
                 onEvent?(.connected(milliseconds: ms))
                 // Whatever was encoded before is useless to the receiver: start with a keyframe.
                 _ = takeQueuedFrames()
-                reportBitrate(force: true, now: monotonicNanoseconds())
-                requestKeyframe(now: monotonicNanoseconds())
+                reportBitrate(force: true, now: MonotonicClock.nanoseconds())
+                requestKeyframe(now: MonotonicClock.nanoseconds())
             case .remoteClosed:
                 media = false
                 finished = true
@@ -482,7 +483,7 @@ public final class Publisher: @unchecked Sendable {
     }
 
     private func takeFrames() {
-        let now = monotonicNanoseconds()
+        let now = MonotonicClock.nanoseconds()
         stateLock.lock()
         let overflowed = frameQueueOverflowed
         frameQueueOverflowed = false
@@ -523,7 +524,7 @@ public final class Publisher: @unchecked Sendable {
         for _ in 0..<512 {
             guard let item = pacer.pop(now: now) else { break }
             var packet = item.packet
-            let sendNs = monotonicNanoseconds()
+            let sendNs = MonotonicClock.nanoseconds()
             if let id = answer.extensions[.absSendTime] {
                 packet.setExtension(.absSendTime(id: id, nanoseconds: sendNs))
             }

@@ -1,3 +1,5 @@
+import KraklCore
+
 /// Turns encoded frames into RTP packets for one video stream: the codec's
 /// packetizer, consecutive sequence numbers, the 90 kHz clock, the marker on
 /// each frame's last packet, and the mid extension when the answer kept it.

@@ -1,3 +1,5 @@
+import KraklCore
+
 /// Why an answer cannot be used. Each message says what the answer lacked and
 /// what a working answer contains, so a room driver can log it as is.
 public enum SdpError: Error, Equatable, CustomStringConvertible {
@@ -140,7 +142,7 @@ public struct SdpAnswer: Sendable {
         let offered = offer?.codecs
         var chosen: (VideoCodec, UInt8)?
         for pt in video.formats {
-            guard let name = names[pt], let codec = VideoCodec(rawValue: name) else { continue }
+            guard let name = names[pt], let codec = VideoCodec(sdpName: name) else { continue }
             if let offered, !offered.contains(where: { $0.payloadType == pt && $0.codec == codec }) { continue }
             // VP9 profiles other than 0 need 4:4:4 or high bit depth input we never produce.
             if codec == .vp9, let profile = fmtp[pt]?["profile-id"], profile != "0" { continue }

@@ -1,3 +1,5 @@
+import KraklCore
+
 /// A send-only video offer with one bundled m-section, in the shape browsers
 /// write (RFC 8829 §5.2), so SFUs written against Chrome's offers accept it.
 public struct SdpVideoOffer: Sendable {
@@ -86,7 +88,7 @@ public struct SdpVideoOffer: Sendable {
         l += extensions.map { "a=extmap:\($0.id) \($0.kind.uri)" }
         l += ["a=\(direction.rawValue)", "a=msid:\(streamID) \(trackID)", "a=rtcp-mux", "a=rtcp-rsize"]
         for c in codecs {
-            l.append("a=rtpmap:\(c.payloadType) \(c.codec.rawValue)/90000")
+            l.append("a=rtpmap:\(c.payloadType) \(c.codec.sdpName)/90000")
             l += feedback.map { "a=rtcp-fb:\(c.payloadType) \($0)" }
             if let p = c.parameters { l.append("a=fmtp:\(c.payloadType) \(p)") }
             if let rtx = c.rtxPayloadType {

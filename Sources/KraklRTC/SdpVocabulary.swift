@@ -1,12 +1,6 @@
 /// The SDP words the offer and answer share: codecs, feedback, header
 /// extensions, directions and DTLS roles (RFC 8866 syntax, RFC 8829 usage).
 
-/// The video codecs this stack can packetize.
-public enum VideoCodec: String, Sendable, CaseIterable {
-    case vp8 = "VP8"
-    case vp9 = "VP9"
-}
-
 /// One `a=rtcp-fb` value (RFC 4585 §4.2): a type and an optional parameter, e.g. "nack" "pli".
 public struct RtcpFeedback: Hashable, Sendable, CustomStringConvertible {
     public var type: String

@@ -88,7 +88,7 @@ do {
         case "--backend": backendName = value(flag)
         case "--plugins": pluginsPath = value(flag)
         case "--option":
-            do throws(AgentError) { options.append(try parseOptionAssignment(value(flag))) } catch { fail("\(error)", status: 2) }
+            do throws(HostError) { options.append(try parseOptionAssignment(value(flag))) } catch { fail("\(error)", status: 2) }
         case "--bitrate":
             encoderSettings.bitrateKbps = Int(number(flag))
             configuration.startBitrate = Double(encoderSettings.bitrateKbps) * 1000

@@ -50,6 +50,6 @@ struct JSONTests {
         #expect(try parseOptionAssignment("path=/tmp/a=b.y4m") == ("path", .string("/tmp/a=b.y4m")))
         #expect(try parseOptionAssignment("name=\"30\"") == ("name", .string("30")))
         #expect(try parseOptionAssignment("empty=") == ("empty", .string("")))
-        #expect(throws: AgentError.self) { try parseOptionAssignment("=1") }
+        #expect(throws: HostError.self) { try parseOptionAssignment("=1") }
     }
 }

@@ -1,13 +1,8 @@
+import KraklCore
 import Foundation
 import Glibc
 import KraklRTC
 import Testing
-
-func rtcMonotonicNanoseconds() -> UInt64 {
-    var ts = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
-}
 
 /// A receiving peer built from our own parts (a controlled IceAgent, a
 /// DtlsTransport in the role the answer gives it, SRTP), on 127.0.0.1 in
@@ -60,7 +55,7 @@ final class RtcLoopbackPeer {
         dtls = try DtlsTransport(role: setup == "active" ? .client : .server, certificate: certificate,
                                  expectedFingerprint: offer.fingerprint)
         ice.setRemote(credentials: IceCredentials(ufrag: offer.iceUfrag, pwd: offer.icePwd), candidates: offer.candidates,
-                      now: rtcMonotonicNanoseconds())
+                      now: MonotonicClock.nanoseconds())
     }
 
     private func send(_ datagrams: [[UInt8]]) {
@@ -89,7 +84,7 @@ final class RtcLoopbackPeer {
         for _ in 0..<1_000_000 {
             if done(self) { return true }
             if Date() >= deadline { break }
-            let now = rtcMonotonicNanoseconds()
+            let now = MonotonicClock.nanoseconds()
             if let due = ice.nextDeadline, due <= now { ice.tick(now: now) }
             let (transmits, events) = ice.drain()
             for t in transmits { socket.send(t.bytes, to: t.to) }
@@ -103,7 +98,7 @@ final class RtcLoopbackPeer {
             _ = poll(&descriptor, 1, 5)
             while let (bytes, from) = socket.receive(&buffer) {
                 guard let first = bytes.first else { continue }
-                let arrival = rtcMonotonicNanoseconds()
+                let arrival = MonotonicClock.nanoseconds()
                 switch first {
                 case 0...3: ice.receive(bytes, from: from, base: socket.localAddress, now: arrival)
                 case 20...63:
@@ -195,7 +190,7 @@ final class RtcCallbackLog: @unchecked Sendable {
         // Three frames of 3000 bytes: three packets each, marker on each frame's last.
         let frame = [UInt8](repeating: 0x5a, count: 3000)
         for i in 0..<3 {
-            publisher.send(frame: frame, keyframe: i == 0, captureNanoseconds: rtcMonotonicNanoseconds(), width: 640, height: 360)
+            publisher.send(frame: frame, keyframe: i == 0, captureNanoseconds: MonotonicClock.nanoseconds(), width: 640, height: 360)
         }
         #expect(peer.pump(seconds: 5) { $0.rtp.count >= 9 }, "only \(peer.rtp.count) RTP packets arrived")
         let media = peer.rtp.filter { $0.ssrc == offer.ssrc }
@@ -237,7 +232,7 @@ final class RtcCallbackLog: @unchecked Sendable {
         // A receiver report answering our latest SR gives an RTT; its loss fraction shows in stats.
         #expect(peer.pump(seconds: 3) { !$0.senderReports.isEmpty }, "no sender report in 3 s")
         let (sr, arrival) = try #require(peer.senderReports.last)
-        let held = rtcMonotonicNanoseconds() - arrival
+        let held = MonotonicClock.nanoseconds() - arrival
         let block = RtcpReportBlock(ssrc: offer.ssrc, fractionLost: 64, cumulativeLost: 3, extendedHighestSequence: UInt32(lost) + 20,
                                     jitter: 90, lastSenderReport: NtpTime.compact(sr.ntpTime),
                                     delaySinceLastSenderReport: UInt32(held * 65536 / 1_000_000_000))
@@ -284,23 +279,23 @@ final class RtcCallbackLog: @unchecked Sendable {
         let small = [UInt8](repeating: 0x33, count: 400), large = [UInt8](repeating: 0x44, count: 3000)
 
         // Before any receiver report the loss is unknown: a small frame is protected (one copy).
-        publisher.send(frame: small, keyframe: true, captureNanoseconds: rtcMonotonicNanoseconds(), width: 640, height: 360)
+        publisher.send(frame: small, keyframe: true, captureNanoseconds: MonotonicClock.nanoseconds(), width: 640, height: 360)
         #expect(peer.pump(seconds: 3) { _ in media().count == 1 })
         let first = media()[0].sequenceNumber
         #expect(peer.pump(seconds: 3) { _ in copies(of: first).count == 1 }, "no copy before the first receiver report")
 
         // A clean report: the next small frame goes once.
         try report(fractionLost: 0)
-        publisher.send(frame: small, keyframe: false, captureNanoseconds: rtcMonotonicNanoseconds(), width: 640, height: 360)
+        publisher.send(frame: small, keyframe: false, captureNanoseconds: MonotonicClock.nanoseconds(), width: 640, height: 360)
         #expect(peer.pump(seconds: 3) { _ in media().count == 2 })
         peer.pump(seconds: Double(4 * delay) / 1e9)
         #expect(copies(of: media()[1].sequenceNumber).isEmpty, "a copy sent after the receiver reported a clean path")
 
         // Light loss (1/256): one copy of a small frame's packet, none of a large frame's.
         try report(fractionLost: 1)
-        let handedOver = rtcMonotonicNanoseconds()
-        publisher.send(frame: small, keyframe: false, captureNanoseconds: rtcMonotonicNanoseconds(), width: 640, height: 360)
-        publisher.send(frame: large, keyframe: false, captureNanoseconds: rtcMonotonicNanoseconds(), width: 640, height: 360)
+        let handedOver = MonotonicClock.nanoseconds()
+        publisher.send(frame: small, keyframe: false, captureNanoseconds: MonotonicClock.nanoseconds(), width: 640, height: 360)
+        publisher.send(frame: large, keyframe: false, captureNanoseconds: MonotonicClock.nanoseconds(), width: 640, height: 360)
         #expect(peer.pump(seconds: 3) { _ in media().count == 6 })
         let second = media()[2].sequenceNumber
         #expect(peer.pump(seconds: 3) { _ in !copies(of: second).isEmpty }, "no copy of a one-packet frame after loss was reported")
@@ -317,7 +312,7 @@ final class RtcCallbackLog: @unchecked Sendable {
 
         // Heavier loss (64/256): two copies.
         try report(fractionLost: 64)
-        publisher.send(frame: small, keyframe: false, captureNanoseconds: rtcMonotonicNanoseconds(), width: 640, height: 360)
+        publisher.send(frame: small, keyframe: false, captureNanoseconds: MonotonicClock.nanoseconds(), width: 640, height: 360)
         #expect(peer.pump(seconds: 3) { _ in media().count == 7 })
         let seventh = media()[6].sequenceNumber
         #expect(peer.pump(seconds: 3) { _ in copies(of: seventh).count == 2 }, "\(copies(of: seventh).count) copies at 25 % loss")
@@ -337,7 +332,7 @@ final class RtcCallbackLog: @unchecked Sendable {
         #expect(session.connect(), "not connected: \(log.events) \(peer.dtlsEvents)")
         func media() -> Int { peer.rtp.filter { $0.ssrc == offer.ssrc }.count }
         let frame = [UInt8](repeating: 0x21, count: 500)
-        publisher.send(frame: frame, keyframe: true, captureNanoseconds: rtcMonotonicNanoseconds(), width: 640, height: 360)
+        publisher.send(frame: frame, keyframe: true, captureNanoseconds: MonotonicClock.nanoseconds(), width: 640, height: 360)
         #expect(peer.pump(seconds: 3) { _ in media() == 1 })
         let selectionsBefore = peer.selections, checksBefore = publisher.stats.iceChecksSent
 
@@ -346,16 +341,16 @@ final class RtcCallbackLog: @unchecked Sendable {
         #expect(restarted.iceUfrag != offer.iceUfrag && restarted.icePwd != offer.icePwd, "the restart kept the old credentials")
         #expect(restartedSdp.contains("a=ice-ufrag:\(restarted.iceUfrag)") && restarted.fingerprint == offer.fingerprint)
         // Before the answer, media still goes over the old pair.
-        publisher.send(frame: frame, keyframe: false, captureNanoseconds: rtcMonotonicNanoseconds(), width: 640, height: 360)
+        publisher.send(frame: frame, keyframe: false, captureNanoseconds: MonotonicClock.nanoseconds(), width: 640, height: 360)
         #expect(peer.pump(seconds: 3) { _ in media() == 2 }, "media stopped while the restart waited for its answer")
 
-        peer.ice.restart(credentials: .random(), now: rtcMonotonicNanoseconds())
+        peer.ice.restart(credentials: .random(), now: MonotonicClock.nanoseconds())
         peer.ice.setRemote(credentials: IceCredentials(ufrag: restarted.iceUfrag, pwd: restarted.icePwd), candidates: restarted.candidates,
-                           now: rtcMonotonicNanoseconds())
+                           now: MonotonicClock.nanoseconds())
         _ = try publisher.setAnswer(peer.answer(to: restarted))
         #expect(peer.pump(seconds: 10) { $0.selections > selectionsBefore }, "no new nomination after the restart's answer")
         #expect(peer.pump(seconds: 2) { _ in publisher.stats.iceChecksSent > checksBefore }, "no checks with the new credentials")
-        publisher.send(frame: frame, keyframe: false, captureNanoseconds: rtcMonotonicNanoseconds(), width: 640, height: 360)
+        publisher.send(frame: frame, keyframe: false, captureNanoseconds: MonotonicClock.nanoseconds(), width: 640, height: 360)
         #expect(peer.pump(seconds: 3) { _ in media() == 3 }, "media stopped after the restart")
         #expect(!log.events.contains { if case .connectionLost = $0 { return true } else { return false } })
         #expect(peer.dtlsEvents.filter { if case .connected = $0 { return true } else { return false } }.count == 1,
@@ -403,7 +398,7 @@ final class RtcCallbackLog: @unchecked Sendable {
         try peer.start(offer: offer)
         try publisher.setAnswer(peer.answer(to: offer))
         #expect(peer.pump(seconds: 10) { _ in log.connected }, "not connected over IPv6: \(log.events)")
-        publisher.send(frame: [UInt8](repeating: 7, count: 2000), keyframe: true, captureNanoseconds: rtcMonotonicNanoseconds(), width: 640, height: 360)
+        publisher.send(frame: [UInt8](repeating: 7, count: 2000), keyframe: true, captureNanoseconds: MonotonicClock.nanoseconds(), width: 640, height: 360)
         #expect(peer.pump(seconds: 5) { $0.rtp.count >= 2 }, "no RTP over IPv6")
         #expect(publisher.stats.selectedPair?.contains("[::1]") == true, "pair: \(publisher.stats.selectedPair ?? "none")")
     }
@@ -422,11 +417,11 @@ final class RtcCallbackLog: @unchecked Sendable {
         configuration.frameQueueCapacity = 4
         let publisher = try Publisher(configuration: configuration)
         defer { publisher.close() }
-        let start = rtcMonotonicNanoseconds()
+        let start = MonotonicClock.nanoseconds()
         for i in 0..<1000 {
             publisher.send(frame: [UInt8](repeating: 1, count: 5000), keyframe: i % 100 == 0, captureNanoseconds: start, width: 640, height: 360)
         }
-        let elapsedMs = Double(rtcMonotonicNanoseconds() - start) / 1e6
+        let elapsedMs = Double(MonotonicClock.nanoseconds() - start) / 1e6
         #expect(elapsedMs < 2000, "1000 frames took \(elapsedMs) ms to hand over")
         // The network thread drains what it gets; nothing is sent without a connection.
         let deadline = Date().addingTimeInterval(5)

@@ -1,3 +1,4 @@
+import KraklCore
 import Foundation
 import Glibc
 import KraklRTC
@@ -72,12 +73,6 @@ final class RtcTestNamespace {
         let result = try run(Self.nft, ["flush", "chain", "inet", "krakl", "input"])
         try #require(result.status == 0, "nft flush: \(result.stderr)")
     }
-}
-
-func rtcMonotonicMilliseconds() -> Double {
-    var ts = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return Double(ts.tv_sec) * 1000 + Double(ts.tv_nsec) / 1e6
 }
 
 /// One publisher session: krakl-rtc-probe and the aiortc receiver in a
@@ -193,7 +188,7 @@ final class RtcPublisherSession {
 
 /// Waits until CLOCK_MONOTONIC reaches `ms`: the scenario's timeline (fault start/stop), not a readiness guess.
 func rtcWait(untilMonotonicMs ms: Double) {
-    for _ in 0..<100_000 where rtcMonotonicMilliseconds() < ms { usleep(10_000) }
+    for _ in 0..<100_000 where MonotonicClock.milliseconds() < ms { usleep(10_000) }
 }
 
 /// Decoded frames and gaps of a receiver report within a time window (CLOCK_MONOTONIC ms).
@@ -360,15 +355,15 @@ struct RtcArrivals {
         rtcWait(untilMonotonicMs: connected + 3000)
         // The outage starts once the rule is in place: starting `nft` can take
         // hundreds of ms on a busy machine, and frames captured before then pass.
-        let asked = rtcMonotonicMilliseconds()
+        let asked = MonotonicClock.milliseconds()
         try namespace.dropUdp(percent: 100)
-        let outage = rtcMonotonicMilliseconds()
+        let outage = MonotonicClock.milliseconds()
         rtcWait(untilMonotonicMs: outage + 5000)
         // The rule goes away somewhere while `nft` runs: the outage surely lasts
         // until `healing`, and resumption is timed from there (the strict side).
-        let healing = rtcMonotonicMilliseconds()
+        let healing = MonotonicClock.milliseconds()
         try namespace.heal()
-        let healed = rtcMonotonicMilliseconds()
+        let healed = MonotonicClock.milliseconds()
         let result = try #require(session.probeResult(timeout: 40), "the probe gave no result: \(session.probe.log)")
         let report = try #require(session.receiverReport(timeout: 30), "aiortc gave no report: \(session.receiver.log)")
         let stats = try #require(result["stats"] as? [String: Any])
@@ -436,7 +431,7 @@ struct RtcArrivals {
         let connected = try #require(session.waitConnected(timeout: 20), "never connected: \(session.probe.log)")
         rtcWait(untilMonotonicMs: connected + 2000)
         try namespace.dropUdp(percent: 100)
-        let outage = rtcMonotonicMilliseconds()  // once the rule is in place
+        let outage = MonotonicClock.milliseconds()  // once the rule is in place
         let result = try #require(session.probeResult(timeout: 60), "the probe gave no result: \(session.probe.log)")
         let events = result["events"] as? [[String: Any]] ?? []
         let lost = try #require(events.first { $0["event"] as? String == "connection_lost" }, "no connection_lost event: \(events)")

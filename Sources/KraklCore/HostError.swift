@@ -1,9 +1,10 @@
 import Glibc
 
-/// Every way krakl-agent can fail before or while capturing, each with its
-/// own exit status (documented in docs/exit-codes.md and `--help`) and a
-/// one-line message that says what to do.
-public enum AgentError: Error, Equatable, CustomStringConvertible {
+/// Every way the host can fail before or while capturing (command line,
+/// plugins.json, loading and running a backend, the encoder), each with a
+/// one-line message that says what to do. The agent maps each case to its
+/// own exit status (Sources/Agent/ExitStatus.swift, docs/exit-codes.md).
+public enum HostError: Error, Equatable, Sendable, CustomStringConvertible {
     case usage(String)
     case invalidOption(String)
     case registryUnreadable(path: String, reason: String)
@@ -17,41 +18,6 @@ public enum AgentError: Error, Equatable, CustomStringConvertible {
     case startFailed(backend: String, code: Int32, message: String)
     case encoderFailed(String)
     case listFailed(backend: String, code: Int32, message: String)
-
-    /// Process exit status. 1 stays free for "ran, but a check failed"
-    /// (conformance) so a script can tell the two apart.
-    public var exitStatus: Int32 {
-        switch self {
-        case .usage: return 2
-        case .invalidOption: return 3
-        case .registryUnreadable: return 4
-        case .registryMalformed: return 5
-        case .unknownBackend: return 6
-        case .libraryMissing: return 7
-        case .libraryUnloadable: return 8
-        case .entrySymbolMissing: return 9
-        case .abiMismatch: return 10
-        case .createFailed(_, let code, _): return Self.createStatus(code)
-        case .startFailed: return 12
-        case .encoderFailed: return 14
-        case .listFailed: return 15
-        }
-    }
-
-    /// A failed create() says why through its errno (the ABI's contract), so
-    /// a script can tell "fix the options" from "start the service" from
-    /// "the person said no" for any backend, in-tree or not.
-    public static func createStatus(_ code: Int32) -> Int32 {
-        switch -code {
-        case EINVAL: return 16                              // an option or input the backend rejected
-        case ENODEV, ENOENT: return 17                      // what to capture is not there (display, monitor, node, file)
-        case EOPNOTSUPP, ENOSYS: return 18                  // the system lacks what the backend needs (no portal, unsupported format)
-        case ECONNREFUSED, ENXIO, EHOSTDOWN: return 19      // a service it needs is not running (PipeWire, the session bus)
-        case EACCES, EPERM: return 20                       // capture was not allowed (the portal dialog was denied)
-        case ETIMEDOUT: return 21                           // nobody answered in time (the portal dialog)
-        default: return 11
-        }
-    }
 
     public var description: String {
         switch self {

@@ -1,0 +1,74 @@
+import Glibc
+import KraklCore
+import KraklRoom
+import KraklSession
+
+// The agent's exit statuses, all in one place (documented in docs/exit-codes.md
+// and --help). Libraries throw typed errors and end sessions with typed
+// reasons; only the agent turns them into numbers.
+
+extension HostError {
+    /// Process exit status. 1 stays free for "ran, but a check failed"
+    /// (conformance) so a script can tell the two apart.
+    var exitStatus: Int32 {
+        switch self {
+        case .usage: return 2
+        case .invalidOption: return 3
+        case .registryUnreadable: return 4
+        case .registryMalformed: return 5
+        case .unknownBackend: return 6
+        case .libraryMissing: return 7
+        case .libraryUnloadable: return 8
+        case .entrySymbolMissing: return 9
+        case .abiMismatch: return 10
+        case .createFailed(_, let code, _): return Self.createStatus(code)
+        case .startFailed: return 12
+        case .encoderFailed: return 14
+        case .listFailed: return 15
+        }
+    }
+
+    /// A failed create() says why through its errno (the ABI's contract), so
+    /// a script can tell "fix the options" from "start the service" from
+    /// "the person said no" for any backend, in-tree or not.
+    static func createStatus(_ code: Int32) -> Int32 {
+        switch -code {
+        case EINVAL: return 16                              // an option or input the backend rejected
+        case ENODEV, ENOENT: return 17                      // what to capture is not there (display, monitor, node, file)
+        case EOPNOTSUPP, ENOSYS: return 18                  // the system lacks what the backend needs (no portal, unsupported format)
+        case ECONNREFUSED, ENXIO, EHOSTDOWN: return 19      // a service it needs is not running (PipeWire, the session bus)
+        case EACCES, EPERM: return 20                       // capture was not allowed (the portal dialog was denied)
+        case ETIMEDOUT: return 21                           // nobody answered in time (the portal dialog)
+        default: return 11
+        }
+    }
+}
+
+extension EndReason {
+    /// How `krakl-agent --join … --once` exits when the session ends this way.
+    var exitStatus: Int32 {
+        switch self {
+        case .userStopped: return 0
+        case .roomEnded: return 30
+        case .sourceEnded: return 31
+        case .connectionLost: return 32
+        case .joinRefused(let error): return error.exitStatus
+        case .tokenExpired: return 39
+        case .sourceUnavailable(let error): return error.exitStatus
+        case .failure: return 44
+        }
+    }
+}
+
+extension RoomError {
+    var exitStatus: Int32 {
+        switch self {
+        case .unauthorized: return 33
+        case .noSuchRoom: return 34
+        case .refused, .restartUnsupported: return 35
+        case .serverError: return 36
+        case .unreachable: return 37
+        case .badReply: return 38
+        }
+    }
+}

@@ -1,0 +1,386 @@
+import Foundation
+import KraklBackendABI
+import KraklCore
+import KraklEncoder
+import KraklRTC
+
+/// What a sharing session is made of, fixed for its life.
+public struct SharingConfiguration: Sendable {
+    /// plugins.json (nil: the usual search) and the backend in it (nil: its default).
+    public var registryPath: String?
+    public var backendName: String?
+    public var backendOptions: [(key: String, value: JSON)] = []
+    /// The encoder's settings; the codec is the one the answer chose.
+    public var encoder = EncoderSettings()
+    public var publisher = PublisherConfiguration()
+    /// ICE + DTLS must be up this long after the answer, else the session ends as connection-lost.
+    public var connectTimeout = 15.0
+    /// Also write every encoded picture as raw I420 (tests measure PSNR with it).
+    public var dumpInput: String?
+
+    public init() {
+        // In a room, receivers ask for what they miss (NACK, PLI/FIR; an SFU forwards a new
+        // subscriber's PLI), so the once-a-second refresh of an unchanged screen, most of an idle
+        // share's cost (≈ 1.2 % of a core at 1080p), buys nothing there. Recordings keep it.
+        encoder.refreshInterval = 0
+    }
+}
+
+/// A moment of a session, for status lines and JSON: safe to read from any thread.
+public struct SharingStatus: Sendable {
+    public var state: SharingLifecycle.State
+    public var service: String
+    public var identity: String
+    public var room: String?
+    public var backend: String?
+    /// The publisher's numbers (nil before the publisher exists).
+    public var rtc: RtcStats?
+    /// The encoder's numbers over the last second (nil before it encoded).
+    public var encoder: EncoderStatistics.Summary?
+}
+
+/// One sharing session: owns the capture source, the encoder pipeline, the
+/// publisher and the room driver, and drives them by `SharingLifecycle`.
+/// It is the only place where those parts are wired together; krakl-agent
+/// and krakl-rtc-probe are command lines over it.
+///
+/// Threads: lifecycle events are handled one at a time on the session's
+/// control queue; blocking steps (creating the source, which may show the
+/// portal dialog; HTTP requests to the room; leaving) run in order on a
+/// work queue and post their outcome back as events. Frames go from the
+/// backend's thread to the encoder thread to the publisher's network thread
+/// and never touch either queue.
+public final class SharingSession: @unchecked Sendable {
+    public let configuration: SharingConfiguration
+    public let driver: RoomDriver
+    public let identity: String
+    public let room: String?
+    private let logger: BackendLogger
+
+    /// State changes, on the control queue (set before `start`).
+    public var onStateChange: (@Sendable (SharingLifecycle.State) -> Void)?
+    /// Every publisher event as it happens, on the network thread (set before `start`; the probe logs them).
+    public var onPublisherEvent: (@Sendable (PublisherEvent) -> Void)?
+    /// The session is over; called once, on the control queue, after everything was freed.
+    public var onFinished: (@Sendable (EndReason) -> Void)?
+
+    private let control = DispatchQueue(label: "krakl-session")
+    private let work = DispatchQueue(label: "krakl-session-work")
+    private var lifecycle = SharingLifecycle()
+    /// Bumped on every join, so a late timer of an earlier attempt is recognised and ignored.
+    private var attempt = 0
+
+    // Owned parts; touched only on the work queue (created, used, torn down there), read for
+    // status under `lock`.
+    private let lock = NSLock()
+    private var source: BackendSource?
+    private var selection: BackendSelection?
+    private var capture: SessionCapture?
+    private var pipeline: EncoderPipeline?
+    private var publisher: Publisher?
+    private var sink: PublisherSink?
+    private var finishedReason: EndReason?
+    private let finished = NSCondition()
+
+    public init(configuration: SharingConfiguration, driver: RoomDriver, identity: String, room: String?,
+                logger: @escaping BackendLogger) {
+        self.configuration = configuration
+        self.driver = driver
+        self.identity = identity
+        self.room = room
+        self.logger = logger
+    }
+
+    // MARK: - Control (any thread)
+
+    /// Begins: preparing → joining → sharing. Returns at once.
+    public func start() { post(.connect) }
+
+    /// Asks to stop; the session leaves and then calls `onFinished(.userStopped)`.
+    public func stop() { post(.stop) }
+
+    /// Ends the session because of something its owner decided (e.g. a time limit): as stop, with another reason.
+    public func end(_ event: SharingLifecycle.Event) { post(event) }
+
+    /// Waits until the session is over (or `timeout` s passed: nil).
+    public func waitUntilFinished(timeout: Double) -> EndReason? {
+        finished.lock()
+        defer { finished.unlock() }
+        let deadline = Date().addingTimeInterval(timeout)
+        while finishedReason == nil {
+            if !finished.wait(until: deadline) { break }
+        }
+        return finishedReason
+    }
+
+    public var state: SharingLifecycle.State { control.sync { lifecycle.state } }
+
+    /// A snapshot for status lines; `window` makes the encoder's numbers those of the last call's window.
+    public func status(window: Bool = true) -> SharingStatus {
+        let state = self.state
+        lock.lock()
+        let publisher = self.publisher, pipeline = self.pipeline, backend = selection?.entry.name
+        lock.unlock()
+        return SharingStatus(state: state, service: driver.service, identity: identity, room: room, backend: backend,
+                             rtc: publisher?.stats, encoder: pipeline?.statistics.summary(window: window))
+    }
+
+    /// The publisher's and encoder's totals (for the probe's final report); nil parts did not exist.
+    public var totals: (rtc: RtcStats?, encoder: EncoderStatistics.Summary?, captureToEncodedMs: [Double]) {
+        lock.lock()
+        defer { lock.unlock() }
+        return (publisher?.stats, pipeline?.statistics.summary(), sink?.captureToEncodedMs ?? [])
+    }
+
+    // MARK: - The lifecycle, on the control queue
+
+    private func post(_ event: SharingLifecycle.Event) {
+        control.async { [self] in handle(event) }
+    }
+
+    private func handle(_ event: SharingLifecycle.Event) {
+        let before = lifecycle.state
+        let actions = lifecycle.handle(event)
+        if lifecycle.state != before { onStateChange?(lifecycle.state) }
+        for action in actions { perform(action) }
+    }
+
+    private func perform(_ action: SharingLifecycle.Action) {
+        switch action {
+        case .prepareSource:
+            work.async { [self] in prepareSource() }
+        case .join:
+            attempt += 1
+            let thisAttempt = attempt
+            work.async { [self] in join(attempt: thisAttempt) }
+        case .startMedia:
+            work.async { [self] in startMedia() }
+        case .restartIce:
+            work.async { [self] in restartIce() }
+        case .leave(let reason):
+            work.async { [self] in leave(reason) }
+        case .finished(let reason):
+            finished.lock()
+            finishedReason = reason
+            finished.broadcast()
+            finished.unlock()
+            onFinished?(reason)
+        }
+    }
+
+    // MARK: - Steps, on the work queue
+
+    /// Loads the backend and creates its source: where the person may be asked for permission.
+    private func prepareSource() {
+        do throws(HostError) {
+            let selection = try BackendSelection(registryPath: configuration.registryPath, name: configuration.backendName,
+                                                 overrides: configuration.backendOptions)
+            let capture = SessionCapture(backend: selection.entry.name, logger: logger) { [weak self] event in self?.post(event) }
+            let source = try BackendSource(library: selection.library, backendName: selection.entry.name,
+                                           options: selection.options, sink: capture, logger: logger)
+            lock.lock()
+            self.selection = selection
+            self.capture = capture
+            self.source = source
+            lock.unlock()
+            post(.sourceReady)
+        } catch {
+            post(.sourceUnavailable(error))
+        }
+    }
+
+    /// Offer → room server → answer; the connect time-out starts with the answer.
+    private func join(attempt: Int) {
+        let publisher: Publisher
+        do {
+            publisher = try Publisher(configuration: configuration.publisher)
+        } catch {
+            post(.failure("cannot open the network side: \(error)"))
+            return
+        }
+        publisher.onEvent = { [weak self] event in self?.publisherEvent(event) }
+        lock.lock()
+        self.publisher = publisher
+        lock.unlock()
+        driver.onEvent = { [weak self] event in
+            switch event {
+            case .roomEnded(let reason): self?.post(.roomEnded(reason))
+            case .connectionLost(let reason): self?.post(.connectionLost(reason))
+            }
+        }
+        let answer: RoomAnswer
+        do throws(RoomError) {
+            answer = try driver.publish(offer: publisher.offerSDP, identity: identity)
+        } catch {
+            post(.joinFailed(error))
+            return
+        }
+        do {
+            let parsed = try publisher.setAnswer(answer.sdp)
+            try makePipeline(codec: parsed.codec, publisher: publisher)
+        } catch let error as SdpError {
+            post(.joinFailed(.badReply("the answer SDP is not usable: \(error)")))
+            return
+        } catch {
+            post(.failure("\(error)"))
+            return
+        }
+        let timeout = configuration.connectTimeout
+        control.asyncAfter(deadline: .now() + timeout) { [self] in
+            guard self.attempt == attempt, lifecycle.state == .joining else { return }
+            handle(.connectionLost("no connection to the room's media server within \(Int(timeout)) s of its answer (ICE/DTLS)"))
+        }
+    }
+
+    private func makePipeline(codec: VideoCodec, publisher: Publisher) throws {
+        var settings = configuration.encoder
+        settings.codec = codec
+        let sink = PublisherSink(publisher)
+        let capture = lock.withLock { self.capture }
+        let pipeline = try EncoderPipeline(settings: settings, dumpInput: configuration.dumpInput, output: { _, _, _ in sink },
+                                           onFailure: { [weak self] error in self?.post(.failure("encoder: \(error.message)")) })
+        publisher.onKeyframeRequest = { [weak capture] in if capture?.hasSubmitted == true { pipeline.requestKeyframe() } }
+        publisher.onBitrate = { bps in pipeline.setBitrate(kbps: max(bps / 1000, 1)) }
+        capture?.pipeline = pipeline
+        lock.lock()
+        self.pipeline = pipeline
+        self.sink = sink
+        lock.unlock()
+    }
+
+    private func publisherEvent(_ event: PublisherEvent) {
+        onPublisherEvent?(event)
+        switch event {
+        case .connected: post(.connected)
+        case .remoteClosed: post(.roomEnded("the room server closed the connection"))
+        case .connectionLost(let reason): post(.connectionLost(reason))
+        case .failed(let reason): post(.connectionLost(reason))
+        case .localCandidate(let candidate): driver.trickle(candidate: candidate.sdpValue, mid: publisher?.offer.mid ?? "0")
+        }
+    }
+
+    private func startMedia() {
+        let (source, pipeline) = lock.withLock { (self.source, self.pipeline) }
+        pipeline?.start()
+        do throws(HostError) {
+            try source?.start()
+        } catch {
+            post(.sourceUnavailable(error))
+        }
+    }
+
+    private func restartIce() {
+        guard let publisher = lock.withLock({ self.publisher }) else { return }
+        let offer = publisher.restartIce()
+        let answer: String
+        do throws(RoomError) {
+            answer = try driver.restart(offer: offer)
+        } catch {
+            post(.connectionLost("the path stopped answering and ICE restart failed: \(error)"))
+            return
+        }
+        do {
+            try publisher.setAnswer(answer)
+        } catch {
+            post(.connectionLost("the path stopped answering and the restart's answer is not usable: \(error)"))
+        }
+    }
+
+    /// Tears down whatever exists, in the order that tells the room first: the source stops (no new
+    /// frames), the publisher sends RTCP BYE and DTLS close_notify, the driver unpublishes and leaves,
+    /// then the source and encoder are freed.
+    private func leave(_ reason: EndReason) {
+        lock.lock()
+        let source = self.source, pipeline = self.pipeline, publisher = self.publisher
+        lock.unlock()
+        source?.stop()
+        publisher?.close()
+        driver.leave()
+        source?.destroy()
+        pipeline?.finish()
+        lock.lock()
+        self.source = nil
+        self.capture = nil
+        self.pipeline = nil
+        self.sink = nil
+        self.publisher = nil
+        lock.unlock()
+        post(.left)
+    }
+}
+
+/// Frames from the backend's capture thread into the encoder, checked; the
+/// source's end and errors become lifecycle events.
+final class SessionCapture: FrameSink, @unchecked Sendable {
+    private let backend: String
+    private let logger: BackendLogger
+    private let report: (SharingLifecycle.Event) -> Void
+    private let lock = NSLock()
+    private var _pipeline: EncoderPipeline?
+    private var submitted = false
+    private var reportedInvalid = false
+
+    init(backend: String, logger: @escaping BackendLogger, report: @escaping (SharingLifecycle.Event) -> Void) {
+        self.backend = backend
+        self.logger = logger
+        self.report = report
+    }
+
+    var pipeline: EncoderPipeline? {
+        get { lock.withLock { _pipeline } }
+        set { lock.withLock { _pipeline = newValue } }
+    }
+
+    /// True once a frame reached the encoder: EncoderPipeline must not be asked for a keyframe before
+    /// its first frame (the first encoded frame is one anyway).
+    var hasSubmitted: Bool { lock.withLock { submitted } }
+
+    func frame(_ pointer: UnsafePointer<krakl_frame>) {
+        let info = FrameInfo(pointer)
+        if let problem = FrameCheck.geometryProblem(pointer) ?? FrameCheck.damageProblem(info) {
+            let first = lock.withLock { () -> Bool in defer { reportedInvalid = true }; return !reportedInvalid }
+            if first { logger(backend, .error, "dropped an invalid frame (the backend is misbehaving): \(problem)") }
+            return
+        }
+        guard let pipeline else { return }
+        pipeline.submit(info)
+        lock.withLock { submitted = true }
+    }
+
+    func event(_ event: SourceEvent) {
+        switch event.kind {
+        case .sourceEnded:
+            report(.sourceEnded(event.message ?? "the backend gave no reason"))
+        case .error:
+            logger(backend, .error, "\(event.message ?? "unspecified error") (\(errnoName(event.error)))")
+        case .formatChanged:
+            logger(backend, .info, "format changed to \(FrameCheck.formatName(event.format)) \(event.width)x\(event.height)")
+        case .unknown(let type):
+            logger(backend, .debug, "ignored unknown event type \(type)")
+        }
+    }
+}
+
+/// The encoder's output goes to the publisher.
+final class PublisherSink: EncodedFrameSink, @unchecked Sendable {
+    let publisher: Publisher
+    private let lock = NSLock()
+    /// Capture → encoded, ms, a frame each: the part of the end-to-end latency spent before the publisher.
+    private var encodedAfterMs: [Double] = []
+
+    init(_ publisher: Publisher) { self.publisher = publisher }
+
+    var captureToEncodedMs: [Double] { lock.withLock { encodedAfterMs } }
+
+    func write(_ frame: EncodedFrame) throws(EncoderError) {
+        let waited = MonotonicClock.milliseconds() - Double(frame.timestampNs) / 1e6
+        lock.withLock {
+            // Bounded: a session of hours must not grow this without end (the probe reads percentiles).
+            if encodedAfterMs.count < 1_000_000 { encodedAfterMs.append(waited) }
+        }
+        publisher.send(frame: frame.data, keyframe: frame.keyframe, captureNanoseconds: frame.timestampNs,
+                       width: frame.width, height: frame.height)
+    }
+
+    func finish() throws(EncoderError) {}
+}
