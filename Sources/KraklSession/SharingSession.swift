@@ -39,6 +39,14 @@ public struct SharingStatus: Sendable {
     public var encoder: EncoderStatistics.Summary?
 }
 
+/// A session's numbers at the end (or now).
+public struct SharingTotals: Sendable {
+    public var rtc: RtcStats?
+    public var encoder: EncoderStatistics.Summary?
+    /// Capture → encoded, ms, a frame each.
+    public var captureToEncodedMs: [Double] = []
+}
+
 /// One sharing session: owns the capture source, the encoder pipeline, the
 /// publisher and the room driver, and drives them by `SharingLifecycle`.
 /// It is the only place where those parts are wired together; krakl-agent
@@ -80,6 +88,7 @@ public final class SharingSession: @unchecked Sendable {
     private var publisher: Publisher?
     private var sink: PublisherSink?
     private var finishedReason: EndReason?
+    private var lastTotals = SharingTotals()
     private let finished = NSCondition()
 
     public init(configuration: SharingConfiguration, driver: RoomDriver, identity: String, room: String?,
@@ -126,10 +135,12 @@ public final class SharingSession: @unchecked Sendable {
     }
 
     /// The publisher's and encoder's totals (for the probe's final report); nil parts did not exist.
-    public var totals: (rtc: RtcStats?, encoder: EncoderStatistics.Summary?, captureToEncodedMs: [Double]) {
+    /// After the session ended: the numbers they had when it was torn down.
+    public var totals: SharingTotals {
         lock.lock()
         defer { lock.unlock() }
-        return (publisher?.stats, pipeline?.statistics.summary(), sink?.captureToEncodedMs ?? [])
+        guard publisher != nil || pipeline != nil else { return lastTotals }
+        return SharingTotals(rtc: publisher?.stats, encoder: pipeline?.statistics.summary(), captureToEncodedMs: sink?.captureToEncodedMs ?? [])
     }
 
     // MARK: - The lifecycle, on the control queue
@@ -252,7 +263,7 @@ public final class SharingSession: @unchecked Sendable {
         onPublisherEvent?(event)
         switch event {
         case .connected: post(.connected)
-        case .remoteClosed: post(.roomEnded("the room server closed the connection"))
+        case .remoteClosed: post(.roomEnded("the room server closed the connection (DTLS close_notify)"))
         case .connectionLost(let reason): post(.connectionLost(reason))
         case .failed(let reason): post(.connectionLost(reason))
         case .localCandidate(let candidate): driver.trickle(candidate: candidate.sdpValue, mid: publisher?.offer.mid ?? "0")
@@ -291,14 +302,16 @@ public final class SharingSession: @unchecked Sendable {
     /// then the source and encoder are freed.
     private func leave(_ reason: EndReason) {
         lock.lock()
-        let source = self.source, pipeline = self.pipeline, publisher = self.publisher
+        let source = self.source, pipeline = self.pipeline, publisher = self.publisher, sink = self.sink
         lock.unlock()
         source?.stop()
         publisher?.close()
         driver.leave()
         source?.destroy()
         pipeline?.finish()
+        let totals = SharingTotals(rtc: publisher?.stats, encoder: pipeline?.statistics.summary(), captureToEncodedMs: sink?.captureToEncodedMs ?? [])
         lock.lock()
+        lastTotals = totals
         self.source = nil
         self.capture = nil
         self.pipeline = nil

@@ -1,5 +1,7 @@
-// krakl-rtc-probe: a test-only way to run the WebRTC publisher against a
-// given SDP answer, before the room drivers exist (issue 6 item 8).
+// krakl-rtc-probe: a test-only way to run a sharing session against a given
+// SDP answer instead of a room server (tests and krakl-bench rtc). It is a
+// command line over SharingSession with a "room driver" that is this
+// process's stdin and stdout.
 //
 // Prints the offer SDP on stdout followed by an empty line, reads the answer
 // (stdin up to an empty line or its end, or --answer FILE), connects,
@@ -16,6 +18,7 @@ import KraklBackendABI
 import KraklCore
 import KraklEncoder
 import KraklRTC
+import KraklSession
 
 let usage = """
 usage: krakl-rtc-probe [--address IP]... [--allow-loopback] [--no-ipv6] [--stun HOST:PORT]
@@ -28,13 +31,6 @@ usage: krakl-rtc-probe [--address IP]... [--allow-loopback] [--no-ipv6] [--stun 
 func fail(_ message: String, status: Int32) -> Never {
     fputs("krakl-rtc-probe: \(message)\n", stderr)
     exit(status)
-}
-
-/// CLOCK_MONOTONIC in ms, the clock the frame stamp and the aiortc receiver's time.monotonic() use.
-func monotonicMilliseconds() -> Double {
-    var ts = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return Double(ts.tv_sec) * 1000 + Double(ts.tv_nsec) / 1e6
 }
 
 func emit(_ object: [String: Any], to stream: UnsafeMutablePointer<FILE>) {
@@ -53,7 +49,7 @@ var connectTimeout = 10.0
 var backendName: String?
 var pluginsPath: String?
 var options: [(String, JSON)] = []
-var encoderSettings = EncoderSettings()
+var encoderSettings = SharingConfiguration().encoder
 var dumpInput: String?
 do {
     var arguments = Array(CommandLine.arguments.dropFirst())
@@ -113,18 +109,45 @@ if !allowed.isEmpty { configuration.addresses.allowed = allowed }
 configuration.maximumBitrate = max(configuration.maximumBitrate, configuration.minimumBitrate)
 configuration.startBitrate = min(max(configuration.startBitrate, configuration.minimumBitrate), configuration.maximumBitrate)
 
-// MARK: offer and answer
+// MARK: the answer comes from stdin (or --answer FILE)
 
-/// What the network thread reported, for the main thread to wait on.
+/// The room driver of the probe: prints the offer and an empty line on stdout and reads the answer.
+final class StdioSignalling: RoomDriver, @unchecked Sendable {
+    let service = "stdio"
+    var onEvent: (@Sendable (RoomEvent) -> Void)?
+    let answerPath: String?
+    init(answerPath: String?) { self.answerPath = answerPath }
+
+    func publish(offer: String, identity: String) throws(RoomError) -> RoomAnswer {
+        print(offer)
+        fflush(stdout)
+        if let answerPath {
+            guard let text = try? String(contentsOfFile: answerPath, encoding: .utf8) else { throw .badReply("cannot read \(answerPath)") }
+            return RoomAnswer(sdp: text)
+        }
+        var text = ""
+        while let line = readLine(strippingNewline: true) {
+            if line.trimmingCharacters(in: .whitespaces).isEmpty { if text.isEmpty { continue } else { break } }
+            text += line + "\r\n"
+        }
+        return RoomAnswer(sdp: text)
+    }
+    func restart(offer: String) throws(RoomError) -> String { throw .restartUnsupported("the probe has no signalling for a restart") }
+    func trickle(candidate: String, mid: String) {}
+    func leave() {}
+}
+
+/// What the publisher reported, as JSON lines on stderr and for the final report.
 final class EventLog: @unchecked Sendable {
-    let condition = NSCondition()
+    let lock = NSLock()
     var connected = false
+    /// The end the publisher itself reported (status, words), if it did.
     var ended: (status: Int32, reason: String)?
     var events: [[String: Any]] = []
 
     func record(_ event: PublisherEvent) {
-        var object: [String: Any] = ["t_ms": monotonicMilliseconds()]
-        condition.lock()
+        var object: [String: Any] = ["t_ms": MonotonicClock.milliseconds()]
+        lock.lock()
         switch event {
         case .connected(let ms):
             object["event"] = "connected"
@@ -146,185 +169,84 @@ final class EventLog: @unchecked Sendable {
             object["candidate"] = candidate.sdpValue
         }
         events.append(object)
-        condition.broadcast()
-        condition.unlock()
+        lock.unlock()
         emit(object, to: stderr)
     }
-
-    /// Waits until `done` holds or `deadline` passes.
-    func wait(until deadline: Date, _ done: () -> Bool) {
-        condition.lock()
-        defer { condition.unlock() }
-        _ = condition.wait(while: { !done() }, until: deadline)
-    }
 }
+
+var sessionConfiguration = SharingConfiguration()
+sessionConfiguration.registryPath = pluginsPath
+sessionConfiguration.backendName = backendName
+sessionConfiguration.backendOptions = options.map { (key: $0.0, value: $0.1) }
+sessionConfiguration.encoder = encoderSettings
+sessionConfiguration.publisher = configuration
+sessionConfiguration.connectTimeout = connectTimeout
+sessionConfiguration.dumpInput = dumpInput
 
 let log = EventLog()
-let publisher: Publisher
-do {
-    publisher = try Publisher(configuration: configuration)
-} catch {
-    fail("cannot start the publisher: \(error)", status: 3)
-}
-publisher.onEvent = { log.record($0) }
-print(publisher.offerSDP)
-fflush(stdout)
+let session = SharingSession(configuration: sessionConfiguration, driver: StdioSignalling(answerPath: answerPath),
+                             identity: "krakl-rtc-probe", room: nil, logger: stderrLogger(maximum: .warning))
+session.onPublisherEvent = { log.record($0) }
+let sharing = DispatchSemaphore(value: 0)
+session.onStateChange = { state in if state == .sharing { sharing.signal() } }
+session.start()
 
-var answerText = ""
-if let answerPath {
-    guard let text = try? String(contentsOfFile: answerPath, encoding: .utf8) else { fail("cannot read \(answerPath)", status: 2) }
-    answerText = text
-} else {
-    while let line = readLine(strippingNewline: true) {
-        if line.trimmingCharacters(in: .whitespaces).isEmpty { if answerText.isEmpty { continue } else { break } }
-        answerText += line + "\r\n"
+// MARK: run --seconds after connecting, with a status line a second
+
+/// Set when --seconds ran out (the session was stopped for that reason).
+nonisolated(unsafe) var timeUp = false
+while sharing.wait(timeout: .now() + 0.2) == .timedOut {
+    if session.waitUntilFinished(timeout: 0) != nil { break }
+}
+if session.state == .sharing {
+    let end = Date().addingTimeInterval(seconds)
+    while Date() < end, session.waitUntilFinished(timeout: min(1, end.timeIntervalSinceNow)) == nil {
+        guard let s = session.status(window: false).rtc else { continue }
+        emit(["t_ms": MonotonicClock.milliseconds(), "frames_sent": s.framesSent, "packets_sent": s.packetsSent,
+              "bytes_sent": s.bytesSent, "retransmitted_bytes": s.retransmittedBytes, "redundant_bytes": s.redundantBytes,
+              "target_bitrate": s.targetBitrate,
+              "rtt_ms": s.roundTripMilliseconds ?? -1, "fraction_lost": s.fractionLost ?? -1,
+              "nacks": s.nacksReceived, "plis": s.plisReceived, "keyframes": s.keyframesSent], to: stderr)
+    }
+    if session.waitUntilFinished(timeout: 0) == nil {
+        timeUp = true
+        session.stop()
+    }
+}
+let reason = session.waitUntilFinished(timeout: 30) ?? .failure("the session did not end within 30 s of being stopped")
+
+// MARK: the final report
+
+/// Exit status: 0 ran to the end (or the peer closed), 2 bad answer, 3 failed to connect, 4 connection lost, 5 capture or encoder.
+func outcome(_ reason: EndReason) -> (status: Int32, result: String) {
+    log.lock.lock()
+    let ended = log.ended, connected = log.connected
+    log.lock.unlock()
+    if let ended, !timeUp { return (ended.status, ended.reason) }
+    switch reason {
+    case .userStopped: return (0, "ran \(seconds) s")
+    case .joinRefused(let error): return (2, "the answer is not usable: \(error)")
+    case .connectionLost(let words): return (connected ? 4 : 3, words)
+    case .roomEnded(let words): return (0, words)
+    case .sourceUnavailable(let error): return (5, "capture set-up failed: \(error)")
+    case .sourceEnded(let words): return (5, "the source ended: \(words)")
+    case .tokenExpired(let words), .failure(let words): return (5, words)
     }
 }
 
-/// Set once the encoder starts; read by finalReport.
-nonisolated(unsafe) var publisherSink: PublisherSink?
-
-func finalReport(result: String, status: Int32, encoder: EncoderStatistics.Summary?) -> Never {
-    var object: [String: Any] = ["result": result, "status": Int(status), "stats": publisher.stats.dictionary]
-    log.condition.lock()
-    object["events"] = log.events
-    log.condition.unlock()
-    if let e = encoder {
-        let waits = publisherSink?.captureToEncodedMs.sorted() ?? []
-        func percentile(_ p: Double) -> Double { waits.nearestRank(p) ?? 0 }
-        object["encoder"] = ["frames": e.frames, "keyframes": e.keyframes, "bytes": e.bytes, "bitrate_kbps": e.bitrateKbps,
-                             "dropped_frames": e.droppedFrames, "encode_ms_p50": e.encodeMs.p50, "encode_ms_p99": e.encodeMs.p99,
-                             "capture_to_encoded_ms_p50": percentile(0.5), "capture_to_encoded_ms_p99": percentile(0.99)]
-    }
-    emit(object, to: stdout)
-    exit(status)
+let (status, result) = outcome(reason)
+if status == 2 || status == 3 { fputs("krakl-rtc-probe: \(result)\n", stderr) }
+let totals = session.totals
+var report: [String: Any] = ["result": result, "status": Int(status), "stats": totals.rtc?.dictionary ?? [:]]
+log.lock.lock()
+report["events"] = log.events
+log.lock.unlock()
+if let e = totals.encoder {
+    let waits = totals.captureToEncodedMs.sorted()
+    func percentile(_ p: Double) -> Double { waits.nearestRank(p) ?? 0 }
+    report["encoder"] = ["frames": e.frames, "keyframes": e.keyframes, "bytes": e.bytes, "bitrate_kbps": e.bitrateKbps,
+                         "dropped_frames": e.droppedFrames, "encode_ms_p50": e.encodeMs.p50, "encode_ms_p99": e.encodeMs.p99,
+                         "capture_to_encoded_ms_p50": percentile(0.5), "capture_to_encoded_ms_p99": percentile(0.99)]
 }
-
-let answer: SdpAnswer
-do {
-    answer = try publisher.setAnswer(answerText)
-} catch {
-    publisher.close()
-    fail("the answer is not usable: \(error)", status: 2)
-}
-
-// MARK: connect
-
-log.wait(until: Date().addingTimeInterval(connectTimeout)) { log.connected || log.ended != nil }
-log.condition.lock()
-let connected = log.connected, early = log.ended
-log.condition.unlock()
-guard connected else {
-    publisher.close()
-    let reason = early?.reason ?? "not connected within \(connectTimeout) s"
-    fputs("krakl-rtc-probe: \(reason)\n", stderr)
-    finalReport(result: reason, status: 3, encoder: nil)
-}
-
-// MARK: capture → encoder → publisher
-
-/// The encoder's output goes to the publisher instead of a file.
-final class PublisherSink: EncodedFrameSink, @unchecked Sendable {
-    let publisher: Publisher
-    private let lock = NSLock()
-    /// Capture → encoded, ms, a frame each: the part of the end-to-end latency spent before the publisher.
-    private var encodedAfterMs: [Double] = []
-    init(_ publisher: Publisher) { self.publisher = publisher }
-    var captureToEncodedMs: [Double] { lock.withLock { encodedAfterMs } }
-    func write(_ frame: EncodedFrame) throws(EncoderError) {
-        let waited = monotonicMilliseconds() - Double(frame.timestampNs) / 1e6
-        lock.withLock { encodedAfterMs.append(waited) }
-        publisher.send(frame: frame.data, keyframe: frame.keyframe, captureNanoseconds: frame.timestampNs,
-                       width: frame.width, height: frame.height)
-    }
-    func finish() throws(EncoderError) {}
-}
-
-/// Frames from the backend's thread into the encoder.
-final class CaptureSink: FrameSink, @unchecked Sendable {
-    var pipeline: EncoderPipeline?
-    let condition = NSCondition()
-    var problem: String?
-    private var submitted = false
-    /// True once a frame reached the encoder. EncoderPipeline traps (NSCondition.wait(until:) on an
-    /// underflowed deadline in takeWork) when a keyframe is requested before its first frame, so
-    /// requests wait for this; the first encoded frame is a keyframe anyway.
-    var hasSubmitted: Bool { condition.lock(); defer { condition.unlock() }; return submitted }
-    func frame(_ pointer: UnsafePointer<krakl_frame>) {
-        let info = FrameInfo(pointer)
-        guard FrameCheck.geometryProblem(pointer) == nil, FrameCheck.damageProblem(info) == nil else { return }
-        pipeline?.submit(info)
-        condition.lock()
-        submitted = true
-        condition.unlock()
-    }
-    func event(_ event: SourceEvent) {
-        guard event.kind == .sourceEnded || event.kind == .error else { return }
-        condition.lock()
-        if problem == nil { problem = event.message ?? "the source ended" }
-        condition.unlock()
-    }
-}
-
-encoderSettings.codec = answer.codec == .vp9 ? .vp9 : .vp8
-let capture = CaptureSink()
-let pipeline: EncoderPipeline
-let source: BackendSource
-do {
-    pipeline = try EncoderPipeline(settings: encoderSettings, dumpInput: dumpInput, output: { _, _, _ in
-        let sink = PublisherSink(publisher)
-        publisherSink = sink
-        return sink
-    },
-                                   onFailure: { error in log.record(.failed("encoder: \(error.message)")) })
-    capture.pipeline = pipeline
-    let registry = try PluginRegistry.load(path: pluginsPath ?? PluginRegistry.defaultPath())
-    let entry = try registry.entry(named: backendName ?? registry.defaultBackend)
-    var backendOptions = entry.options
-    for (key, value) in options { backendOptions[key] = value }
-    let library = try BackendLibrary.load(path: entry.library, backend: entry.name)
-    source = try BackendSource(library: library, backendName: entry.name, options: backendOptions, sink: capture,
-                               logger: stderrLogger(maximum: .warning))
-} catch {
-    publisher.close()
-    fputs("krakl-rtc-probe: capture set-up failed: \(error)\n", stderr)
-    finalReport(result: "capture set-up failed: \(error)", status: 5, encoder: nil)
-}
-publisher.onKeyframeRequest = { if capture.hasSubmitted { pipeline.requestKeyframe() } }
-publisher.onBitrate = { bps in pipeline.setBitrate(kbps: max(bps / 1000, 1)) }
-pipeline.start()
-do {
-    try source.start()
-} catch {
-    pipeline.finish()
-    publisher.close()
-    finalReport(result: "capture did not start: \(error)", status: 5, encoder: nil)
-}
-
-// MARK: run
-
-let end = Date().addingTimeInterval(seconds)
-var result = "ran \(seconds) s"
-var status: Int32 = 0
-while Date() < end {
-    log.wait(until: min(end, Date().addingTimeInterval(1))) { log.ended != nil }
-    log.condition.lock()
-    let ended = log.ended
-    log.condition.unlock()
-    if let ended {
-        result = ended.reason
-        status = ended.status
-        break
-    }
-    let s = publisher.stats
-    emit(["t_ms": monotonicMilliseconds(), "frames_sent": s.framesSent, "packets_sent": s.packetsSent,
-          "bytes_sent": s.bytesSent, "retransmitted_bytes": s.retransmittedBytes, "redundant_bytes": s.redundantBytes,
-          "target_bitrate": s.targetBitrate,
-          "rtt_ms": s.roundTripMilliseconds ?? -1, "fraction_lost": s.fractionLost ?? -1,
-          "nacks": s.nacksReceived, "plis": s.plisReceived, "keyframes": s.keyframesSent], to: stderr)
-}
-_ = source.stop()
-source.destroy()
-pipeline.finish()
-publisher.close()
-finalReport(result: result, status: status, encoder: pipeline.statistics.summary())
+emit(report, to: stdout)
+exit(status)
