@@ -1,0 +1,88 @@
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// The HTTP rules a WHIP client applies between requests, as pure
+/// functions: where a Location leads, whether a hop may be taken, where the
+/// token may go, how long Retry-After asks to wait, and what a status means.
+public enum WhipHttpRules {
+    /// An origin (RFC 6454): scheme, host and port, default ports filled in.
+    public struct Origin: Equatable, Sendable {
+        public var scheme: String
+        public var host: String
+        public var port: Int
+    }
+
+    public static func origin(of url: URL) -> Origin? {
+        guard let scheme = url.scheme?.lowercased(), let host = url.host?.lowercased() else { return nil }
+        let port = url.port ?? (scheme == "https" ? 443 : scheme == "http" ? 80 : -1)
+        return Origin(scheme: scheme, host: host, port: port)
+    }
+
+    /// `location` resolved against `base` by RFC 3986 §5 (Foundation's
+    /// `URL(string:relativeTo:)` passes all of §5.4's examples on Linux; an
+    /// empty reference, which §5.4 resolves to the base, is refused here: a
+    /// server that sends an empty Location has not told us where its resource is).
+    public static func resolve(_ location: String, against base: URL) -> URL? {
+        let trimmed = location.trimmingCharacters(in: .whitespaces)
+        guard !trimmed.isEmpty, let url = URL(string: trimmed, relativeTo: base)?.absoluteURL,
+              let scheme = url.scheme?.lowercased(), scheme == "http" || scheme == "https", url.host?.isEmpty == false
+        else { return nil }
+        return url
+    }
+
+    /// Why a hop from `from` to `to` may not be taken, or nil when it may:
+    /// only http and https, and never from https down to http (the offer and,
+    /// on the same origin, the token would travel in clear).
+    public static func refusal(from: URL, to: URL) -> String? {
+        let fromScheme = from.scheme?.lowercased()
+        let toScheme = to.scheme?.lowercased()
+        guard toScheme == "http" || toScheme == "https" else { return "not an http(s) URL" }
+        if fromScheme == "https" && toScheme == "http" { return "from https down to http" }
+        return nil
+    }
+
+    /// Whether the Bearer token goes along to `url`: on the endpoint's own origin, or anywhere when the
+    /// join code allows it (then still never over plain http when the endpoint was https).
+    public static func tokenMayGo(to url: URL, endpoint: URL, acrossOrigins: Bool) -> Bool {
+        guard let target = origin(of: url), let home = origin(of: endpoint) else { return false }
+        if target == home { return true }
+        return acrossOrigins && !(home.scheme == "https" && target.scheme == "http")
+    }
+
+    /// Seconds a `Retry-After` value asks for (RFC 9110 §10.2.3: delay-seconds or an HTTP-date),
+    /// not below 0; nil when it is neither.
+    public static func retryAfterSeconds(_ value: String, now: Date = Date()) -> Double? {
+        let text = value.trimmingCharacters(in: .whitespaces)
+        if !text.isEmpty, text.allSatisfy(\.isASCIIDigit) { return Double(text.prefix(9)) ?? nil }
+        for format in ["EEE, dd MMM yyyy HH:mm:ss zzz", "EEEE, dd-MMM-yy HH:mm:ss zzz", "EEE MMM d HH:mm:ss yyyy"] {
+            let formatter = DateFormatter()
+            formatter.locale = Locale(identifier: "en_US_POSIX")
+            formatter.timeZone = TimeZone(identifier: "GMT")
+            formatter.dateFormat = format
+            if let date = formatter.date(from: text) { return max(0, date.timeIntervalSince(now)) }
+        }
+        return nil
+    }
+
+    /// The error a refused or failed request means, judged by status class (servers disagree on
+    /// the exact code: 401 or 403 for a bad token, 406 or 415 for an offer they cannot take).
+    /// `message` is the server's first line, or the status's standard phrase when the body is empty.
+    public static func error(for response: HTTPResponse) -> RoomError {
+        let status = response.status
+        var message = response.firstLine
+        if message.isEmpty { message = HTTPURLResponse.localizedString(forStatusCode: status) }
+        switch status {
+        case 401, 403: return .unauthorized(status: status, message: message)
+        case 404: return .noSuchRoom(status: status, message: message)
+        case 400..<500: return .refused(status: status, message: message)
+        case 500..<600: return .serverError(status: status, message: message)
+        default: return .badReply("unexpected status \(status) \(message)")
+        }
+    }
+}
+
+extension Character {
+    fileprivate var isASCIIDigit: Bool { isASCII && isNumber }
+}
