@@ -83,6 +83,3 @@ public enum WhipHttpRules {
     }
 }
 
-extension Character {
-    fileprivate var isASCIIDigit: Bool { isASCII && isNumber }
-}

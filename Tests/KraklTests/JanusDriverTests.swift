@@ -110,7 +110,7 @@ final class RoomEventLog: @unchecked Sendable {
     private var items: [(event: RoomEvent, ms: Double)] = []
     var events: [RoomEvent] { lock.lock(); defer { lock.unlock() }; return items.map(\.event) }
     var first: (event: RoomEvent, ms: Double)? { lock.lock(); defer { lock.unlock() }; return items.first }
-    func add(_ event: RoomEvent) { lock.lock(); items.append((event, rtcMonotonicMilliseconds())); lock.unlock() }
+    func add(_ event: RoomEvent) { lock.lock(); items.append((event, MonotonicClock.milliseconds())); lock.unlock() }
 
     func wait(seconds: Double) -> (event: RoomEvent, ms: Double)? {
         let deadline = Date().addingTimeInterval(seconds)
@@ -154,9 +154,9 @@ func threadCount() -> Int { (try? FileManager.default.contentsOfDirectory(atPath
 
     /// Times a call in milliseconds.
     static func timed<T>(_ body: () throws -> T) rethrows -> (T, Double) {
-        let start = rtcMonotonicMilliseconds()
+        let start = MonotonicClock.milliseconds()
         let value = try body()
-        return (value, rtcMonotonicMilliseconds() - start)
+        return (value, MonotonicClock.milliseconds() - start)
     }
 
     @Test func publishesIsListedWithItsIdentityRestartsAndLeavesEverything() throws {
@@ -220,7 +220,7 @@ func threadCount() -> Int { (try? FileManager.default.contentsOfDirectory(atPath
         #expect(peer.waitConnected(), "not connected: \(peer.log.events)")
         let session = try #require(driver.sessionForTests)
 
-        let destroyedAt = rtcMonotonicMilliseconds()
+        let destroyedAt = MonotonicClock.milliseconds()
         let destroyed = try janus.videoroom(["request": "destroy", "room": room, "secret": Self.secret])
         #expect(destroyed["videoroom"] as? String == "destroyed", "destroy: \(destroyed)")
         let end = try #require(events.wait(seconds: 2), "no room event within 2 s of destroy")
@@ -253,7 +253,7 @@ func threadCount() -> Int { (try? FileManager.default.contentsOfDirectory(atPath
         let listed = try janus.waitParticipants(room, seconds: 5) { $0.contains { $0["publisher"] as? Bool == true } }
         let id = try #require(listed.first?["id"] as? UInt64, "listparticipants: \(listed)")
 
-        let kickedAt = rtcMonotonicMilliseconds()
+        let kickedAt = MonotonicClock.milliseconds()
         let kicked = try janus.videoroom(["request": "kick", "room": room, "secret": Self.secret, "id": id])
         #expect(kicked["videoroom"] as? String == "success", "kick: \(kicked)")
         let end = try #require(events.wait(seconds: 2), "no room event within 2 s of the kick")
@@ -356,7 +356,7 @@ func threadCount() -> Int { (try? FileManager.default.contentsOfDirectory(atPath
         try peer.publisher.setAnswer(try driver.publish(offer: peer.publisher.offerSDP, identity: "Ada").sdp)
         #expect(peer.waitConnected(), "not connected: \(peer.log.events)")
 
-        let stoppedAt = rtcMonotonicMilliseconds()
+        let stoppedAt = MonotonicClock.milliseconds()
         let pid = try #require(janus.pid)
         kill(pid, SIGKILL)  // no goodbye: the long-poll's connection just breaks
         let end = try #require(events.wait(seconds: 6), "no event after Janus died")
@@ -382,10 +382,10 @@ func threadCount() -> Int { (try? FileManager.default.contentsOfDirectory(atPath
             let peer = try JanusTestPublisher()
             defer { peer.publisher.close() }
             let driver = JanusDriver(baseURL: JanusTestbed.api, room: "\(room)")
-            let start = rtcMonotonicMilliseconds()
+            let start = MonotonicClock.milliseconds()
             try peer.publisher.setAnswer(try driver.publish(offer: peer.publisher.offerSDP, identity: "cycle \(n)").sdp)
             #expect(peer.waitConnected(), "cycle \(n): not connected: \(peer.log.events)")
-            let ms = rtcMonotonicMilliseconds() - start
+            let ms = MonotonicClock.milliseconds() - start
             let session = try #require(driver.sessionForTests)
             driver.leave()
             return (session, ms)
