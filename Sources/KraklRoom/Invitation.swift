@@ -57,7 +57,7 @@ public struct Invitation: Equatable, Sendable {
             lines.append(("ice", code.iceServers.map { $0.url + ($0.username == nil ? "" : " (with credentials)") }.joined(separator: ", ")))
         }
         lines.append(("token", token.shortened))
-        return lines.map { "\($0.0 + ":")\(String(repeating: " ", count: 10 - $0.0.count))\($0.1)" }.joined(separator: "\n")
+        return lines.map { "\($0.0 + ":")\(String(repeating: " ", count: 9 - $0.0.count))\($0.1)" }.joined(separator: "\n")
     }
 
     /// The URL without query, fragment or user info.

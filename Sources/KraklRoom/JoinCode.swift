@@ -81,7 +81,7 @@ public struct JoinCode: Equatable, Sendable {
         }
         guard version == Self.currentVersion else { throw .unsupportedVersion(version) }
 
-        var single: [String: Substring] = [:]
+        var single: [String: Substring] = ["v": versionText]
         var ice: [Substring] = []
         for field in fields.dropFirst() {
             guard let equals = field.firstIndex(of: "=") else { throw fail(.fieldWithoutValue(String(field))) }

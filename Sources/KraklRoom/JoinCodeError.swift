@@ -98,7 +98,7 @@ public enum JoinCodeError: Error, Equatable, Sendable, CustomStringConvertible {
             return "the join code's token is not valid before \(LocalTime.format(notBefore)) (in \(LocalTime.span(notBefore.timeIntervalSince(now))), "
                 + "beyond the \(Int(skew)) s of clock skew allowed): check this computer's clock, or wait"
         case .roomMismatch(let codeRoom, let tokenRoom):
-            return "room mismatch: the join code names room \"\(codeRoom)\" but its token is for room \"\(tokenRoom)\"; ask for a new code"
+            return "room mismatch: the join code names room \(Self.quoted(codeRoom, limit: 32)) but its token is for room \(Self.quoted(tokenRoom, limit: 32)); ask for a new code"
         case .noRoom:
             return "the join code names no room and its token allows any room: a Janus code needs r=<room id>"
         }
@@ -115,11 +115,11 @@ extension JoinCodeError.CodeProblem {
         case .notAJoinCode: return "it does not start with \"krakl:\""
         case .versionNotFirst: return "its first field must be the version, v=1"
         case .badVersion: return "its version (v=) is not a positive number"
-        case .fieldWithoutValue(let name): return "field \(JoinCodeError.quoted(name, limit: 8)) has no '=' (fields are name=value, separated by ';')"
+        case .fieldWithoutValue(let name): return "field \(JoinCodeError.quoted(name)) has no '=' (fields are name=value, separated by ';')"
         case .duplicateField(let name): return "field \(name)= appears more than once"
         case .badPercentEncoding(let field): return "field \(field)= has a bad %-escape (% must be followed by two hex digits of UTF-8)"
         case .missingField(let name): return "required field \(name)= is missing (\(JoinCode.fieldPurpose(name)))"
-        case .unknownService(let kind): return "k=\(JoinCodeError.quoted(kind, limit: 8)) is not a known service (whip or janus)"
+        case .unknownService(let kind): return "k=\(JoinCodeError.quoted(kind)) is not a known service (whip or janus)"
         case .badURL(let reason): return "u= \(reason)"
         case .badRoom(let reason): return "r= \(reason)"
         case .badIceServer(let index, let reason): return "ice server \(index): \(reason)"
@@ -135,8 +135,8 @@ extension JoinCodeError.TokenProblem {
         case .badBase64URL(let part): return "part \(part) (\(["header", "claims", "signature"][part - 1])) is not unpadded base64url"
         case .headerNotJSON: return "its header is not a JSON object"
         case .claimsNotJSON: return "its claims are not a JSON object"
-        case .wrongType(let typ): return "its header has typ \(JoinCodeError.quoted(typ)), expected \"JWT\""
-        case .wrongContentType(let cty): return "its header has cty \(JoinCodeError.quoted(cty)), expected \"\(AccessToken.contentType)\""
+        case .wrongType(let typ): return "its header has typ \(JoinCodeError.quoted(typ, limit: 32)), expected \"JWT\""
+        case .wrongContentType(let cty): return "its header has cty \(JoinCodeError.quoted(cty, limit: 32)), expected \"\(AccessToken.contentType)\""
         case .unsigned: return "it is not signed (alg none or missing, or an empty signature)"
         case .badClaim(let name, let reason): return "claim \(name) \(reason)"
         case .noIdentity: return "it has no grants.identity (the name shown in the room)"
@@ -149,10 +149,11 @@ extension JoinCodeError.TokenProblem {
 
 extension JoinCodeError {
     /// A value from the input, quoted for a message: at most `limit`
-    /// characters (8 where a misplaced token could be the value: no more of
-    /// a token may ever be shown), anything but printable ASCII shown as
-    /// `?`, so a message stays one line.
-    static func quoted(_ value: String?, limit: Int = 32) -> String {
+    /// characters, anything but printable ASCII shown as `?`, so a message
+    /// stays one line. 8 by default: in a damaged code (a lost `;`) any
+    /// value can hold part of the token, and no more than 8 characters of
+    /// a token may ever be shown.
+    static func quoted(_ value: String?, limit: Int = 8) -> String {
         guard let value else { return "(none)" }
         var shown = String(value.unicodeScalars.prefix(limit).map { (0x20...0x7E).contains($0.value) ? Character($0) : "?" })
         if value.unicodeScalars.count > limit { shown += "…" }
