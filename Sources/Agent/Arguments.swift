@@ -1,10 +1,12 @@
+import Foundation
 import KraklCore
 import KraklEncoder
+import KraklRTC
 
 /// The command line, parsed. Parsing never exits: errors are HostError
 /// .usage / .invalidOption so main() can print them and pick the status.
 struct Arguments {
-    enum Command: Equatable { case run, backends, sources, conformance(String), help, version }
+    enum Command: Equatable { case run, join(JoinCodeSource), code(JoinCodeSource), backends, sources, conformance(String), help, version }
 
     var command: Command = .run
     var backend: String?
@@ -22,8 +24,17 @@ struct Arguments {
     var dumpInput: String?
     var statsJSON: String?
     var frameLog: String?
+    /// --join: share into the room of this join code.
+    var join: JoinCodeSource?
+    /// End the process when the session ends, with its end reason's exit status.
+    var once = false
+    var connectTimeout = 15.0
+    /// Host candidates only from these addresses (default: every interface that is up, no loopback).
+    var addresses: [IPAddress] = []
+    /// --refresh was given (a room session otherwise turns the idle refresh off).
+    var refreshGiven = false
 
-    init(_ words: [String]) throws(HostError) {
+    init(_ words: [String], environment: [String: String] = ProcessInfo.processInfo.environment) throws(HostError) {
         var rest = words[...]
         func value(for flag: String) throws(HostError) -> String {
             guard let next = rest.popFirst() else { throw .usage("\(flag) needs a value") }
@@ -81,6 +92,7 @@ struct Arguments {
                 let text = try value(for: flag)
                 guard let s = Double(text), s >= 0, s <= 3600 else { throw .usage("--refresh \(text): give seconds from 0 (off) to 3600") }
                 encoder.refreshInterval = s
+                refreshGiven = true
             case "--keyframe-interval":
                 let text = try value(for: flag)
                 guard let s = Double(text), s >= 0, s <= 3600 else { throw .usage("--keyframe-interval \(text): give seconds from 0 (on request only) to 3600") }
@@ -92,25 +104,45 @@ struct Arguments {
             case "--dump-input": dumpInput = try value(for: flag)
             case "--stats-json": statsJSON = try value(for: flag)
             case "--frame-log": frameLog = try value(for: flag)
+            case "--join", "-j": join = JoinCodeSource(try value(for: flag))
+            case "--once": once = true
+            case "--connect-timeout":
+                let text = try value(for: flag)
+                guard let s = Double(text), s >= 1, s <= 300 else { throw .usage("--connect-timeout \(text): give seconds from 1 to 300") }
+                connectTimeout = s
+            case "--address":
+                let text = try value(for: flag)
+                guard let ip = IPAddress(text) else { throw .usage("--address \(text): give an IP address of this machine") }
+                addresses.append(ip)
             case "--expect-end": expectEnd = true
             case "-v", "--verbose": verbose = true
             case "-q", "--quiet": quiet = true
             default:
-                if flag.hasPrefix("-") { throw .usage("unknown flag \(flag)") }
+                if flag.hasPrefix("-") && flag != "-" { throw .usage("unknown flag \(flag)") }
                 positional.append(word)
             }
         }
         switch positional.first {
-        case nil, "run": command = .run
+        case nil, "run":
+            command = .run
+            if join == nil, let code = environment["KRAKL_JOIN"], !code.isEmpty { join = .environment(code) }
+            if let join { command = .join(join) }
+        case "code":
+            guard positional.count >= 2 else { throw .usage("code needs a join code: krakl-agent code CODE|@FILE|-") }
+            command = .code(JoinCodeSource(positional[1]))
         case "backends": command = .backends
         case "sources": command = .sources
         case "conformance":
             guard positional.count >= 2 else { throw .usage("conformance needs the path of a backend library (.so)") }
             command = .conformance(positional[1])
         case "help": command = .help; return
-        default: throw .usage("unknown command \(positional[0]) (commands: run, backends, conformance)")
+        default: throw .usage("unknown command \(positional[0]) (commands: run, code, backends, sources, conformance)")
         }
-        let expected = command == .run || command == .backends || command == .sources ? 1 : 2
+        let expected: Int
+        switch command {
+        case .conformance, .code: expected = 2
+        default: expected = 1
+        }
         if positional.count > expected { throw .usage("unexpected argument \(positional[expected])") }
     }
 }

@@ -1,5 +1,6 @@
 import Foundation
 import KraklCore
+import KraklRoom
 
 // Line-buffered stdout even into a pipe, so status and check lines appear
 // as they happen.
@@ -45,6 +46,16 @@ do throws(HostError) {
         exit(suite.run() ? 0 : 1)
     case .run:
         exit(try runCapture(arguments, logger: logger))
+    case .join(let source):
+        exit(runJoin(arguments, source: source, logger: logger))
+    case .code(let source):
+        let text = try source.read()
+        do throws(JoinCodeError) {
+            print(try Invitation.read(text, now: Date()).summary)
+        } catch {
+            fputs("krakl-agent: \(error.description)\n", stderr)
+            exit(error.exitStatus)
+        }
     }
 } catch {
     fail(error)

@@ -47,6 +47,9 @@ public struct PublisherConfiguration: Sendable {
     public var protectionHold: UInt64 = 10_000_000_000
     public var ice = IceConfiguration()
     public var cname: String?
+    /// Who publishes (the join code's identity): the offer's `s=` line and its msid stream id carry it,
+    /// which is how a WHIP server learns the tile's label. Nil: "-" and "krakl-screen".
+    public var label: String?
 
     public init() {}
 }
@@ -163,11 +166,12 @@ public final class Publisher: @unchecked Sendable {
         cname = configuration.cname ?? "krakl-" + (0..<8).map { _ in "\(UInt8.random(in: 0...9, using: &random))" }.joined()
         ice = IceAgent(bases: sockets.map(\.localAddress), controlling: true, stunServers: configuration.stunServers,
                        configuration: configuration.ice)
-        let stream = "krakl-screen"
+        let stream = configuration.label.map(SdpVideoOffer.streamID(from:)) ?? "krakl-screen"
         var offer = SdpVideoOffer(sessionID: UInt64.random(in: 1...(UInt64(1) << 62), using: &random), iceUfrag: ice.local.ufrag,
                                   icePwd: ice.local.pwd, fingerprint: certificate.fingerprint, streamID: stream,
                                   trackID: "screen", ssrc: ssrc, rtxSSRC: rtxSSRC, cname: cname)
         offer.codecs = configuration.codecs
+        if let label = configuration.label { offer.sessionName = label }
         offer.candidates = ice.localCandidates
         offer.trickle = !configuration.stunServers.isEmpty
         offer.endOfCandidates = configuration.stunServers.isEmpty

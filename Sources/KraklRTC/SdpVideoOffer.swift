@@ -33,6 +33,8 @@ public struct SdpVideoOffer: Sendable {
     public var setup: DtlsSetup = .actpass
     public var direction: MediaDirection = .sendonly
     public var mid: String = "0"
+    /// The `s=` line: who publishes, for servers that show it (RFC 8866 §5.3 allows any text; "-" when none).
+    public var sessionName: String = "-"
     public var streamID: String
     public var trackID: String
     public var ssrc: UInt32
@@ -61,6 +63,22 @@ public struct SdpVideoOffer: Sendable {
         self.cname = cname
     }
 
+    /// `text` without line breaks or other control characters, at most 128 characters; "-" when empty.
+    static func oneLine(_ text: String) -> String {
+        let kept = String(text.unicodeScalars.filter { $0.value >= 0x20 && $0.value != 0x7F }.prefix(128).map(Character.init))
+        return kept.isEmpty ? "-" : kept
+    }
+
+    /// A media stream id from a person's label: msid ids are 1-64 token characters (RFC 8830 §2,
+    /// RFC 4566 token), so anything else becomes "-" ("Ada's screen" → "Ada-s-screen").
+    public static func streamID(from label: String) -> String {
+        let allowed = Set("!#$%&'*+-.^_`{|}~".unicodeScalars).subtracting(["'"])
+        let id = String(label.unicodeScalars.prefix(64).map { c -> Character in
+            (c.isASCII && (c.properties.isAlphabetic || ("0"..."9").contains(c) || allowed.contains(c))) ? Character(c) : "-"
+        })
+        return id.isEmpty ? "krakl-screen" : id
+    }
+
     /// ICE credentials from the RFC 8839 §5.4 alphabet: 4 ufrag and 24 pwd characters (≥ 22 required).
     public static func randomIceCredentials() -> (ufrag: String, pwd: String) {
         let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
@@ -73,7 +91,7 @@ public struct SdpVideoOffer: Sendable {
         var l: [String] = [
             "v=0",
             "o=- \(sessionID) \(sessionVersion) IN IP4 127.0.0.1",
-            "s=-",
+            "s=\(Self.oneLine(sessionName))",
             "t=0 0",
             "a=group:BUNDLE \(mid)",
             "a=msid-semantic: WMS \(streamID)",

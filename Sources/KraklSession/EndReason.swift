@@ -26,7 +26,7 @@ public enum EndReason: Equatable, Sendable, CustomStringConvertible {
     public var description: String {
         switch self {
         case .userStopped: return "You stopped sharing."
-        case .roomEnded(let words): return "The meeting was ended (\(words))."
+        case .roomEnded(let words): return "Sharing was ended by the room: \(words)."
         case .sourceEnded(let words): return "The screen source was closed (\(words))."
         case .connectionLost(let words): return "Connection lost (\(words))."
         case .joinRefused(let error): return "Could not join the room: \(error)."

@@ -137,7 +137,7 @@ import Testing
                                     .joinRefused(Self.refusal), .tokenExpired("d"), .sourceUnavailable(Self.hostError), .failure("e")]
         #expect(Set(reasons.map(\.name)).count == reasons.count)
         #expect(EndReason.userStopped.description == "You stopped sharing.")
-        #expect(EndReason.roomEnded("the meeting was ended").description.hasPrefix("The meeting was ended"))
+        #expect(EndReason.roomEnded("the meeting was ended").description == "Sharing was ended by the room: the meeting was ended.")
         #expect(EndReason.sourceEnded("x").description.hasPrefix("The screen source was closed"))
         #expect(EndReason.connectionLost("x").description.hasPrefix("Connection lost"))
     }

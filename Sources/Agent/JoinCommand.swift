@@ -1,0 +1,229 @@
+import Foundation
+import KraklCore
+import KraklRTC
+import KraklRoom
+import KraklSession
+
+/// Where the join code comes from: `--join CODE`, `--join @FILE`, `--join -` (stdin) or `KRAKL_JOIN`.
+enum JoinCodeSource: Equatable {
+    case argument(String)
+    case file(String)
+    case standardInput
+    case environment(String)
+
+    init(_ value: String) {
+        if value == "-" { self = .standardInput } else if value.hasPrefix("@") { self = .file(String(value.dropFirst())) } else { self = .argument(value) }
+    }
+
+    /// The code's text, read once.
+    func read() throws(HostError) -> String {
+        switch self {
+        case .argument(let text), .environment(let text):
+            return text
+        case .file(let path):
+            // A join code is at most 4 KB; a bigger file is not one (and is not read whole).
+            guard let handle = FileHandle(forReadingAtPath: path) else {
+                throw .usage("--join @\(path): cannot read that file")
+            }
+            defer { try? handle.close() }
+            let data = (try? handle.read(upToCount: JoinCode.maximumLength + 64)) ?? Data()
+            return String(decoding: data, as: UTF8.self)
+        case .standardInput:
+            return readLine(strippingNewline: true) ?? ""
+        }
+    }
+}
+
+extension JoinCodeError {
+    /// Exit statuses 39–43 (docs/exit-codes.md).
+    var exitStatus: Int32 {
+        switch self {
+        case .tokenExpired, .tokenNotYetValid: return 39
+        case .malformedCode: return 40
+        case .unsupportedVersion: return 41
+        case .malformedToken: return 42
+        case .roomMismatch, .noRoom: return 43
+        }
+    }
+}
+
+/// The room driver a join code asks for.
+func makeDriver(_ invitation: Invitation) -> RoomDriver {
+    switch invitation.code.service {
+    case .whip:
+        return WhipDriver(endpoint: invitation.code.url, token: invitation.code.token)
+    case .janus:
+        return JanusDriver(baseURL: invitation.code.url, room: invitation.room ?? "")
+    }
+}
+
+/// The session's settings from the command line and the join code.
+func sharingConfiguration(_ arguments: Arguments, invitation: Invitation, logger: BackendLogger) -> SharingConfiguration {
+    var configuration = SharingConfiguration()
+    configuration.registryPath = arguments.plugins
+    configuration.backendName = arguments.backend
+    configuration.backendOptions = arguments.options
+    let refresh = configuration.encoder.refreshInterval
+    configuration.encoder = arguments.encoder
+    if !arguments.refreshGiven { configuration.encoder.refreshInterval = refresh }
+    configuration.encoder.bitrateKbps = arguments.encoder.bitrateKbps
+    configuration.publisher.startBitrate = Double(arguments.encoder.bitrateKbps) * 1000
+    configuration.publisher.startBitrate = min(max(configuration.publisher.startBitrate, configuration.publisher.minimumBitrate),
+                                               configuration.publisher.maximumBitrate)
+    if !arguments.addresses.isEmpty { configuration.publisher.addresses.allowed = arguments.addresses }
+    configuration.connectTimeout = arguments.connectTimeout
+    configuration.publisher.label = invitation.identity
+    for server in invitation.code.iceServers {
+        if let address = server.stunAddress {
+            configuration.publisher.stunServers.append(address)
+        } else {
+            logger("agent", .warning, "ignoring ICE server \(server.url): only stun: with an IP address is supported so far (TURN and names: issue 16)")
+        }
+    }
+    return configuration
+}
+
+extension IceServer {
+    /// `stun:IP[:port]` as a transport address (default port 3478); nil for TURN or a host name.
+    var stunAddress: TransportAddress? {
+        guard url.lowercased().hasPrefix("stun:") else { return nil }
+        var rest = url.dropFirst(5)
+        var port: UInt16 = 3478
+        var host = rest
+        if rest.hasPrefix("["), let close = rest.firstIndex(of: "]") {
+            host = rest[rest.index(after: rest.startIndex)..<close]
+            rest = rest[rest.index(after: close)...]
+            if rest.hasPrefix(":") { guard let p = UInt16(rest.dropFirst()) else { return nil }; port = p }
+        } else if let colon = rest.lastIndex(of: ":") {
+            host = rest[..<colon]
+            guard let p = UInt16(rest[rest.index(after: colon)...]) else { return nil }
+            port = p
+        }
+        guard let ip = IPAddress(String(host)) else { return nil }
+        return TransportAddress(ip: ip, port: port)
+    }
+}
+
+/// `krakl-agent --join …`: one session (with --once), or one after another until stdin ends.
+func runJoin(_ arguments: Arguments, source: JoinCodeSource, logger: @escaping BackendLogger) -> Int32 {
+    if case .argument = source {
+        fputs("krakl-agent: warning: a join code given as an argument is visible to every user of this computer (ps); "
+              + "prefer --join @FILE, --join - or KRAKL_JOIN\n", stderr)
+    }
+    let signals = StopSignals()
+    var next: JoinCodeSource? = source
+    var status: Int32 = 0
+    while let current = next {
+        let text: String
+        do throws(HostError) { text = try current.read() } catch {
+            fputs("krakl-agent: \(error.description)\n", stderr)
+            return error.exitStatus
+        }
+        if current == .standardInput && text.isEmpty && !arguments.once { return status }
+        status = shareOnce(text, arguments: arguments, signals: signals, logger: logger)
+        if arguments.once || signals.quit { return status }
+        // Back to idle: ready for the next code, which comes from stdin.
+        print("krakl-agent: idle. Paste the next join code and press Enter (Ctrl-D or Ctrl-C quits).")
+        next = .standardInput
+        signals.idle = true
+    }
+    return status
+}
+
+/// Reads the code and runs one session to its end; returns the exit status of its end.
+func shareOnce(_ text: String, arguments: Arguments, signals: StopSignals, logger: @escaping BackendLogger) -> Int32 {
+    let invitation: Invitation
+    do throws(JoinCodeError) {
+        invitation = try Invitation.read(text, now: Date())
+    } catch {
+        fputs("krakl-agent: \(error.description)\n", stderr)
+        return error.exitStatus
+    }
+    let driver = makeDriver(invitation)
+    let session = SharingSession(configuration: sharingConfiguration(arguments, invitation: invitation, logger: logger), driver: driver,
+                                 identity: invitation.identity, room: invitation.room, logger: logger)
+    let where_ = invitation.room.map { "room \($0)" } ?? invitation.code.url.redactedForLog
+    session.onStateChange = { state in
+        switch state {
+        case .preparing: print("krakl-agent: preparing the screen source…")
+        case .joining: print("krakl-agent: joining \(where_) on \(driver.service) as \"\(invitation.identity)\" (token \(invitation.token.shortened))…")
+        case .sharing: print("krakl-agent: sharing the screen in \(where_) as \"\(invitation.identity)\"; Ctrl-C stops")
+        case .reconnecting: print("krakl-agent: the connection dropped; reconnecting…")
+        case .leaving: print("krakl-agent: leaving the room…")
+        case .idle: break
+        }
+    }
+    signals.idle = false
+    signals.onStop = { session.stop() }
+    session.start()
+    let meter = StatusMeter()
+    let isTerminal = isatty(STDOUT_FILENO) == 1
+    var reason: EndReason?
+    while reason == nil {
+        reason = session.waitUntilFinished(timeout: 1)
+        guard reason == nil, !arguments.quiet else { continue }
+        let status = session.status()
+        guard status.state == .sharing || status.state == .reconnecting, let line = meter.line(status) else { continue }
+        if isTerminal { print("\r\u{1B}[K" + line, terminator: ""); fflush(stdout) } else { print(line) }
+    }
+    if isTerminal && !arguments.quiet { print("") }
+    signals.onStop = nil
+    print("krakl-agent: \(reason!.description)")
+    return reason!.exitStatus
+}
+
+/// The live status line: per-second rates from the publisher's counters.
+final class StatusMeter {
+    private var last: (at: Double, bytes: Int, frames: Int)?
+
+    func line(_ status: SharingStatus) -> String? {
+        guard let rtc = status.rtc else { return nil }
+        let now = MonotonicClock.milliseconds()
+        defer { last = (now, rtc.bytesSent, rtc.framesSent) }
+        guard let last, now > last.at else { return nil }
+        let seconds = (now - last.at) / 1000
+        let kbps = Double(rtc.bytesSent - last.bytes) * 8 / 1000 / seconds
+        let fps = Double(rtc.framesSent - last.frames) / seconds
+        let rtt = rtc.roundTripMilliseconds.map { String(format: "%.0f ms", $0) } ?? "-"
+        let loss = rtc.fractionLost.map { String(format: "%.1f %%", $0 * 100) } ?? "-"
+        return String(format: "%@ | %@ as \"%@\" | %@ | %@ | rtt %@ | loss %@ | %5.0f kbit/s | %4.1f fps",
+                      status.state.name, status.room ?? "-", status.identity, status.service, rtc.state, rtt, loss, kbps, fps)
+    }
+}
+
+/// SIGINT and SIGTERM stop the session; while idle (between sessions) they quit.
+final class StopSignals: @unchecked Sendable {
+    private let lock = NSLock()
+    private var _onStop: (() -> Void)?
+    private var _idle = false
+    private var _quit = false
+    private var sources: [DispatchSourceSignal] = []
+
+    var onStop: (() -> Void)? {
+        get { lock.withLock { _onStop } }
+        set { lock.withLock { _onStop = newValue } }
+    }
+    var idle: Bool {
+        get { lock.withLock { _idle } }
+        set { lock.withLock { _idle = newValue } }
+    }
+    /// A signal asked the process to end (not only the session).
+    var quit: Bool { lock.withLock { _quit } }
+
+    init() {
+        for number in [SIGINT, SIGTERM, SIGHUP] {
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler { [unowned self] in
+                let (stop, idle) = lock.withLock { () -> ((() -> Void)?, Bool) in
+                    if number != SIGINT { _quit = true }
+                    return (_onStop, _idle)
+                }
+                if idle || stop == nil { exit(0) }
+                stop?()
+            }
+            source.resume()
+            sources.append(source)
+        }
+    }
+}
