@@ -148,11 +148,15 @@ struct Arguments {
 }
 
 let helpText = """
-krakl-agent: share this machine's screen into a video room (work in progress:
-capture and encoding are here; publishing to rooms follows, so for now the
-encoded screen is recorded to a file).
+krakl-agent: share this machine's screen into a video room. Given a join code
+(from the conference page's QR code) it joins the room as the code's identity
+and publishes the screen only, until you stop it or the room ends. Without a
+join code it records the encoded screen to a file.
 
 USAGE
+  krakl-agent --join CODE|@FILE|- [--once] [--backend NAME] [--option KEY=VALUE]...
+                    [--address IP]... [--connect-timeout S] [ENCODER OPTIONS]
+  krakl-agent code CODE|@FILE|-
   krakl-agent [run] [--backend NAME] [--option KEY=VALUE]... [--frames N] [--seconds S]
                     [--record FILE.webm|FILE.ivf | --no-record] [ENCODER OPTIONS]
   krakl-agent backends
@@ -160,6 +164,16 @@ USAGE
   krakl-agent conformance LIBRARY.so [--option KEY=VALUE]... [--expect-end] [--timeout S]
 
 COMMANDS
+  --join CODE     Share the screen into the room of a join code (docs/join-codes.md):
+                  prepare the source (the sharing dialog, if any, comes first), join
+                  (WHIP or Janus VideoRoom), publish, and show live status until Ctrl-C,
+                  SIGTERM or the room ends; then leave and say why. Without --once the
+                  agent then waits for the next code on stdin. CODE may be @FILE (read
+                  the file), - (read one line from stdin) or come from $KRAKL_JOIN.
+                  A code given as a plain argument is visible to every local user in
+                  ps: prefer @FILE, - or KRAKL_JOIN (a warning says so).
+  code CODE       Check a join code and print what it would do: service, URL, room,
+                  identity, expiry (the token is shown as its first 8 characters only).
   run (default)   Capture from a backend, encode, record to krakl-recording.webm (or
                   --record FILE), and print live status (capture fps, damage share,
                   latency; encoded kbit/s, encode time, active blocks) until Ctrl-C,
@@ -178,6 +192,11 @@ OPTIONS
                           a number, true/false or null, else as a string. Repeatable.
       --frames N          Stop after N frames.
       --seconds S         Stop after S seconds.
+      --once              (--join) Exit when the session ends, with its end reason's status.
+      --address IP        (--join) Offer host candidates from this address only (repeatable;
+                          default: every interface that is up, loopback excluded).
+      --connect-timeout S (--join) ICE and DTLS must be up S seconds after the room's
+                          answer (default 15), else the session ends as connection lost.
       --expect-end        (conformance) The options make the source end; check that.
       --timeout S         (conformance) Wait at most S seconds for frames (default 10).
 ENCODER OPTIONS
@@ -189,7 +208,8 @@ ENCODER OPTIONS
       --max-size WxH      Scale down to fit within this (default 1920x1080).
       --max-fps N         At most N encoded frames a second (default 30).
       --refresh S         Re-encode an unchanged screen every S seconds so late or
-                          lossy receivers recover (default 1; 0 = off).
+                          lossy receivers recover (default 1 when recording; 0 = off,
+                          the default in a room, where receivers ask with PLI/NACK).
       --keyframe-interval S  A keyframe at least every S seconds (default 0: on
                           request only; SIGUSR1 requests one).
       --encoder-threads N libvpx threads (default 0: 2 at 720p and up on 4+ cores, else 1).
@@ -230,4 +250,13 @@ EXIT STATUS
   19 a service it needs is not running: PipeWire, D-Bus (ECONNREFUSED, ENXIO)
   20 capture was not allowed: the sharing dialog was denied (EACCES, EPERM)
   21 nobody answered in time: the sharing dialog (ETIMEDOUT)
+  sharing into a room (--join … --once; docs/exit-codes.md):
+   0 you stopped sharing              30 the room ended (host ended it, removed)
+  31 the screen source was closed     32 connection lost
+  33 the token was not accepted (401/403)   34 no such room (404)
+  35 refused otherwise (4xx)          36 the room server failed (5xx, busy)
+  37 the room server cannot be reached    38 the room server's reply is unusable
+  39 the token expired or is not valid yet  40 not a join code
+  41 join code version too new        42 the token is malformed
+  43 room mismatch or no room         44 sharing failed on our side
 """

@@ -96,6 +96,61 @@ def plugin_data(event):
     return event.get("plugindata", {}).get("data", {})
 
 
+async def watch_publisher(room, publisher_id, seconds, keepalive_handle):
+    """Subscribes to a publisher of `room` through Janus with aiortc and decodes it for `seconds`.
+    Returns [(monotonic ms, frame number or None, width, height)] a decoded frame each."""
+    loop = asyncio.get_running_loop()
+    frames = []
+    subscriber = await loop.run_in_executor(None, Handle)
+    subscriber.message({"request": "join", "room": room, "ptype": "subscriber",
+                        "streams": [{"feed": publisher_id}]})
+    attached = await loop.run_in_executor(None, subscriber.wait_event, lambda e: "jsep" in e)
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    ended = asyncio.Event()
+
+    async def consume(track):
+        try:
+            while True:
+                frame = await track.recv()
+                plane = frame.planes[0]
+                stamp = read_stamp(bytes(plane), plane.line_size, frame.width, frame.height)
+                frames.append((time.monotonic() * 1000, stamp[0] if stamp else None, frame.width, frame.height))
+        except MediaStreamError:
+            pass
+        finally:
+            ended.set()
+
+    @pc.on("track")
+    def on_track(track):
+        if track.kind == "video":
+            asyncio.ensure_future(consume(track))
+
+    await pc.setRemoteDescription(RTCSessionDescription(sdp=attached["jsep"]["sdp"], type="offer"))
+    await pc.setLocalDescription(await pc.createAnswer())
+    subscriber.message({"request": "start"}, jsep={"type": "answer", "sdp": pc.localDescription.sdp})
+    end = time.monotonic() + seconds
+    last_keepalive = time.monotonic()
+    while time.monotonic() < end and not ended.is_set():
+        await asyncio.sleep(0.25)
+        if time.monotonic() - last_keepalive >= 20:  # Janus drops a session after 60 s of silence
+            await loop.run_in_executor(None, keepalive_handle.keepalive)
+            last_keepalive = time.monotonic()
+    await pc.close()
+    return frames
+
+
+def frame_report(frames):
+    """The numbers the tests judge a decoded publication by."""
+    stamps = [f[1] for f in frames if f[1] is not None]
+    return {
+        "frames_decoded": len(frames),
+        "stamps_read": len(stamps),
+        "distinct_stamps": len(set(stamps)),
+        "decreasing": sum(1 for a, b in zip(stamps, stamps[1:]) if b < a),
+        "sizes": sorted({"%dx%d" % (f[2], f[3]) for f in frames}),
+    }
+
+
 async def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--room", type=int, default=random.randint(10_000, 99_999))
@@ -137,55 +192,15 @@ async def main():
 
     frames = []
     if report["publisher_listed"]:
-        subscriber = await loop.run_in_executor(None, Handle)
-        subscriber.message({"request": "join", "room": args.room, "ptype": "subscriber",
-                            "streams": [{"feed": publisher_id}]})
-        attached = await loop.run_in_executor(None, subscriber.wait_event, lambda e: "jsep" in e)
-        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        ended = asyncio.Event()
-
-        async def consume(track):
-            try:
-                while True:
-                    frame = await track.recv()
-                    plane = frame.planes[0]
-                    stamp = read_stamp(bytes(plane), plane.line_size, frame.width, frame.height)
-                    frames.append((time.monotonic() * 1000, stamp[0] if stamp else None, frame.width, frame.height))
-            except MediaStreamError:
-                pass
-            finally:
-                ended.set()
-
-        @pc.on("track")
-        def on_track(track):
-            if track.kind == "video":
-                asyncio.ensure_future(consume(track))
-
-        await pc.setRemoteDescription(RTCSessionDescription(sdp=attached["jsep"]["sdp"], type="offer"))
-        await pc.setLocalDescription(await pc.createAnswer())
-        subscriber.message({"request": "start"}, jsep={"type": "answer", "sdp": pc.localDescription.sdp})
-        end = time.monotonic() + args.seconds
-        last_keepalive = time.monotonic()
-        while time.monotonic() < end and not ended.is_set():
-            await asyncio.sleep(0.25)
-            if time.monotonic() - last_keepalive >= 20:  # Janus drops a session after 60 s of silence
-                await loop.run_in_executor(None, publisher.keepalive)
-                last_keepalive = time.monotonic()
-        await pc.close()
+        frames = await watch_publisher(args.room, publisher_id, args.seconds, publisher)
 
     if args.destroy:
         destroyed = await loop.run_in_executor(None, publisher.request, {"request": "destroy", "room": args.room})
         report["destroyed"] = destroyed.get("videoroom")
 
-    stamps = [f[1] for f in frames if f[1] is not None]
-    report.update({
-        "frames_decoded": len(frames),
-        "stamps_read": len(stamps),
-        "distinct_stamps": len(set(stamps)),
-        "decreasing": sum(1 for a, b in zip(stamps, stamps[1:]) if b < a),
-        "sizes": sorted({"%dx%d" % (f[2], f[3]) for f in frames}),
-    })
+    report.update(frame_report(frames))
     print(json.dumps({"report": report}), flush=True)
 
 
-asyncio.run(main())
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -90,6 +90,7 @@ final class DtlsTestProcess {
     private let condition = NSCondition()
     private var text = ""
     private var ended = false
+    private var _exitedAtMs: Double?
 
     /// An openssl subcommand; nil (after printing SKIP) when openssl is not installed.
     static func openssl(_ arguments: [String]) throws -> DtlsTestProcess? {
@@ -107,6 +108,12 @@ final class DtlsTestProcess {
         process.standardInput = input
         process.standardOutput = output
         process.standardError = output
+        // Set before run(): a child that ends at once would otherwise end unseen.
+        process.terminationHandler = { [condition] _ in
+            condition.lock()
+            self._exitedAtMs = MonotonicClock.milliseconds()
+            condition.unlock()
+        }
         try process.run()
         let handle = output.fileHandleForReading
         Thread.detachNewThread { [condition] in
@@ -157,6 +164,17 @@ final class DtlsTestProcess {
 
     /// Waits (bounded) for it to exit on its own.
     func waitForExit(seconds: Double) -> Bool { Harness.waitForExit(process, seconds: seconds) }
+
+    /// CLOCK_MONOTONIC ms when its end was reported (nil while it runs).
+    var exitedAtMs: Double? { condition.lock(); defer { condition.unlock() }; return _exitedAtMs }
+
+    /// Its exit status once it exited normally; nil while it runs or when a signal ended it.
+    var exitStatus: Int32? {
+        guard !process.isRunning, process.terminationReason == .exit else { return nil }
+        return process.terminationStatus
+    }
+
+    func signal(_ number: Int32) { if process.isRunning { kill(process.processIdentifier, number) } }
 
     /// Ends it: end of stdin first (both openssl tools and the scripts quit on it), then SIGTERM, then SIGKILL.
     func stop() {

@@ -78,7 +78,7 @@ enum Harness {
     /// Runs a program to completion, killing it after `timeout` seconds.
     @discardableResult
     static func run(_ program: String, _ arguments: [String], timeout: Double = 60,
-                    environment: [String: String]? = nil, currentDirectory: String? = nil) throws -> Result {
+                    environment: [String: String]? = nil, currentDirectory: String? = nil, stdin: String? = nil) throws -> Result {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: program)
         process.arguments = arguments
@@ -87,7 +87,8 @@ enum Harness {
         let out = Pipe(), err = Pipe()
         process.standardOutput = out
         process.standardError = err
-        process.standardInput = FileHandle.nullDevice
+        let input = Pipe()
+        process.standardInput = stdin == nil ? FileHandle.nullDevice : input
         // Read both pipes while it runs so a chatty child never blocks on a full pipe.
         let group = DispatchGroup()
         let outData = DataBox(), errData = DataBox()
@@ -100,6 +101,10 @@ enum Harness {
         let finished = DispatchSemaphore(value: 0)
         process.terminationHandler = { _ in finished.signal() }
         try process.run()
+        if let stdin {
+            input.fileHandleForWriting.write(Data(stdin.utf8))
+            try? input.fileHandleForWriting.close()
+        }
         var timedOut = false
         if finished.wait(timeout: .now() + timeout) == .timedOut {
             timedOut = true
@@ -125,8 +130,8 @@ enum Harness {
 
     /// Runs krakl-agent in a fresh folder, so its default recording
     /// (krakl-recording.webm) never lands in the repository.
-    static func agent(_ arguments: [String], timeout: Double = 60, environment: [String: String]? = nil) throws -> Result {
-        try run(agent, arguments, timeout: timeout, environment: environment, currentDirectory: try temporaryDirectory())
+    static func agent(_ arguments: [String], timeout: Double = 60, environment: [String: String]? = nil, stdin: String? = nil) throws -> Result {
+        try run(agent, arguments, timeout: timeout, environment: environment, currentDirectory: try temporaryDirectory(), stdin: stdin)
     }
 
     /// Compiles a C backend with nothing but the public header and `cc -shared`.

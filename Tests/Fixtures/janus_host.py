@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""The conference's side of a Janus VideoRoom, for the agent's room tests.
+
+What a conference backend and a person in the room do, through Janus's
+HTTP API (http://127.0.0.1:8088/janus inside the test's namespace):
+
+  create --room R --secret S              make a room (realistic bitrate)
+  watch --room R --display D --seconds N  wait until D publishes, subscribe
+                                          with aiortc, decode N s of frames
+  end --room R --secret S --how destroy|kick [--display D]
+                                          end the meeting, or remove D
+  gone --room R --display D               wait until D left the room
+
+Each prints one JSON line. Run with /opt/krakl-venv/bin/python (aiortc).
+"""
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from janus_room import Handle, frame_report, watch_publisher  # noqa: E402
+
+
+def participants(handle, room):
+    return handle.request({"request": "listparticipants", "room": room}).get("participants", [])
+
+
+def wait_for(predicate, seconds):
+    """Polls `predicate` (bounded); returns its last truthy value or None."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    return None
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("command", choices=["create", "watch", "end", "gone"])
+    parser.add_argument("--room", type=int, required=True)
+    parser.add_argument("--secret", default="")
+    parser.add_argument("--display", default="")
+    parser.add_argument("--seconds", type=float, default=3)
+    parser.add_argument("--how", choices=["destroy", "kick"], default="destroy")
+    args = parser.parse_args()
+    handle = Handle()
+    report = {"command": args.command}
+    if args.command == "create":
+        created = handle.request({"request": "create", "room": args.room, "secret": args.secret, "bitrate": 2_500_000,
+                                  "publishers": 6, "videocodec": "vp8"})
+        report["created"] = created.get("videoroom")
+    elif args.command == "watch":
+        listed = wait_for(lambda: [p for p in participants(handle, args.room)
+                                   if p.get("display") == args.display and p.get("publisher")], 20)
+        report["participants"] = participants(handle, args.room)
+        report["publisher_listed"] = bool(listed)
+        if listed:
+            frames = asyncio.run(watch_publisher(args.room, listed[0]["id"], args.seconds, handle))
+            report.update(frame_report(frames))
+    elif args.command == "end":
+        report["t_ms"] = time.monotonic() * 1000
+        if args.how == "destroy":
+            report["result"] = handle.request({"request": "destroy", "room": args.room, "secret": args.secret}).get("videoroom")
+        else:
+            target = [p for p in participants(handle, args.room) if p.get("display") == args.display]
+            report["result"] = handle.request({"request": "kick", "room": args.room, "secret": args.secret,
+                                               "id": target[0]["id"]}).get("videoroom") if target else "no such participant"
+    elif args.command == "gone":
+        report["gone"] = wait_for(lambda: not any(p.get("display") == args.display for p in participants(handle, args.room)), 5) is not None
+        report["participants"] = participants(handle, args.room)
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()
