@@ -159,6 +159,53 @@ func rtcHandBuiltBye(ssrcs: [UInt32], reason: [UInt8]?) -> [UInt8] {
         #expect(publisher.stats.earlyDtlsDatagrams == 1, "kept \(publisher.stats.earlyDtlsDatagrams) datagrams, expected the one ClientHello")
     }
 
+    /// A ClientHello split into two fragments in two datagrams (RFC 6347 §4.2.3) before the answer:
+    /// both are kept, and once the answer comes OpenSSL reassembles them and answers with its flight.
+    @Test func aFragmentedEarlyClientHelloIsKeptWhole() throws {
+        let publisher = try Publisher(configuration: Self.loopbackConfiguration())
+        defer { publisher.close() }
+        let offer = publisher.offer
+        let target = try #require(offer.candidates.first?.transportAddress)
+        let certificate = try Certificate()
+        let hello = try #require(try DtlsTransport(role: .client, certificate: certificate,
+                                                   expectedFingerprint: certificate.fingerprint).start().datagrams.first)
+        // One record: 13-byte record header, 12-byte handshake header, body.
+        try #require(hello.count > 25 && hello[0] == 22 && hello[13] == 1)
+        let body = Array(hello[25...])
+        let half = body.count / 2
+        func fragment(_ part: ArraySlice<UInt8>, offset: Int, recordSequence: UInt8) -> [UInt8] {
+            var handshake = Array(hello[13..<19])  // msg_type, length, message_seq
+            handshake += [UInt8(offset >> 16), UInt8(offset >> 8 & 0xff), UInt8(offset & 0xff)]
+            handshake += [UInt8(part.count >> 16), UInt8(part.count >> 8 & 0xff), UInt8(part.count & 0xff)] + part
+            var record = Array(hello[0..<11])
+            record[10] = recordSequence
+            return record + [UInt8(handshake.count >> 8), UInt8(handshake.count & 0xff)] + handshake
+        }
+        let socket = try UdpSocket(bindTo: IPAddress("127.0.0.1")!)
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        func receive(_ accept: ([UInt8]) -> Bool) -> [UInt8]? {
+            for _ in 0..<50 {
+                var descriptor = pollfd(fd: socket.fd, events: Int16(POLLIN), revents: 0)
+                guard poll(&descriptor, 1, 100) > 0, let (bytes, _) = socket.receive(&buffer) else { continue }
+                if accept(bytes) { return bytes }
+            }
+            return nil
+        }
+        let request = StunMessage.bindingRequest(username: "\(offer.iceUfrag):peer", priority: 1, controlling: false, tieBreaker: 1)
+        socket.send(request.encoded(integrityKey: StunMessage.shortTermKey(password: offer.icePwd), fingerprint: true), to: target)
+        #expect(receive { StunMessage.looksLikeStun($0) } != nil, "the check before the answer was not answered")
+        socket.send(fragment(body[..<half], offset: 0, recordSequence: 0), to: target)
+        socket.send(fragment(body[half...], offset: half, recordSequence: 1), to: target)
+        #expect(RtcProcessCensus.wait(seconds: 2) { publisher.stats.earlyDtlsDatagrams == 2 },
+                "kept \(publisher.stats.earlyDtlsDatagrams) of the 2 fragments")
+
+        // The answer (a peer whose only job here is to write it): our DTLS server answers the replayed fragments.
+        let answerer = try RtcLoopbackPeer(setup: "active")
+        _ = try publisher.setAnswer(answerer.answer(to: offer))
+        let serverHello = receive { DtlsTransport.isDtls($0) }
+        #expect(serverHello.map { $0[0] == 22 && $0[13] == 2 } == true, "no ServerHello after the answer")
+    }
+
     /// RFC 3550 §6.6 packets built by hand read back as BYE with their SSRCs and reason.
     @Test func byeIsParsedWithItsReason() throws {
         // One SSRC, no reason: 8 bytes, length field 1.
