@@ -60,6 +60,7 @@ public final class EventLoop: @unchecked Sendable {
         running = true
         lock.unlock()
         let thread = Thread { [self] in
+            EventLoop.nameKernelThread(self.name)
             self.lock.lock()
             self.threadID = pthread_self()
             self.lock.unlock()
@@ -69,6 +70,17 @@ public final class EventLoop: @unchecked Sendable {
         thread.name = name
         thread.stackSize = 1 << 20
         thread.start()
+    }
+
+    /// Foundation on Linux does not pass Thread.name to the kernel, and Glibc's module hides
+    /// pthread_setname_np and prctl is variadic; /proc/thread-self/comm takes the name (at most
+    /// 15 bytes) so that top -H, gdb and /proc/self/task/*/comm show it.
+    private static func nameKernelThread(_ name: String) {
+        let fd = open("/proc/thread-self/comm", O_WRONLY | O_CLOEXEC)
+        guard fd >= 0 else { return }
+        let bytes = Array(name.utf8.prefix(15))
+        _ = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+        close(fd)
     }
 
     public var isRunning: Bool { lock.lock(); defer { lock.unlock() }; return running && !stopping }

@@ -110,6 +110,8 @@ public final class IceAgent {
     private var consentCredentials: (local: IceCredentials, remote: IceCredentials)?
     /// Checks that arrived before the answer: answered at once, paired once the remote password is known.
     private var earlyRequests: [(from: TransportAddress, base: TransportAddress, priority: UInt32, useCandidate: Bool)] = []
+    /// Distinct sources of early checks kept (a peer has a handful of candidates; more is noise).
+    static let maximumEarlyRequests = 32
     private var transmits: [IceTransmit] = []
     private var events: [IceEvent] = []
     private var generator = SystemRandomNumberGenerator()
@@ -287,6 +289,12 @@ public final class IceAgent {
 
     // MARK: - Incoming STUN
 
+    /// True when `from` sent an authenticated check to the socket bound to `base` before the
+    /// remote description: the only sources known then to hold our credentials.
+    func heardEarlyCheck(from: TransportAddress, base: TransportAddress) -> Bool {
+        earlyRequests.contains { $0.from == from && $0.base == base }
+    }
+
     /// Handles a datagram that `StunMessage.looksLikeStun` accepted, received on the socket
     /// bound to `base` from `from`. Malformed or unauthenticated messages are dropped.
     public func receive(_ datagram: [UInt8], from: TransportAddress, base: TransportAddress, now: UInt64) {
@@ -333,7 +341,13 @@ public final class IceAgent {
         respond(StunMessage.bindingSuccess(to: request, mappedAddress: from), key: key, from: from, base: base)
         let priority = request.priority ?? IceCandidate.priority(kind: .prflx)
         if remote == nil {
-            earlyRequests.append((from, base, priority, request.useCandidate))
+            // One entry per source (a peer repeats its checks until the answer), and a bound on sources.
+            if let index = earlyRequests.firstIndex(where: { $0.from == from && $0.base == base }) {
+                earlyRequests[index].priority = priority
+                earlyRequests[index].useCandidate = earlyRequests[index].useCandidate || request.useCandidate
+            } else if earlyRequests.count < IceAgent.maximumEarlyRequests {
+                earlyRequests.append((from, base, priority, request.useCandidate))
+            }
             return
         }
         learnRemote(from: from, base: base, priority: priority, useCandidate: request.useCandidate, now: now)

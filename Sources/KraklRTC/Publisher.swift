@@ -62,6 +62,9 @@ public enum PublisherEvent: Equatable, Sendable {
     case connectionLost(String)
     /// The peer sent DTLS close_notify ("remote ended").
     case remoteClosed
+    /// The peer sent RTCP BYE (RFC 3550 §6.6): the session is over. Some SFUs and WHIP servers end a
+    /// session this way instead of close_notify. `reason` is the peer's text, control characters removed.
+    case remoteBye(reason: String?)
     /// ICE found no path, DTLS failed (wrong fingerprint, no SRTP profile, timeout), or SRTP could not start.
     case failed(String)
     /// A server-reflexive candidate to trickle to the peer.
@@ -77,7 +80,9 @@ public enum PublisherEvent: Equatable, Sendable {
 /// 2. Set `onEvent`, `onKeyframeRequest`, `onBitrate` (before the answer).
 /// 3. `setAnswer(_:)` with the peer's SDP; ICE checks start at once.
 /// 4. From any thread, `send(frame:…)` each encoded frame; it never blocks.
-/// 5. `close()` sends BYE and close_notify and stops the thread.
+/// 5. `close()` sends BYE and close_notify, closes the sockets and stops the thread.
+///
+/// `KraklRTC.prepare()` at start-up keeps the process's one-time set-up off the first join.
 public final class Publisher: @unchecked Sendable {
     public let configuration: PublisherConfiguration
     public let certificate: Certificate
@@ -108,6 +113,10 @@ public final class Publisher: @unchecked Sendable {
     private let sockets: [UdpSocket]
     private let ice: IceAgent
     private let stateLock = NSLock()
+    /// `close()`'s progress; guarded by `closeCondition`.
+    private enum Closing { case open, closing, closed }
+    private var closing = Closing.open
+    private let closeCondition = NSCondition()
     private var currentOffer: SdpVideoOffer
     private var statistics = RtcStats()
 
@@ -121,6 +130,8 @@ public final class Publisher: @unchecked Sendable {
     private var answerAt: UInt64 = 0
     private var dtls: DtlsTransport?
     private var dtlsPeer: (base: TransportAddress, remote: TransportAddress)?
+    /// The peer's ClientHello if it comes before the answer (nil once DTLS exists).
+    private var earlyFlight: DtlsEarlyFlight? = DtlsEarlyFlight()
     private var srtpOut: SrtpSession?
     private var srtpIn: SrtpSession?
     private var sender: RtpVideoSender?
@@ -272,24 +283,68 @@ public final class Publisher: @unchecked Sendable {
         return sdp
     }
 
-    /// Sends RTCP BYE and DTLS close_notify, then stops the network thread (bounded wait).
+    /// Sends RTCP BYE and DTLS close_notify, closes the sockets and stops the network thread.
+    ///
+    /// Bounded (at most ~4 s, when the network thread is stuck in a handler; milliseconds
+    /// otherwise) and idempotent: a second call returns once the first has finished. From the
+    /// network thread (an `onEvent` handler) it does the same without waiting: the thread ends
+    /// after the current handler. Events stop with it. The event loop's wake-up pipe is freed
+    /// with the publisher.
     public func close() {
-        guard loop.isRunning else { return }
-        let done = DispatchSemaphore(value: 0)
-        loop.post { [self] in
-            if !finished, let srtpOut, let pair = ice.selected {
-                if let bye = try? srtpOut.protect(rtcp: RtcpWriter.compound([RtcpWriter.bye(ssrcs: [ssrc])])) {
-                    socket(for: pair.localBase)?.send(bye, to: pair.remoteAddress)
-                }
-            }
-            if let dtls { sendDtls(dtls.close()) }
-            finished = true
-            media = false
-            updateStats { if $0.state == "connected" || $0.state == "checking" { $0.state = "closed" } }
-            done.signal()
+        let onLoop = loop.isLoopThread
+        closeCondition.lock()
+        switch closing {
+        case .closed:
+            closeCondition.unlock()
+            return
+        case .closing:
+            // Another thread is closing: wait for it (bounded), unless we are the thread it waits on.
+            let deadline = Date().addingTimeInterval(5)
+            while !onLoop, closing != .closed, closeCondition.wait(until: deadline) {}
+            closeCondition.unlock()
+            return
+        case .open:
+            closing = .closing
+            closeCondition.unlock()
         }
-        _ = done.wait(timeout: .now() + 2)
-        loop.stop(timeout: 2)
+        if onLoop {
+            shutDown()
+            loop.stop()
+        } else {
+            let done = DispatchSemaphore(value: 0)
+            loop.post { [self] in
+                shutDown()
+                done.signal()
+            }
+            // The posted work runs before the loop stops, even when it comes late.
+            _ = done.wait(timeout: .now() + 2)
+            loop.stop(timeout: 2)
+        }
+        closeCondition.lock()
+        closing = .closed
+        closeCondition.broadcast()
+        closeCondition.unlock()
+    }
+
+    /// Network thread: says goodbye to the peer and lets go of the sockets.
+    private func shutDown() {
+        if !finished, let srtpOut, let pair = ice.selected {
+            if let bye = try? srtpOut.protect(rtcp: RtcpWriter.compound([RtcpWriter.bye(ssrcs: [ssrc])])) {
+                socket(for: pair.localBase)?.send(bye, to: pair.remoteAddress)
+            }
+        }
+        if let dtls { sendDtls(dtls.close()) }
+        finished = true
+        media = false
+        if let scheduled { loop.cancel(scheduled.id) }
+        scheduled = nil
+        earlyFlight = nil
+        for socket in sockets {
+            loop.unwatch(fd: socket.fd)
+            socket.close()
+        }
+        _ = takeQueuedFrames()
+        updateStats { if $0.state == "connected" || $0.state == "checking" || $0.state == "new" { $0.state = "closed" } }
     }
 
     // MARK: - Frames (any thread, never blocks)
@@ -321,11 +376,24 @@ public final class Publisher: @unchecked Sendable {
         self.sender = sender
         if let rtxType = answer.rtxPayloadType { rtx = RtxPacketizer(ssrc: rtxSSRC, payloadType: rtxType) }
         let role: DtlsRole = answer.setup == .active ? .server : .client
+        defer { earlyFlight = nil }
         do {
             dtls = try DtlsTransport(role: role, certificate: certificate, expectedFingerprint: answer.fingerprint)
         } catch {
             fail("DTLS set-up failed: \(error)")
+            return
         }
+        // The peer's ClientHello that came before this answer: no need to wait for its retransmission.
+        if let dtls, role == .server, let flight = earlyFlight, let source = flight.source {
+            dtlsPeer = source
+            for datagram in flight.datagrams { handleDtls(dtls.receive(datagram)) }
+        }
+    }
+
+    /// Before the answer: keeps the peer's first ClientHello, from a source that passed an ICE check.
+    private func keepEarlyDtls(_ datagram: [UInt8], from: TransportAddress, base: TransportAddress) {
+        guard earlyFlight != nil, ice.heardEarlyCheck(from: from, base: base) else { return }
+        if earlyFlight!.keep(datagram, from: from, base: base) { updateStats { $0.earlyDtlsDatagrams += 1 } }
     }
 
     private var currentOfferMid: String { stateLock.lock(); defer { stateLock.unlock() }; return currentOffer.mid }
@@ -333,7 +401,8 @@ public final class Publisher: @unchecked Sendable {
     private func socket(for base: TransportAddress) -> UdpSocket? { sockets.first { $0.localAddress == base } }
 
     private func readSocket(_ socket: UdpSocket) {
-        for _ in 0..<256 {
+        // A handler may close the publisher (close() from onEvent): stop reading then.
+        for _ in 0..<256 where !socket.isClosed {
             guard let (bytes, from) = socket.receive(&receiveBuffer) else { break }
             // Per datagram: handlers below run service(), which moves the clock on.
             let now = MonotonicClock.nanoseconds()
@@ -342,7 +411,11 @@ public final class Publisher: @unchecked Sendable {
             case 0...3:
                 ice.receive(bytes, from: from, base: socket.localAddress, now: now)
             case 20...63:
-                guard let dtls, !finished else { continue }
+                guard !finished else { continue }
+                guard let dtls else {
+                    keepEarlyDtls(bytes, from: from, base: socket.localAddress)
+                    continue
+                }
                 if dtlsPeer == nil || ice.selected == nil { dtlsPeer = (socket.localAddress, from) }
                 handleDtls(dtls.receive(bytes))
             case 128...191:
@@ -449,16 +522,22 @@ public final class Publisher: @unchecked Sendable {
                 reportBitrate(force: true, now: MonotonicClock.nanoseconds())
                 requestKeyframe(now: MonotonicClock.nanoseconds())
             case .remoteClosed:
-                media = false
-                finished = true
-                updateStats { $0.state = "closed" }
-                onEvent?(.remoteClosed)
+                endByPeer(.remoteClosed)
             case .failed(let error):
                 fail(error.description)
             case .applicationData:
                 break
             }
         }
+    }
+
+    /// The peer ended the session (close_notify or BYE): reported once.
+    private func endByPeer(_ event: PublisherEvent) {
+        guard !finished else { return }
+        media = false
+        finished = true
+        updateStats { $0.state = "closed" }
+        onEvent?(event)
     }
 
     private func fail(_ reason: String) {
@@ -624,8 +703,13 @@ public final class Publisher: @unchecked Sendable {
     private func handleRtcp(_ datagram: [UInt8], now: UInt64) {
         guard let packets = try? RtcpPacket.parseCompound(datagram) else { return }
         var bitrateInput = false
+        var bye: String??
         for packet in packets {
             switch packet {
+            case .bye(_, let reason):
+                // Any BYE from the peer ends the session: a receive-only peer's names its own SSRC,
+                // and the peer's SRTCP key vouches that it came from the peer.
+                bye = .some(reason)
             case .receiverReport(_, let reports):
                 handleReports(reports, now: now)
                 bitrateInput = true
@@ -664,7 +748,16 @@ public final class Publisher: @unchecked Sendable {
             }
         }
         if bitrateInput { reportBitrate(force: false, now: now) }
+        if let bye {
+            endByPeer(.remoteBye(reason: bye.map(Publisher.printable)))
+            return
+        }
         service()
+    }
+
+    /// The peer's words without control characters (they end up in logs and terminals).
+    static func printable(_ text: String) -> String {
+        String(String.UnicodeScalarView(text.unicodeScalars.filter { !CharacterSet.controlCharacters.contains($0) }))
     }
 
     private func handleReports(_ reports: [RtcpReportBlock], now: UInt64) {

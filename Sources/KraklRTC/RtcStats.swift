@@ -60,6 +60,8 @@ public struct RtcStats: Sendable, Equatable {
     public var iceChecksSent = 0
     public var iceRequestsReceived = 0
     public var consentResponses = 0
+    /// DTLS datagrams (the peer's ClientHello) that arrived before the answer and were kept to be replayed.
+    public var earlyDtlsDatagrams = 0
 
     public init() {}
 
@@ -75,7 +77,7 @@ public struct RtcStats: Sendable, Equatable {
             "pacer_dropped_packets": pacerDroppedPackets, "total_packet_send_delay": totalPacketSendDelay, "socket_send_failures": socketSendFailures,
             "receiver_reports": receiverReports, "target_bitrate": targetBitrate, "loss_based_bitrate": lossBasedBitrate,
             "bitrate_updates": bitrateUpdates, "transport_feedbacks": transportFeedbacks,
-            "ice_checks_sent": iceChecksSent, "ice_requests_received": iceRequestsReceived, "consent_responses": consentResponses,
+            "ice_checks_sent": iceChecksSent, "ice_requests_received": iceRequestsReceived, "consent_responses": consentResponses, "early_dtls_datagrams": earlyDtlsDatagrams,
         ]
         let optional: [String: Any?] = [
             "connect_ms": connectMilliseconds, "selected_pair": selectedPair, "codec": codec, "dtls_role": dtlsRole,

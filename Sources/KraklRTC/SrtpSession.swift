@@ -1,9 +1,17 @@
 import CSrtp
 import Foundation
 
-/// libsrtp wants srtp_init exactly once per process before anything else;
-/// a global's lazy initialiser is run once, thread-safely.
-private let srtpLibraryStatus: srtp_err_status_t = srtp_init()
+/// libsrtp wants srtp_init exactly once per process before anything else.
+/// It runs its crypto self-tests (24–30 ms measured here), so `KraklRTC.prepare()`
+/// calls it at start-up; otherwise the first SRTP session does, inside the first connect.
+enum SrtpLibrary {
+    /// A global's lazy initialiser runs once, thread-safely.
+    private static let status: srtp_err_status_t = srtp_init()
+
+    static func initialise() throws {
+        guard status == srtp_err_status_ok else { throw SrtpError.setup("srtp_init: \(SrtpError.name(of: status))") }
+    }
+}
 
 /// One direction of SRTP/SRTCP with one master key, over libsrtp2.
 /// An outbound session protects everything we send (RTP and RTCP, any
@@ -46,9 +54,7 @@ public final class SrtpSession {
     /// retransmissions cause. Outbound sessions allow re-protecting a sequence
     /// number (allow_repeat_tx) so a NACKed packet can be sent again as it was.
     public init(profile: SrtpProfile, key: [UInt8], salt: [UInt8], direction: Direction, replayWindow: Int = 1024) throws {
-        guard srtpLibraryStatus == srtp_err_status_ok else {
-            throw SrtpError.setup("srtp_init: \(SrtpError.name(of: srtpLibraryStatus))")
-        }
+        try SrtpLibrary.initialise()
         guard key.count == profile.keyLength, salt.count == profile.saltLength else {
             throw SrtpError.setup("\(profile.opensslName) needs a \(profile.keyLength)-byte key and \(profile.saltLength)-byte salt, got \(key.count) and \(salt.count)")
         }

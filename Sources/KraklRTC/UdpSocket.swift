@@ -16,7 +16,8 @@ public enum NetworkError: Error, Equatable, Sendable, CustomStringConvertible {
 /// A non-blocking UDP socket bound to one local address (IPv4 or IPv6):
 /// the base of one host candidate. Owned by the event loop's thread.
 public final class UdpSocket {
-    public let fd: Int32
+    /// The descriptor, or -1 once closed.
+    public private(set) var fd: Int32
     /// The bound address with the port the kernel chose.
     public let localAddress: TransportAddress
     /// Datagrams the kernel refused (EAGAIN: send buffer full; other errors).
@@ -40,7 +41,7 @@ public final class UdpSocket {
         }
         guard bound == 0 else {
             let text = String(cString: strerror(errno))
-            close(fd)
+            Glibc.close(fd)
             throw NetworkError.socket("bind(\(TransportAddress(ip: ip, port: port))): \(text)")
         }
         var actual = sockaddr_storage()
@@ -52,11 +53,21 @@ public final class UdpSocket {
         localAddress = UdpSocket.transportAddress(actual) ?? TransportAddress(ip: ip, port: port)
     }
 
-    deinit { close(fd) }
+    deinit { close() }
+
+    public var isClosed: Bool { fd < 0 }
+
+    /// Closes the descriptor now (the owner is done with it); later sends fail and receives return nil.
+    public func close() {
+        guard fd >= 0 else { return }
+        Glibc.close(fd)
+        fd = -1
+    }
 
     /// Sends one datagram; false when the kernel refused it (counted, never blocks).
     @discardableResult
     public func send(_ datagram: [UInt8], to peer: TransportAddress) -> Bool {
+        guard fd >= 0 else { sendFailures += 1; return false }
         var storage = UdpSocket.sockaddr(peer)
         let sent = datagram.withUnsafeBytes { bytes in
             withUnsafePointer(to: &storage.address) {
@@ -71,6 +82,7 @@ public final class UdpSocket {
 
     /// One waiting datagram, or nil when none is (EAGAIN). `buffer` is reused between calls.
     public func receive(_ buffer: inout [UInt8]) -> (bytes: [UInt8], from: TransportAddress)? {
+        guard fd >= 0 else { return nil }
         var from = sockaddr_storage()
         var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
         let count = buffer.withUnsafeMutableBytes { bytes in

@@ -160,6 +160,10 @@ final class EventLog: @unchecked Sendable {
         case .remoteClosed:
             object["event"] = "remote_closed"
             if ended == nil { ended = (0, "the peer closed the connection (DTLS close_notify)") }
+        case .remoteBye(let reason):
+            object["event"] = "remote_bye"
+            object["reason"] = reason
+            if ended == nil { ended = (0, "the peer ended the session (RTCP BYE\(reason.map { ": \($0)" } ?? ""))") }
         case .failed(let reason):
             object["event"] = "failed"
             object["reason"] = reason

@@ -26,6 +26,11 @@ final class RtcLoopbackPeer {
     private(set) var dtlsEvents: [DtlsEvent] = []
     /// How often the peer's ICE agent reported a selected pair (again after a restart).
     private(set) var selections = 0
+    /// Like Chromium: a DTLS client starts its handshake as soon as one of its checks succeeds,
+    /// without waiting to be nominated (and so possibly before the publisher has the answer).
+    var startsDtlsOnFirstSuccess = false
+    /// When the DTLS client sent its ClientHello (monotonic ns).
+    private(set) var dtlsStartedAt: UInt64?
     private var buffer = [UInt8](repeating: 0, count: 65_536)
 
     init(setup: String, address: String = "127.0.0.1") throws {
@@ -72,6 +77,11 @@ final class RtcLoopbackPeer {
         }
     }
 
+    private func startDtls(_ dtls: DtlsTransport) {
+        dtlsStartedAt = rtcMonotonicNanoseconds()
+        handle(dtls.start())
+    }
+
     func sendRtcp(_ packets: [[UInt8]]) throws {
         let srtcp = try #require(srtpOut, "no SRTP yet").protect(rtcp: RtcpWriter.compound(packets))
         send([srtcp])
@@ -91,7 +101,12 @@ final class RtcLoopbackPeer {
             for case .selected(let pair) in events {
                 selections += 1
                 peer = pair.remoteAddress
-                if let dtls, dtls.role == .client, dtls.state == .new { handle(dtls.start()) }
+                if let dtls, dtls.role == .client, dtls.state == .new { startDtls(dtls) }
+            }
+            if startsDtlsOnFirstSuccess, let dtls, dtls.role == .client, dtls.state == .new,
+               let pair = ice.checkList.pairs.first(where: { $0.state == .succeeded }) {
+                peer = pair.remoteAddress
+                startDtls(dtls)
             }
             if let dtls, let timeout = dtls.timeout, timeout <= 0 { handle(dtls.onTimer()) }
             var descriptor = pollfd(fd: socket.fd, events: Int16(POLLIN), revents: 0)
