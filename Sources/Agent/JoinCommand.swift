@@ -110,6 +110,13 @@ func runJoin(_ arguments: Arguments, source: JoinCodeSource, logger: @escaping B
         fputs("krakl-agent: warning: a join code given as an argument is visible to every user of this computer (ps); "
               + "prefer --join @FILE, --join - or KRAKL_JOIN\n", stderr)
     }
+    // One-time process set-up (libsrtp, OpenSSL) now, not inside the first connect.
+    do {
+        try KraklRTC.prepare()
+    } catch {
+        fputs("krakl-agent: the WebRTC stack cannot start: \(error)\n", stderr)
+        return 44
+    }
     let signals = StopSignals()
     var next: JoinCodeSource? = source
     var status: Int32 = 0

@@ -263,12 +263,24 @@ public final class SharingSession: @unchecked Sendable {
         onPublisherEvent?(event)
         switch event {
         case .connected: post(.connected)
-        case .remoteClosed: post(.roomEnded("the room server closed the connection (DTLS close_notify)"))
+        case .remoteClosed: roomClosedMedia("the room server closed the connection (DTLS close_notify)")
+        case .remoteBye(let reason): roomClosedMedia("the room server said goodbye (RTCP BYE\(reason.map { ": \($0)" } ?? ""))")
         case .connectionLost(let reason): post(.connectionLost(reason))
         case .failed(let reason): post(.connectionLost(reason))
         case .localCandidate(let candidate): driver.trickle(candidate: candidate.sdpValue, mid: publisher?.offer.mid ?? "0")
         }
     }
+
+    /// The server ended our media session. A room driver with events usually says why at the same
+    /// moment (Janus: "destroyed", "kicked"), sometimes a little after the DTLS close_notify; its words
+    /// are the person's, so they get a short head start (the first end reason wins).
+    private func roomClosedMedia(_ words: String) {
+        control.asyncAfter(deadline: .now() + Self.roomWordsGrace) { [self] in handle(.roomEnded(words)) }
+    }
+
+    /// How long a room driver's explanation may trail the media's end; well inside the 2 s in which
+    /// an ended room must bring the agent back to idle.
+    static let roomWordsGrace = 0.3
 
     private func startMedia() {
         let (source, pipeline) = lock.withLock { (self.source, self.pipeline) }

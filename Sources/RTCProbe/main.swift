@@ -193,6 +193,7 @@ let session = SharingSession(configuration: sessionConfiguration, driver: StdioS
 session.onPublisherEvent = { log.record($0) }
 let sharing = DispatchSemaphore(value: 0)
 session.onStateChange = { state in if state == .sharing { sharing.signal() } }
+do { try KraklRTC.prepare() } catch { fail("the WebRTC stack cannot start: \(error)", status: 3) }
 session.start()
 
 // MARK: run --seconds after connecting, with a status line a second
