@@ -70,6 +70,7 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
     /// Why the session cannot answer any more (its long-poll found it gone).
     private var sessionGone: String?
     private var pollFinished: DispatchSemaphore?
+    private var pollThread: Thread?
     private var transactions: UInt64 = 0
 
     /// - Parameters:
@@ -228,10 +229,12 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
         state.lock()
         stopPolling = true
         let finished = pollFinished
+        // An onEvent handler that leaves runs on the poll thread, which cannot wait for itself.
+        let onPollThread = pollThread.map { $0 === Thread.current } ?? false
         state.broadcast()
         state.unlock()
         poller.invalidate()  // cancels a poll waiting on Janus
-        if let finished {
+        if let finished, !onPollThread {
             _ = finished.wait(timeout: .now() + max(0.2, deadline.timeIntervalSinceNow))
         }
         control.invalidate()
@@ -347,19 +350,29 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
         state.unlock()
         let thread = Thread { [self] in
             poll(session: sessionID)
+            state.lock()
+            pollThread = nil
+            state.unlock()
             finished.signal()
         }
         thread.name = "krakl-janus-poll"
+        state.lock()
+        pollThread = thread
+        state.unlock()
         thread.start()
     }
 
     private func pollURL(session sessionID: UInt64, request: UInt64) -> URL {
         var parts = URLComponents(url: url(["\(sessionID)"]), resolvingAgainstBaseURL: false)
-        var query = [URLQueryItem(name: "maxev", value: "10"), URLQueryItem(name: "rid", value: "\(request)")]
-        if let token { query.append(URLQueryItem(name: "token", value: token)) }
-        parts?.queryItems = query
+        var query = "maxev=10&rid=\(request)"
+        // Everything but unreserved characters escaped: libmicrohttpd reads a
+        // bare "+" in a query as a space, and Janus's signed tokens are base64.
+        if let token { query += "&token=" + (token.addingPercentEncoding(withAllowedCharacters: Self.unreserved) ?? "") }
+        parts?.percentEncodedQuery = query
         return parts?.url ?? url(["\(sessionID)"])
     }
+
+    private static let unreserved = CharacterSet(charactersIn: "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 
     private var stopping: Bool {
         state.lock()
@@ -368,7 +381,9 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
     }
 
     private func poll(session sessionID: UInt64) {
-        var lastContact = Date()
+        // When the current run of failed polls began; one failure after a
+        // quiet 30 s poll is not yet a lost server.
+        var failingSince: Date?
         var pause = 0.1
         var request: UInt64 = 0
         while !stopping {
@@ -383,10 +398,10 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
             if stopping { break }
             switch outcome {
             case .success(let response) where response.status == 200:
-                lastContact = Date()
                 if let batch = try? JSONDecoder().decode(JanusEventBatch.self, from: response.body) {
-                    handle(batch.messages)
+                    failingSince = nil
                     pause = 0.1
+                    handle(batch.messages)
                     continue
                 }
             case .success(let response) where response.status == 404:
@@ -399,7 +414,9 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
             case .success, .failure:
                 break
             }
-            if Date().timeIntervalSince(lastContact) > timeouts.lostContact {
+            let since = failingSince ?? Date()
+            failingSince = since
+            if Date().timeIntervalSince(since) >= timeouts.lostContact {
                 let why: String
                 if case .failure(let error) = outcome { why = "\(error)" } else { why = "no usable reply" }
                 sessionEnded("lost contact with the Janus server for \(Self.seconds(timeouts.lostContact)) s: \(why)")
@@ -409,7 +426,7 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
             state.lock()
             if !stopPolling { _ = state.wait(until: Date().addingTimeInterval(pause)) }
             state.unlock()
-            pause = min(pause * 2, 2)
+            pause = min(pause * 2, 1)
         }
     }
 

@@ -31,6 +31,49 @@ final class JanusTestbed {
         return bed
     }
 
+    /// Starts Janus with core token auth (`token_auth`, HMAC-signed tokens
+    /// with `secret`): the testbed's config, edited, and Janus started again
+    /// with the script's own command line.
+    static func start(in folder: String, tokenSecret secret: String) throws -> JanusTestbed? {
+        guard let bed = try start(in: folder) else { return nil }
+        bed.stop()
+        let path = bed.folder + "/janus.jcfg"
+        var config = try String(contentsOfFile: path, encoding: .utf8)
+        for (from, to) in [("#token_auth = true", "token_auth = true"), ("#token_auth_secret = \"janus\"", "token_auth_secret = \"\(secret)\"")] {
+            try #require(config.contains(from), "janus.jcfg has no \(from)")
+            config = config.replacingOccurrences(of: from, with: to)
+        }
+        try config.write(toFile: path, atomically: true, encoding: .utf8)
+        // As scripts/janus-testbed does: the daemon must keep none of our descriptors (Harness.run waits for its pipes to close).
+        let f = bed.folder
+        let command = "for fd in $(ls /proc/$$/fd); do (( fd > 2 )) && eval \"exec $fd>&-\"; done; "
+            + "exec janus -C \(f)/janus.jcfg -F \(f) -b -p \(f)/janus.pid -L \(f)/janus.log -N </dev/null >/dev/null 2>&1"
+        _ = try Harness.run("/bin/bash", ["-c", command], timeout: 20)
+        let deadline = Date().addingTimeInterval(5)
+        var ready = false
+        while !ready && Date() < deadline {
+            ready = (try? bed.http.send(HTTPRequest(method: "GET", url: api.appendingPathComponent("info"), timeout: 0.5)))?.status == 200
+            if !ready { usleep(50_000) }
+        }
+        try #require(ready, "Janus with token auth did not answer: \((try? String(contentsOfFile: f + "/janus.log", encoding: .utf8)) ?? "")")
+        return bed
+    }
+
+    /// A Janus signed token (auth.c: "expiry,janus,plugin:base64(HMAC-SHA1)"), made by Python's hmac, not by us.
+    static func signedToken(secret: String, validFor seconds: Int = 600) throws -> String {
+        // Of the expiry times a few seconds apart, the first whose signature has a "+" (which a query must escape).
+        let script = "import base64,hashlib,hmac,sys,time\n"
+            + "sign = lambda d: d + ':' + base64.b64encode(hmac.new(sys.argv[1].encode(), d.encode(), hashlib.sha1).digest()).decode()\n"
+            + "tokens = [sign('%d,janus,janus.plugin.videoroom' % (int(time.time()) + int(sys.argv[2]) + i)) for i in range(200)]\n"
+            + "print(next((t for t in tokens if '+' in t.split(':')[1]), tokens[0]))"
+        let made = try Harness.run("/usr/bin/python3", ["-c", script, secret, "\(seconds)"], timeout: 20)
+        try #require(made.status == 0, "python3: \(made.stderr)")
+        return made.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
+    /// Sent as the core `token` by the host side too, when Janus requires one.
+    var token: String?
+
     private init(folder: String) { self.folder = folder }
 
     deinit { http.invalidate() }
@@ -52,6 +95,7 @@ final class JanusTestbed {
     func call(_ path: String, _ body: [String: Any]) throws -> [String: Any] {
         var body = body
         body["transaction"] = UUID().uuidString
+        if let token { body["token"] = token }
         let data = try JSONSerialization.data(withJSONObject: body)
         let url = path.isEmpty ? Self.api : Self.api.appendingPathComponent(path)
         let reply = try http.send(HTTPRequest(method: "POST", url: url, headers: [(name: "Content-Type", value: "application/json")], body: data, timeout: 5))
@@ -119,6 +163,23 @@ final class RoomEventLog: @unchecked Sendable {
     }
 }
 
+/// One number set from another thread (a measurement inside a callback).
+final class MeasuredValue: @unchecked Sendable {
+    private let lock = NSLock()
+    private var value: Double?
+    func set(_ new: Double) { lock.lock(); value = new; lock.unlock() }
+    func wait(seconds: Double) -> Double? {
+        let deadline = Date().addingTimeInterval(seconds)
+        while true {
+            lock.lock()
+            let current = value
+            lock.unlock()
+            if current != nil || Date() >= deadline { return current }
+            usleep(2_000)
+        }
+    }
+}
+
 /// A KraklRTC publisher on 127.0.0.2: a real offer, and a real ICE/DTLS peer for Janus.
 struct JanusTestPublisher {
     let publisher: Publisher
@@ -146,11 +207,28 @@ struct JanusTestPublisher {
 }
 
 func openDescriptorCount() -> Int { (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count) ?? -1 }
+/// What each open descriptor is (socket:[…], anon_inode:[eventfd], a path), for reports.
+func openDescriptors() -> [String] {
+    let names = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? []
+    return names.compactMap { try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/" + $0) }
+}
 func threadCount() -> Int { (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task").count) ?? -1 }
 
 @Suite(.serialized) struct JanusDriverTests {
     static let suite = "JanusDriverTests"
     static let secret = "host-secret-\(UUID().uuidString.prefix(8))"
+
+    /// "socket:[inode]" → which table lists it (tcp, udp, unix, netlink), for the descriptor report.
+    static func describeSocket(_ link: String) -> String {
+        guard link.hasPrefix("socket:["), let inode = link.dropFirst(8).split(separator: "]").first else { return link }
+        for table in ["tcp", "tcp6", "udp", "udp6", "unix", "netlink"] {
+            let text = (try? String(contentsOfFile: "/proc/self/net/" + table, encoding: .utf8)) ?? ""
+            if let line = text.split(separator: "\n").first(where: { $0.split(separator: " ").contains(Substring(inode)) }) {
+                return "\(table): \(line.split(separator: " ").prefix(4).joined(separator: " "))"
+            }
+        }
+        return link
+    }
 
     /// Times a call in milliseconds.
     static func timed<T>(_ body: () throws -> T) rethrows -> (T, Double) {
@@ -372,6 +450,91 @@ func threadCount() -> Int { (try? FileManager.default.contentsOfDirectory(atPath
         #expect(events.events.count == 1)
     }
 
+    @Test func leaveIsBoundedWhenJanusHangsAndWorksFromTheEventHandler() throws {
+        guard let inside = try InNamespace.enter(suite: Self.suite, cleanup: JanusTestbed.stopLeftovers) else { return }
+        guard let janus = try JanusTestbed.start(in: inside.folder) else { return }
+        defer { janus.stop() }
+        let room = try janus.createRoom(secret: Self.secret)
+
+        // Janus stops answering mid-share (SIGSTOP): leave gives up within its 2 s.
+        let peer = try JanusTestPublisher()
+        defer { peer.publisher.close() }
+        let driver = JanusDriver(baseURL: JanusTestbed.api, room: "\(room)")
+        try peer.publisher.setAnswer(try driver.publish(offer: peer.publisher.offerSDP, identity: "Ada").sdp)
+        #expect(peer.waitConnected(), "not connected: \(peer.log.events)")
+        let pid = try #require(janus.pid)
+        kill(pid, SIGSTOP)
+        let ((), hungMs) = Self.timed { driver.leave() }
+        kill(pid, SIGCONT)
+        print(String(format: "leave with Janus hung: %.0f ms", hungMs))
+        #expect(hungMs < 2_100)
+
+        // The owner may leave from inside onEvent (the poll thread): no self-wait.
+        let second = try JanusTestPublisher()
+        defer { second.publisher.close() }
+        let other = JanusDriver(baseURL: JanusTestbed.api, room: "\(room)")
+        let events = RoomEventLog()
+        let leftMs = MeasuredValue()
+        other.onEvent = { [unowned other] event in
+            events.add(event)
+            let start = rtcMonotonicMilliseconds()
+            other.leave()
+            leftMs.set(rtcMonotonicMilliseconds() - start)
+        }
+        try second.publisher.setAnswer(try other.publish(offer: second.publisher.offerSDP, identity: "Grace").sdp)
+        #expect(second.waitConnected(), "not connected: \(second.log.events)")
+        let session = try #require(other.sessionForTests)
+        _ = try janus.videoroom(["request": "destroy", "room": room, "secret": Self.secret])
+        #expect(events.wait(seconds: 2)?.event == .roomEnded(reason: "the meeting was ended"))
+        let left = try #require(leftMs.wait(seconds: 3), "leave inside onEvent did not return")
+        print(String(format: "leave inside onEvent: %.0f ms", left))
+        #expect(left < 1_000, "leave on the poll thread waited for itself")
+        #expect(try janus.sessionExists(session) == false)
+    }
+
+    @Test func aJanusRequiringATokenGetsItOnlyWhenToldToSendIt() throws {
+        guard let inside = try InNamespace.enter(suite: Self.suite, cleanup: JanusTestbed.stopLeftovers) else { return }
+        let secret = "krakl-\(UUID().uuidString.prefix(8))"
+        guard let janus = try JanusTestbed.start(in: inside.folder, tokenSecret: secret) else { return }
+        defer { janus.stop() }
+        let token = try JanusTestbed.signedToken(secret: secret)
+        #expect(token.contains("+"), "the test wants a token that needs escaping: \(token.prefix(8))…")
+        janus.token = token
+        let room = try janus.createRoom(secret: Self.secret)
+        let peer = try JanusTestPublisher()
+        defer { peer.publisher.close() }
+
+        // The token is there but not sent (the default): Janus's 403, as unauthorized.
+        let silent = JanusDriver(baseURL: JanusTestbed.api, room: "\(room)", token: token)
+        #expect { _ = try silent.publish(offer: peer.publisher.offerSDP, identity: "Ada") } throws: { error in
+            print("token not sent: \(error)")
+            guard case .unauthorized(403, let message) = error as? RoomError else { return false }
+            return !message.contains(token) && !"\(error)".contains(String(token.suffix(20)))
+        }
+        silent.leave()
+
+        // A token signed with another secret: refused the same way.
+        let forged = JanusDriver(baseURL: JanusTestbed.api, room: "\(room)", token: try JanusTestbed.signedToken(secret: "not-\(secret)"), sendToken: true)
+        #expect { _ = try forged.publish(offer: peer.publisher.offerSDP, identity: "Ada") } throws: { error in
+            if case .unauthorized(403, _) = error as? RoomError { return true }
+            return false
+        }
+        forged.leave()
+
+        // Sent: every request and the long-poll (as ?token=, base64 with + / =) carry it; the join completes.
+        let driver = JanusDriver(baseURL: JanusTestbed.api, room: "\(room)", token: token, sendToken: true)
+        let events = RoomEventLog()
+        driver.onEvent = { events.add($0) }
+        try peer.publisher.setAnswer(try driver.publish(offer: peer.publisher.offerSDP, identity: "Ada").sdp)
+        #expect(peer.waitConnected(), "not connected: \(peer.log.events)")
+        let listed = try janus.waitParticipants(room, seconds: 5) { $0.contains { $0["publisher"] as? Bool == true } }
+        #expect(listed.first?["display"] as? String == "Ada", "\(listed)")
+        let session = try #require(driver.sessionForTests)
+        driver.leave()
+        #expect(try janus.sessionExists(session) == false)
+        #expect(events.events.isEmpty, "the long-poll was refused? \(events.events)")
+    }
+
     @Test func twentyJoinLeaveCyclesLeaveDescriptorsThreadsAndSessionsAsTheyWere() throws {
         guard let inside = try InNamespace.enter(suite: Self.suite, cleanup: JanusTestbed.stopLeftovers) else { return }
         guard let janus = try JanusTestbed.start(in: inside.folder) else { return }
@@ -391,6 +554,8 @@ func threadCount() -> Int { (try? FileManager.default.contentsOfDirectory(atPath
             return (session, ms)
         }
 
+        let before = (fds: openDescriptorCount(), threads: threadCount())
+        let descriptorsBefore = openDescriptors()
         // One cycle first: URLSession, libcurl and Dispatch set up what they keep for the process.
         _ = try cycle(0)
         let settle = { (limit: Int) in
@@ -413,6 +578,9 @@ func threadCount() -> Int { (try? FileManager.default.contentsOfDirectory(atPath
         // Dispatch's worker threads idle out on their own schedule: wait (bounded) for them.
         settle(baseline.threads)
         let after = (fds: openDescriptorCount(), threads: threadCount())
+        var kept = openDescriptors()
+        for name in descriptorsBefore { if let i = kept.firstIndex(of: name) { kept.remove(at: i) } }
+        print("before any driver: fds \(before.fds), threads \(before.threads); after the first cycle: fds \(baseline.fds), threads \(baseline.threads); kept by the first cycle: \(kept.map(Self.describeSocket))")
         print("20 cycles: fds \(baseline.fds) → \(after.fds), threads \(baseline.threads) → \(after.threads); publish+connect ms p50 \(Int(joins.sorted().nearestRank(0.5) ?? -1)) max \(Int(joins.max() ?? -1))")
         #expect(after.fds <= baseline.fds, "descriptors \(baseline.fds) → \(after.fds)")
         #expect(after.threads <= baseline.threads, "threads \(baseline.threads) → \(after.threads)")
