@@ -477,9 +477,9 @@ func threadCount() -> Int { (try? FileManager.default.contentsOfDirectory(atPath
         let leftMs = MeasuredValue()
         other.onEvent = { [unowned other] event in
             events.add(event)
-            let start = rtcMonotonicMilliseconds()
+            let start = MonotonicClock.milliseconds()
             other.leave()
-            leftMs.set(rtcMonotonicMilliseconds() - start)
+            leftMs.set(MonotonicClock.milliseconds() - start)
         }
         try second.publisher.setAnswer(try other.publish(offer: second.publisher.offerSDP, identity: "Grace").sdp)
         #expect(second.waitConnected(), "not connected: \(second.log.events)")

@@ -90,7 +90,7 @@ func rtcHandBuiltBye(ssrcs: [UInt32], reason: [UInt8]?) -> [UInt8] {
         // The peer's check is answered by a publisher that has no answer yet, and its ClientHello leaves.
         #expect(peer.pump(seconds: 5) { $0.dtlsStartedAt != nil }, "the peer's checks were never answered")
         let helloAt = try #require(peer.dtlsStartedAt)
-        peer.pump(seconds: max(0, 1.0 - Double(rtcMonotonicNanoseconds() - helloAt) / 1e9))
+        peer.pump(seconds: max(0, 1.0 - Double(MonotonicClock.nanoseconds() - helloAt) / 1e9))
         let kept = publisher.stats.earlyDtlsDatagrams
         #expect(kept >= 1, "the early ClientHello was not kept")
         #expect(peer.ice.checkList.pairs.contains { $0.state == .succeeded }, "the peer's check did not succeed before the answer")
@@ -99,7 +99,7 @@ func rtcHandBuiltBye(ssrcs: [UInt32], reason: [UInt8]?) -> [UInt8] {
         if !candidates {
             answer = answer.split(separator: "\r\n").filter { !$0.hasPrefix("a=candidate") }.joined(separator: "\r\n") + "\r\n"
         }
-        let answerLag = Double(rtcMonotonicNanoseconds() - helloAt) / 1e6
+        let answerLag = Double(MonotonicClock.nanoseconds() - helloAt) / 1e6
         _ = try publisher.setAnswer(answer)
         #expect(peer.pump(seconds: 5) { _ in log.connected }, "not connected: \(log.events) \(peer.dtlsEvents)")
         let connectMs = try #require(log.events.compactMap { if case .connected(let ms) = $0 { return ms } else { return nil } }.first)
@@ -109,7 +109,7 @@ func rtcHandBuiltBye(ssrcs: [UInt32], reason: [UInt8]?) -> [UInt8] {
 
         // And media flows over the pair ICE selected (with candidates: false, the peer-reflexive one).
         #expect(peer.pump(seconds: 5) { _ in publisher.stats.selectedPair != nil }, "no ICE pair selected")
-        publisher.send(frame: [UInt8](repeating: 0x5a, count: 1000), keyframe: true, captureNanoseconds: rtcMonotonicNanoseconds(),
+        publisher.send(frame: [UInt8](repeating: 0x5a, count: 1000), keyframe: true, captureNanoseconds: MonotonicClock.nanoseconds(),
                        width: 640, height: 360)
         #expect(peer.pump(seconds: 5) { $0.rtp.contains { $0.ssrc == offer.ssrc } }, "no media after the early handshake")
     }
@@ -327,9 +327,9 @@ func rtcHandBuiltBye(ssrcs: [UInt32], reason: [UInt8]?) -> [UInt8] {
     /// Prints the times (a first call in a fresh process shows the one-time cost); asserts no timing.
     @Test func prepareIsIdempotentAndKeepsTheOneTimeCostOffTheJoin() throws {
         func milliseconds(_ body: () throws -> Void) rethrows -> Double {
-            let start = rtcMonotonicNanoseconds()
+            let start = MonotonicClock.nanoseconds()
             try body()
-            return Double(rtcMonotonicNanoseconds() - start) / 1e6
+            return Double(MonotonicClock.nanoseconds() - start) / 1e6
         }
         let first = try milliseconds { try KraklRTC.prepare() }
         let second = try milliseconds { try KraklRTC.prepare() }

@@ -78,7 +78,7 @@ final class RtcLoopbackPeer {
     }
 
     private func startDtls(_ dtls: DtlsTransport) {
-        dtlsStartedAt = rtcMonotonicNanoseconds()
+        dtlsStartedAt = MonotonicClock.nanoseconds()
         handle(dtls.start())
     }
 
