@@ -49,23 +49,25 @@ import Testing
         } catch {
             #expect(error == expected, sourceLocation: sourceLocation)
             checkMessage(error.description, token: token, sourceLocation: sourceLocation)
+            checkMessage(everyForm(error), token: token, multiline: true, sourceLocation: sourceLocation)
         }
     }
 
-    static func checkMessage(_ message: String, token: String, sourceLocation: SourceLocation = #_sourceLocation) {
-        #expect(!message.isEmpty && !message.contains("\n"), "not one line: \(message)", sourceLocation: sourceLocation)
+    /// `value` as `print`, `debugPrint` and `dump` show it, one after the other.
+    static func everyForm(_ value: Any) -> String {
+        var dumped = ""
+        dump(value, to: &dumped)
+        return "\(value)\n\(String(reflecting: value))\n\(dumped)"
+    }
+
+    static func checkMessage(_ message: String, token: String, multiline: Bool = false, sourceLocation: SourceLocation = #_sourceLocation) {
+        #expect(!message.isEmpty && (multiline || !message.contains("\n")), "not one line: \(message)", sourceLocation: sourceLocation)
         let parts = token.split(separator: ".")
         if parts.count == 3 { #expect(!message.contains(parts[2]), "signature in: \(message)", sourceLocation: sourceLocation) }
         // Any 9 consecutive characters of the token would be more than it may show.
-        let characters = Array(token)
-        if characters.count >= 9 {
-            for start in stride(from: 0, through: characters.count - 9, by: 1) {
-                let piece = String(characters[start..<start + 9])
-                if message.contains(piece) {
-                    Issue.record("message shows \(piece) of the token: \(message)", sourceLocation: sourceLocation)
-                    return
-                }
-            }
+        let tokenPieces = Set(Array(token.utf8).byteRuns(9))
+        if let piece = Array(message.utf8).byteRuns(9).first(where: tokenPieces.contains) {
+            Issue.record("message shows \(String(decoding: piece, as: UTF8.self)) of the token: \(message)", sourceLocation: sourceLocation)
         }
     }
 
@@ -310,13 +312,15 @@ import Testing
         let text = Self.token()
         let token = try AccessToken(parsing: text)
         #expect(token.shortened == String(text.prefix(8)) + "…")
-        var dumped = ""
-        dump(token, to: &dumped)
-        for shown in [token.description, "\(token)", String(reflecting: token), dumped] {
-            Self.checkMessage(shown.replacingOccurrences(of: "\n", with: " "), token: text)
-        }
+        Self.checkMessage(Self.everyForm(token), token: text, multiline: true)
         let invitation = try Invitation.read(Self.code("k=janus;u=https://h/janus?apikey=s3cr3t#frag;r=7;t=TOKEN;ice=stun:s.example;ice=turn:t.example,alice,hunter2"),
                                              now: Self.now)
+        for shown in [Self.everyForm(invitation), Self.everyForm(invitation.code)] {
+            Self.checkMessage(shown, token: text, multiline: true)
+            #expect(!shown.contains("hunter2"), "TURN credential in: \(shown)")
+        }
+        #expect(invitation.description == "Janus VideoRoom https://h/janus, room \"7\", as \"Ada's screen\" (token \(token.shortened))")
+        #expect(invitation.code.description == "krakl:v=1;k=janus;u=https://h/janus;r=7;t=\(token.shortened);ice=stun:s.example;ice=turn:t.example")
         let summary = invitation.summary(now: Self.now)
         for line in summary.split(separator: "\n") { Self.checkMessage(String(line), token: text) }
         for secret in ["s3cr3t", "frag", "hunter2", "alice"] { #expect(!summary.contains(secret), "\(secret) in \(summary)") }
@@ -368,6 +372,7 @@ import Testing
                 #expect(try JoinCode(parsing: invitation.code.text) == invitation.code, "\(text)")
             } catch {
                 Self.checkMessage(error.description, token: token)
+                Self.checkMessage(Self.everyForm(error), token: token, multiline: true)
                 refused[Mirror(reflecting: error).children.first?.label ?? "noRoom", default: 0] += 1
             }
         }
@@ -577,5 +582,12 @@ import Testing
             let wrong = try #require(try Self.pyjwt(tokenText, secret: secret + "x"))
             #expect(wrong.status != 0 && wrong.stderr.contains("Signature verification failed"), "pyjwt with a wrong secret: \(wrong.stderr.suffix(200))")
         }
+    }
+}
+
+extension Array where Element == UInt8 {
+    /// Every run of `size` consecutive bytes.
+    func byteRuns(_ size: Int) -> [ArraySlice<UInt8>] {
+        count < size ? [] : (0...(count - size)).map { self[$0..<$0 + size] }
     }
 }
