@@ -4,7 +4,8 @@ import Testing
 
 /// Join codes and their tokens (docs/join-codes.md): the format's rules one
 /// by one, then round trips through the independent Python generator and the
-/// JavaScript of the docs (run under Node with the real qrcode-generator).
+/// JavaScript of the docs (run under Node with the real qrcode-generator,
+/// its QR image read back by zbar), with pyjwt checking the signatures.
 @Suite struct JoinCodeTests {
     // MARK: - Tokens made here, with Foundation's base64 (not the parser's decoder)
 
@@ -555,6 +556,38 @@ import Testing
             #expect(invitation.code.text == code)
             print("join code from the docs' JavaScript: \(code.utf8.count) bytes, QR version \((modules - 17) / 4) at level M (\(modules) modules)")
             if c.typical { #expect(modules <= 77, "QR version \((modules - 17) / 4) > 15 for a typical code of \(code.utf8.count) bytes") }
+        }
+    }
+
+    /// The QR image the docs' JavaScript makes, read back by a real scanner
+    /// (zbar, which guesses the character set of what it reads: the reason
+    /// codes are ASCII), reads as the same code.
+    @Test func docsQRImageScansBackWithZbar() throws {
+        let zbarimg = "/usr/bin/zbarimg"
+        guard FileManager.default.isExecutableFile(atPath: zbarimg) else { print("SKIP: zbarimg missing (Debian zbar-tools)"); return }
+        guard FileManager.default.isExecutableFile(atPath: Self.node), FileManager.default.fileExists(atPath: Self.qrcodeLibrary),
+              FileManager.default.isExecutableFile(atPath: Self.python) else { print("SKIP: node, node-qrcode-generator or python3 missing"); return }
+        let folder = try Harness.temporaryDirectory()
+        let script = "const qrcode = require('\(Self.qrcodeLibrary)');\n" + (try Self.docSnippet("join-code-snippet")) + """
+            const input = JSON.parse(process.argv[2]);
+            const code = makeJoinCode(input);
+            const image = joinCodeQR(code).createDataURL(4, 16);
+            require('fs').writeFileSync(process.argv[3], Buffer.from(image.split(',')[1], 'base64'));
+            process.stdout.write(JSON.stringify({ code }));
+            """
+        for (room, identity) in [("1234", "Mubashir's screen"), ("Salle n°5; 100% = ok", "Zoë 画面")] {
+            let token = try #require(try Self.generate(["--kind", "janus", "--url", "http://127.0.0.1:8088/janus", "--room", room,
+                                                        "--identity", identity])["token"] as? String)
+            let input: [String: Any] = ["kind": "janus", "url": "http://127.0.0.1:8088/janus", "token": token, "room": room,
+                                        "iceServers": [["urls": "stun:stun.l.google.com:19302"]]]
+            let image = folder + "/code-\(UUID().uuidString).gif"
+            let made = try Self.runNode(script, [String(decoding: try JSONSerialization.data(withJSONObject: input), as: UTF8.self), image])
+            let scan = try Harness.run(zbarimg, ["--quiet", "--raw", image], timeout: 30)
+            try #require(scan.status == 0, "zbarimg: \(scan.stderr.suffix(300))")
+            let scanned = scan.stdout.trimmingCharacters(in: .newlines)
+            #expect(scanned == made["code"] as? String)
+            let invitation = try Invitation.read(scan.stdout, now: Date())
+            #expect(invitation.room == room && invitation.identity == identity && invitation.code.token == token)
         }
     }
 
