@@ -51,8 +51,8 @@ public struct AccessToken: Equatable, Sendable, CustomStringConvertible, CustomR
 
         guard let header = (try? JSONSerialization.jsonObject(with: decoded[0])) as? [String: Any] else { throw fail(.headerNotJSON) }
         let typ = header["typ"] as? String, cty = header["cty"] as? String
-        guard typ?.uppercased() == "JWT" else { throw fail(.wrongType(typ)) }
-        guard cty == Self.contentType else { throw fail(.wrongContentType(cty)) }
+        guard typ?.uppercased() == "JWT" else { throw fail(.wrongType(typ.map { JoinCodeError.clip($0, limit: 32) })) }
+        guard cty == Self.contentType else { throw fail(.wrongContentType(cty.map { JoinCodeError.clip($0, limit: 32) })) }
         guard let alg = header["alg"] as? String, !alg.isEmpty, alg.lowercased() != "none", !decoded[2].isEmpty else {
             throw fail(.unsigned)
         }

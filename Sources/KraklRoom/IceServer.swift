@@ -1,6 +1,6 @@
 /// A STUN or TURN server (RFC 7064/7065 URL) with optional long-term
 /// credentials, as a join code or a WHIP `Link` header gives it.
-public struct IceServer: Equatable, Sendable, CustomStringConvertible {
+public struct IceServer: Equatable, Sendable, CustomStringConvertible, CustomReflectable {
     /// `stun:host[:port]`, `turn:host[:port][?transport=udp|tcp]`, `turns:…`.
     public var url: String
     public var username: String?
@@ -14,4 +14,9 @@ public struct IceServer: Equatable, Sendable, CustomStringConvertible {
 
     /// The URL only: credentials never go into logs.
     public var description: String { url }
+
+    /// Without the credential, for `dump()`.
+    public var customMirror: Mirror {
+        Mirror(self, children: ["url": url, "username": username as Any, "credential": credential == nil ? "(none)" : "(hidden)"])
+    }
 }

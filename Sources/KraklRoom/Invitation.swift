@@ -3,7 +3,7 @@ import Foundation
 /// A join code that has been read and judged usable: its token has the
 /// right shape and is valid now, and the room to join is settled. What the
 /// sharing session needs to join, in one value.
-public struct Invitation: Equatable, Sendable {
+public struct Invitation: Equatable, Sendable, CustomStringConvertible, CustomReflectable {
     public let code: JoinCode
     public let token: AccessToken
     /// The name to show in the room (the token's `grants.identity`).
@@ -33,6 +33,16 @@ public struct Invitation: Equatable, Sendable {
         }
         self.code = code
         self.token = token
+    }
+
+    /// One line without secrets: `Janus VideoRoom https://h/janus, room "7", as "Ada" (token eyJ0eXAi…)`.
+    public var description: String {
+        "\(code.service.displayName) \(Self.withoutSecrets(code.url))" + (room.map { ", room \"\($0)\"" } ?? "")
+            + ", as \"\(identity)\" (token \(token.shortened))"
+    }
+
+    public var customMirror: Mirror {
+        Mirror(self, children: ["code": code, "identity": identity, "room": room as Any, "token": token])
     }
 
     /// What the code will do, for `--scan-only` and `krakl-agent code`:

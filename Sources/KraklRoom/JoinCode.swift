@@ -13,7 +13,7 @@ import Foundation
 ///
 /// Parsing checks the code's own structure; the token is checked by
 /// `AccessToken` and the pairing of both by `Invitation`.
-public struct JoinCode: Equatable, Sendable {
+public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomReflectable {
     /// The signalling protocol the agent speaks to the room server.
     public enum Service: String, Equatable, Sendable {
         /// WHIP (RFC 9725): `url` is the WHIP endpoint.
@@ -84,7 +84,7 @@ public struct JoinCode: Equatable, Sendable {
         var single: [String: Substring] = ["v": versionText]
         var ice: [Substring] = []
         for field in fields.dropFirst() {
-            guard let equals = field.firstIndex(of: "=") else { throw fail(.fieldWithoutValue(String(field))) }
+            guard let equals = field.firstIndex(of: "=") else { throw fail(.fieldWithoutValue(JoinCodeError.clip(String(field)))) }
             let name = String(field[..<equals]), value = field[field.index(after: equals)...]
             switch name {
             case "ice":
@@ -102,7 +102,7 @@ public struct JoinCode: Equatable, Sendable {
             return try Self.decode(raw, field: name)
         }
         let kind = try required("k")
-        guard let service = Service(rawValue: kind.lowercased()) else { throw fail(.unknownService(kind)) }
+        guard let service = Service(rawValue: kind.lowercased()) else { throw fail(.unknownService(JoinCodeError.clip(kind))) }
         let url = try Self.serviceURL(try required("u"))
         let token = try required("t")
         var room: String?
@@ -126,18 +126,33 @@ public struct JoinCode: Equatable, Sendable {
 
     /// The code as text, fields in the order v, k, u, r, t, ice. Parsing it
     /// gives back an equal code.
-    public var text: String {
-        var fields = ["v=\(version)", "k=\(service.rawValue)", "u=" + Self.encode(url.absoluteString)]
+    public var text: String { serialized(display: false) }
+
+    /// The code's text, or with `display` the form for messages: token
+    /// shortened, no URL query, no ICE credentials.
+    private func serialized(display: Bool) -> String {
+        let shownURL = display ? Invitation.withoutSecrets(url) : url.absoluteString
+        var fields = ["v=\(version)", "k=\(service.rawValue)", "u=" + Self.encode(shownURL)]
         if let room { fields.append("r=" + Self.encode(room)) }
-        fields.append("t=" + Self.encode(token))
+        fields.append("t=" + (display ? String(token.prefix(8)) + "…" : Self.encode(token)))
         for server in iceServers {
             var value = Self.encode(server.url)
-            if server.username != nil || server.credential != nil {
+            if !display && (server.username != nil || server.credential != nil) {
                 value += "," + Self.encode(server.username ?? "") + "," + Self.encode(server.credential ?? "")
             }
             fields.append("ice=" + value)
         }
         return Self.prefix + fields.joined(separator: ";")
+    }
+
+    /// The code without its secrets (not a usable code): the token
+    /// shortened, no URL query, no ICE credentials. The form for messages
+    /// and logs; `dump()` shows no more.
+    public var description: String { serialized(display: true) }
+
+    public var customMirror: Mirror {
+        Mirror(self, children: ["service": service, "url": url, "token": String(token.prefix(8)) + "…", "room": room as Any,
+                                "iceServers": iceServers])
     }
 
     static let prefix = "krakl:"

@@ -34,7 +34,7 @@ public enum JoinCodeError: Error, Equatable, Sendable, CustomStringConvertible {
         case versionNotFirst
         /// `v=` is not a positive decimal number.
         case badVersion
-        /// A field with no `=`.
+        /// A field with no `=` (its first 8 characters).
         case fieldWithoutValue(String)
         /// A single-valued field given twice.
         case duplicateField(String)
@@ -42,7 +42,7 @@ public enum JoinCodeError: Error, Equatable, Sendable, CustomStringConvertible {
         case badPercentEncoding(field: String)
         /// A required field is absent or empty.
         case missingField(String)
-        /// `k` is neither `whip` nor `janus`.
+        /// `k` is neither `whip` nor `janus` (its first 8 characters).
         case unknownService(String)
         /// `u` is not an absolute http(s) URL with a host.
         case badURL(String)
@@ -65,9 +65,9 @@ public enum JoinCodeError: Error, Equatable, Sendable, CustomStringConvertible {
         case headerNotJSON
         /// The claims do not decode to a JSON object.
         case claimsNotJSON
-        /// `typ` is not `JWT`.
+        /// `typ` is not `JWT` (its first 32 characters).
         case wrongType(String?)
-        /// `cty` is not `twilio-fpa;v=1`.
+        /// `cty` is not `twilio-fpa;v=1` (its first 32 characters).
         case wrongContentType(String?)
         /// `alg` is missing or `none`, or the signature is empty.
         case unsigned
@@ -115,11 +115,11 @@ extension JoinCodeError.CodeProblem {
         case .notAJoinCode: return "it does not start with \"krakl:\""
         case .versionNotFirst: return "its first field must be the version, v=1"
         case .badVersion: return "its version (v=) is not a positive number"
-        case .fieldWithoutValue(let name): return "field \(JoinCodeError.quoted(name)) has no '=' (fields are name=value, separated by ';')"
+        case .fieldWithoutValue(let name): return "field \"\(name)\" has no '=' (fields are name=value, separated by ';')"
         case .duplicateField(let name): return "field \(name)= appears more than once"
         case .badPercentEncoding(let field): return "field \(field)= has a bad %-escape (% must be followed by two hex digits of UTF-8)"
         case .missingField(let name): return "required field \(name)= is missing (\(JoinCode.fieldPurpose(name)))"
-        case .unknownService(let kind): return "k=\(JoinCodeError.quoted(kind)) is not a known service (whip or janus)"
+        case .unknownService(let kind): return "k=\"\(kind)\" is not a known service (whip or janus)"
         case .badURL(let reason): return "u= \(reason)"
         case .badRoom(let reason): return "r= \(reason)"
         case .badIceServer(let index, let reason): return "ice server \(index): \(reason)"
@@ -135,8 +135,8 @@ extension JoinCodeError.TokenProblem {
         case .badBase64URL(let part): return "part \(part) (\(["header", "claims", "signature"][part - 1])) is not unpadded base64url"
         case .headerNotJSON: return "its header is not a JSON object"
         case .claimsNotJSON: return "its claims are not a JSON object"
-        case .wrongType(let typ): return "its header has typ \(JoinCodeError.quoted(typ, limit: 32)), expected \"JWT\""
-        case .wrongContentType(let cty): return "its header has cty \(JoinCodeError.quoted(cty, limit: 32)), expected \"\(AccessToken.contentType)\""
+        case .wrongType(let typ): return "its header has typ \(typ.map { "\"\($0)\"" } ?? "(none)"), expected \"JWT\""
+        case .wrongContentType(let cty): return "its header has cty \(cty.map { "\"\($0)\"" } ?? "(none)"), expected \"\(AccessToken.contentType)\""
         case .unsigned: return "it is not signed (alg none or missing, or an empty signature)"
         case .badClaim(let name, let reason): return "claim \(name) \(reason)"
         case .noIdentity: return "it has no grants.identity (the name shown in the room)"
@@ -148,15 +148,19 @@ extension JoinCodeError.TokenProblem {
 }
 
 extension JoinCodeError {
-    /// A value from the input, quoted for a message: at most `limit`
-    /// characters, anything but printable ASCII shown as `?`, so a message
-    /// stays one line. 8 by default: in a damaged code (a lost `;`) any
-    /// value can hold part of the token, and no more than 8 characters of
-    /// a token may ever be shown.
-    static func quoted(_ value: String?, limit: Int = 8) -> String {
-        guard let value else { return "(none)" }
+    /// A value from the input as an error may hold it: at most `limit`
+    /// characters and "…", anything but printable ASCII shown as `?`, so a
+    /// message stays one line. 8 by default: in a damaged code (a lost `;`)
+    /// any value can hold part of the token, and no more than 8 characters
+    /// of a token may ever be shown, in a message or in a `dump` of the error.
+    static func clip(_ value: String, limit: Int = 8) -> String {
         var shown = String(value.unicodeScalars.prefix(limit).map { (0x20...0x7E).contains($0.value) ? Character($0) : "?" })
         if value.unicodeScalars.count > limit { shown += "…" }
-        return "\"\(shown)\""
+        return shown
+    }
+
+    /// `clip` in quotes, or "(none)".
+    static func quoted(_ value: String?, limit: Int = 8) -> String {
+        value.map { "\"\(clip($0, limit: limit))\"" } ?? "(none)"
     }
 }

@@ -86,7 +86,7 @@ def make_code(kind, url, token, room=None, ice=()):
 
 
 def main(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--kind", choices=["whip", "janus"], required=True)
     p.add_argument("--url", required=True, help="WHIP endpoint or Janus base URL")
     p.add_argument("--room", help="the code's r= field")
@@ -97,7 +97,7 @@ def main(argv):
     p.add_argument("--exp", type=int, help="expiry (overrides --ttl)")
     p.add_argument("--nbf", type=int, help="not-before (left out if not given)")
     p.add_argument("--no-exp", action="store_true", help="leave exp out (a malformed token)")
-    p.add_argument("--secret", default="krakl-development-secret", help="HS256 key")
+    p.add_argument("--secret", default="krakl-development-secret", help="HS256 key (default: a fixed development secret)")
     p.add_argument("--issuer", default="krakl-dev", help="iss (Twilio: the API key SID)")
     p.add_argument("--subject", default="krakl", help="sub (Twilio: the account SID)")
     p.add_argument("--jti", help="token id (default 16 random hex digits)")

@@ -4,7 +4,8 @@ import Testing
 
 /// Join codes and their tokens (docs/join-codes.md): the format's rules one
 /// by one, then round trips through the independent Python generator and the
-/// JavaScript of the docs (run under Node with the real qrcode-generator).
+/// JavaScript of the docs (run under Node with the real qrcode-generator,
+/// its QR image read back by zbar), with pyjwt checking the signatures.
 @Suite struct JoinCodeTests {
     // MARK: - Tokens made here, with Foundation's base64 (not the parser's decoder)
 
@@ -49,23 +50,25 @@ import Testing
         } catch {
             #expect(error == expected, sourceLocation: sourceLocation)
             checkMessage(error.description, token: token, sourceLocation: sourceLocation)
+            checkMessage(everyForm(error), token: token, multiline: true, sourceLocation: sourceLocation)
         }
     }
 
-    static func checkMessage(_ message: String, token: String, sourceLocation: SourceLocation = #_sourceLocation) {
-        #expect(!message.isEmpty && !message.contains("\n"), "not one line: \(message)", sourceLocation: sourceLocation)
+    /// `value` as `print`, `debugPrint` and `dump` show it, one after the other.
+    static func everyForm(_ value: Any) -> String {
+        var dumped = ""
+        dump(value, to: &dumped)
+        return "\(value)\n\(String(reflecting: value))\n\(dumped)"
+    }
+
+    static func checkMessage(_ message: String, token: String, multiline: Bool = false, sourceLocation: SourceLocation = #_sourceLocation) {
+        #expect(!message.isEmpty && (multiline || !message.contains("\n")), "not one line: \(message)", sourceLocation: sourceLocation)
         let parts = token.split(separator: ".")
         if parts.count == 3 { #expect(!message.contains(parts[2]), "signature in: \(message)", sourceLocation: sourceLocation) }
         // Any 9 consecutive characters of the token would be more than it may show.
-        let characters = Array(token)
-        if characters.count >= 9 {
-            for start in stride(from: 0, through: characters.count - 9, by: 1) {
-                let piece = String(characters[start..<start + 9])
-                if message.contains(piece) {
-                    Issue.record("message shows \(piece) of the token: \(message)", sourceLocation: sourceLocation)
-                    return
-                }
-            }
+        let tokenPieces = Set(Array(token.utf8).byteRuns(9))
+        if let piece = Array(message.utf8).byteRuns(9).first(where: tokenPieces.contains) {
+            Issue.record("message shows \(String(decoding: piece, as: UTF8.self)) of the token: \(message)", sourceLocation: sourceLocation)
         }
     }
 
@@ -310,13 +313,15 @@ import Testing
         let text = Self.token()
         let token = try AccessToken(parsing: text)
         #expect(token.shortened == String(text.prefix(8)) + "…")
-        var dumped = ""
-        dump(token, to: &dumped)
-        for shown in [token.description, "\(token)", String(reflecting: token), dumped] {
-            Self.checkMessage(shown.replacingOccurrences(of: "\n", with: " "), token: text)
-        }
+        Self.checkMessage(Self.everyForm(token), token: text, multiline: true)
         let invitation = try Invitation.read(Self.code("k=janus;u=https://h/janus?apikey=s3cr3t#frag;r=7;t=TOKEN;ice=stun:s.example;ice=turn:t.example,alice,hunter2"),
                                              now: Self.now)
+        for shown in [Self.everyForm(invitation), Self.everyForm(invitation.code)] {
+            Self.checkMessage(shown, token: text, multiline: true)
+            #expect(!shown.contains("hunter2"), "TURN credential in: \(shown)")
+        }
+        #expect(invitation.description == "Janus VideoRoom https://h/janus, room \"7\", as \"Ada's screen\" (token \(token.shortened))")
+        #expect(invitation.code.description == "krakl:v=1;k=janus;u=https://h/janus;r=7;t=\(token.shortened);ice=stun:s.example;ice=turn:t.example")
         let summary = invitation.summary(now: Self.now)
         for line in summary.split(separator: "\n") { Self.checkMessage(String(line), token: text) }
         for secret in ["s3cr3t", "frag", "hunter2", "alice"] { #expect(!summary.contains(secret), "\(secret) in \(summary)") }
@@ -346,7 +351,7 @@ import Testing
         var random = SplitMix64(state: 0x6B72_616B_6C21)
         let alphabet = Array("%;,=:/.?-_[]krakl0123456789ABCDEFabcdefvkutrice \n\u{0}\u{7F}é€😀".unicodeScalars)
         var accepted = 0, refused: [String: Int] = [:]
-        for _ in 0..<3000 {
+        for round in 0..<3000 {
             var scalars = Array(seed.unicodeScalars)
             for _ in 0..<Int.random(in: 1...4, using: &random) {
                 let at = Int.random(in: 0..<max(1, scalars.count), using: &random)
@@ -368,6 +373,8 @@ import Testing
                 #expect(try JoinCode(parsing: invitation.code.text) == invitation.code, "\(text)")
             } catch {
                 Self.checkMessage(error.description, token: token)
+                // dump() is slow (≈ 2 ms an error): a sample of every tenth.
+                if round % 10 == 0 { Self.checkMessage(Self.everyForm(error), token: token, multiline: true) }
                 refused[Mirror(reflecting: error).children.first?.label ?? "noRoom", default: 0] += 1
             }
         }
@@ -552,6 +559,38 @@ import Testing
         }
     }
 
+    /// The QR image the docs' JavaScript makes, read back by a real scanner
+    /// (zbar, which guesses the character set of what it reads: the reason
+    /// codes are ASCII), reads as the same code.
+    @Test func docsQRImageScansBackWithZbar() throws {
+        let zbarimg = "/usr/bin/zbarimg"
+        guard FileManager.default.isExecutableFile(atPath: zbarimg) else { print("SKIP: zbarimg missing (Debian zbar-tools)"); return }
+        guard FileManager.default.isExecutableFile(atPath: Self.node), FileManager.default.fileExists(atPath: Self.qrcodeLibrary),
+              FileManager.default.isExecutableFile(atPath: Self.python) else { print("SKIP: node, node-qrcode-generator or python3 missing"); return }
+        let folder = try Harness.temporaryDirectory()
+        let script = "const qrcode = require('\(Self.qrcodeLibrary)');\n" + (try Self.docSnippet("join-code-snippet")) + """
+            const input = JSON.parse(process.argv[2]);
+            const code = makeJoinCode(input);
+            const image = joinCodeQR(code).createDataURL(4, 16);
+            require('fs').writeFileSync(process.argv[3], Buffer.from(image.split(',')[1], 'base64'));
+            process.stdout.write(JSON.stringify({ code }));
+            """
+        for (room, identity) in [("1234", "Mubashir's screen"), ("Salle n°5; 100% = ok", "Zoë 画面")] {
+            let token = try #require(try Self.generate(["--kind", "janus", "--url", "http://127.0.0.1:8088/janus", "--room", room,
+                                                        "--identity", identity])["token"] as? String)
+            let input: [String: Any] = ["kind": "janus", "url": "http://127.0.0.1:8088/janus", "token": token, "room": room,
+                                        "iceServers": [["urls": "stun:stun.l.google.com:19302"]]]
+            let image = folder + "/code-\(UUID().uuidString).gif"
+            let made = try Self.runNode(script, [String(decoding: try JSONSerialization.data(withJSONObject: input), as: UTF8.self), image])
+            let scan = try Harness.run(zbarimg, ["--quiet", "--raw", image], timeout: 30)
+            try #require(scan.status == 0, "zbarimg: \(scan.stderr.suffix(300))")
+            let scanned = scan.stdout.trimmingCharacters(in: .newlines)
+            #expect(scanned == made["code"] as? String)
+            let invitation = try Invitation.read(scan.stdout, now: Date())
+            #expect(invitation.room == room && invitation.identity == identity && invitation.code.token == token)
+        }
+    }
+
     @Test func docsDevelopmentSignerMakesTokensPyJWTVerifies() throws {
         guard FileManager.default.isExecutableFile(atPath: Self.node) else { print("SKIP: \(Self.node) missing"); return }
         let script = (try Self.docSnippet("dev-token-snippet")) + """
@@ -577,5 +616,12 @@ import Testing
             let wrong = try #require(try Self.pyjwt(tokenText, secret: secret + "x"))
             #expect(wrong.status != 0 && wrong.stderr.contains("Signature verification failed"), "pyjwt with a wrong secret: \(wrong.stderr.suffix(200))")
         }
+    }
+}
+
+extension Array where Element == UInt8 {
+    /// Every run of `size` consecutive bytes.
+    func byteRuns(_ size: Int) -> [ArraySlice<UInt8>] {
+        count < size ? [] : (0...(count - size)).map { self[$0..<$0 + size] }
     }
 }
