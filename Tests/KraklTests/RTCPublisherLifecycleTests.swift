@@ -1,3 +1,4 @@
+import KraklCore
 import Foundation
 import Glibc
 import KraklRTC
