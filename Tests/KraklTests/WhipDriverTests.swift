@@ -40,7 +40,9 @@ import Testing
         guard let rig = try Rig() else { return }
         defer { rig.close() }
         let driver = rig.driver()
+        let postAt = Self.monotonicMs()
         let answer = try driver.publish(offer: rig.publisher.offerSDP, identity: "Ann Example")
+        let answeredAt = Self.monotonicMs()
         #expect(answer.sdp.contains("127.0.0.2"), "aiortc's answer has no 127.0.0.2 candidate")
         #expect(answer.iceServers.isEmpty)
         let auth = try #require(rig.server.waitForEvent("auth"))
@@ -51,6 +53,7 @@ import Testing
 
         try rig.publisher.setAnswer(answer.sdp)
         #expect(whipPoll(timeout: 10) { rig.log.connected }, "not connected: \(rig.log.events)")
+        print("WHIP: POST → answer \(String(format: "%.1f", answeredAt - postAt)) ms, answer → connected \(String(format: "%.1f", Self.monotonicMs() - answeredAt)) ms (polled every 10 ms)")
         #expect(rig.server.waitForEvent("peer") { $0["state"] as? String == "connected" } != nil, "aiortc did not connect")
 
         let leaveAt = Self.monotonicMs()
@@ -59,12 +62,12 @@ import Testing
         let delay = (delete["t_ms"] as? Double ?? .infinity) - leaveAt
         print("WHIP: DELETE seen \(String(format: "%.1f", delay)) ms after leave()")
         #expect(delay < 1000)
-        let request = try #require(rig.server.requests("DELETE").first)
+        let request = try #require(rig.server.requests("DELETE", atLeast: 1).first)
         #expect(request["token"] as? Bool == true && request["if_match"] is NSNull, "DELETE carries the token and no If-Match: \(request)")
 
         driver.leave()  // idempotent: no second DELETE
         #expect(throws: RoomError.self) { _ = try driver.publish(offer: rig.publisher.offerSDP, identity: "x") }
-        #expect(rig.server.requests("DELETE").count == 1)
+        #expect(rig.server.requests("DELETE", atLeast: 1).count == 1)
     }
 
     @Test(arguments: [("relative", 307), ("absolute", 308), ("relative", 302), ("absolute", 301)])
@@ -74,7 +77,7 @@ import Testing
         let driver = rig.driver()
         let answer = try driver.publish(offer: rig.publisher.offerSDP, identity: "Ann")
         #expect(answer.sdp.hasPrefix("v=0"))
-        let posts = rig.server.requests("POST")
+        let posts = rig.server.requests("POST", atLeast: 2)
         #expect(posts.map { $0["path"] as? String } == ["/whip/endpoint/\(rig.server.room)", "/whip/final/\(rig.server.room)"])
         #expect(posts.allSatisfy { $0["token"] as? Bool == true && $0["content_type"] as? String == "application/sdp" })
         #expect(driver.resourceURL?.host == "127.0.0.1" && driver.resourceURL?.port == rig.server.port)
@@ -90,7 +93,7 @@ import Testing
         let error = #expect(throws: RoomError.self) { _ = try driver.publish(offer: rig.publisher.offerSDP, identity: "Ann") }
         guard case .badReply(let message)? = error else { Issue.record("expected badReply, got \(String(describing: error))"); return }
         #expect(message.contains("more than 5 redirects"))
-        #expect(rig.server.requests("POST").count == 6)
+        #expect(rig.server.requests("POST", atLeast: 6).count == 6)
     }
 
     @Test(arguments: [false, true])
@@ -99,7 +102,7 @@ import Testing
         defer { rig.close() }
         let driver = rig.driver(acrossOrigins: allowed)
         _ = try driver.publish(offer: rig.publisher.offerSDP, identity: "Ann")
-        let posts = rig.server.requests("POST")
+        let posts = rig.server.requests("POST", atLeast: 2)
         #expect(posts.count == 2)
         #expect(posts.first?["token"] as? Bool == true && posts.first?["port"] as? Int == rig.server.port)
         #expect(posts.last?["port"] as? Int == rig.server.secondPort)
@@ -137,7 +140,7 @@ import Testing
         default: #expect(error == .refused(status: status, message: message))
         }
         #expect(error?.description.contains("\(status) \(message)") == true, "\(String(describing: error))")
-        #expect(rig.server.requests("POST").count == 1)
+        #expect(rig.server.requests("POST", atLeast: 1).count == 1)
     }
 
     /// The server's own checks: pyjwt refuses a token signed with another key, or for another room.
@@ -170,7 +173,7 @@ import Testing
         print("WHIP: 429 Retry-After: 1 then 201 after \(Int(elapsed)) ms")
         #expect(answer.sdp.hasPrefix("v=0"))
         #expect(elapsed >= 1000 && elapsed < 5000)
-        let posts = rig.server.requests("POST")
+        let posts = rig.server.requests("POST", atLeast: 2)
         #expect(posts.count == 2)
         if posts.count == 2, let first = posts[0]["t_ms"] as? Double, let second = posts[1]["t_ms"] as? Double {
             #expect(second - first >= 1000, "the second POST came \(second - first) ms after the first")
@@ -186,7 +189,7 @@ import Testing
         let error = #expect(throws: RoomError.self) { _ = try driver.publish(offer: rig.publisher.offerSDP, identity: "Ann") }
         #expect(error == .serverError(status: 503, message: "whip test server says 503"))
         #expect(Self.monotonicMs() - start >= 1000)
-        #expect(rig.server.requests("POST").count == 2)
+        #expect(rig.server.requests("POST", atLeast: 2).count == 2)
     }
 
     @Test func retryAfterBeyondTheBoundFailsAtOnce() throws {
@@ -199,7 +202,7 @@ import Testing
         guard case .serverError(503, let message)? = error else { Issue.record("\(String(describing: error))"); return }
         #expect(message.contains("120 s"))
         #expect(Self.monotonicMs() - start < 2000)
-        #expect(rig.server.requests("POST").count == 1)
+        #expect(rig.server.requests("POST", atLeast: 1).count == 1)
     }
 
     /// A person who stops while the driver waits out a Retry-After is not kept waiting.
@@ -223,7 +226,7 @@ import Testing
             Issue.record("expected unreachable after leave, got \(String(describing: outcome.result))"); return
         }
         #expect(elapsed < 3000, "publish returned \(Int(elapsed)) ms after it started (Retry-After: 8)")
-        #expect(rig.server.requests("POST").count == 1)
+        #expect(rig.server.requests("POST", atLeast: 1).count == 1)
     }
 
     @Test(arguments: ["--no-location", "--garbage-body"])
@@ -266,7 +269,7 @@ import Testing
         let restarted = rig.publisher.restartIce()
         let answer = try driver.restart(offer: restarted)
         let event = try #require(rig.server.waitForEvent("restart"))
-        let patch = try #require(rig.server.requests("PATCH").first)
+        let patch = try #require(rig.server.requests("PATCH", atLeast: 1).first)
         #expect(patch["if_match"] as? String == "*" && patch["content_type"] as? String == "application/trickle-ice-sdpfrag")
         #expect(patch["ufrag"] as? String == rig.publisher.offer.iceUfrag && patch["m_line"] as? Bool == true)
         #expect(answer.contains("a=ice-ufrag:\(event["ufrag"] as! String)\r\n") && answer.contains("a=ice-pwd:\(event["pwd"] as! String)\r\n"))
@@ -298,7 +301,7 @@ import Testing
             // A server that refuses PATCH takes no trickle either: one try, then nothing.
             driver.trickle(candidate: "candidate:1 1 udp 1 127.0.0.2 50000 typ host", mid: "0")
             driver.trickle(candidate: "candidate:2 1 udp 1 127.0.0.2 50002 typ host", mid: "0")
-            #expect(rig.server.requests("PATCH").count == 2)
+            #expect(rig.server.requests("PATCH", atLeast: 2).count == 2)
         }
     }
 

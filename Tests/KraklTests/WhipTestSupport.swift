@@ -102,6 +102,16 @@ final class WhipTestServer {
 
     func requests(_ method: String) -> [[String: Any]] { events("request").filter { $0["method"] as? String == method } }
 
+    /// The `method` requests once at least `count` are logged (bounded): the server prints a request's
+    /// line before it replies, but our reader thread may collect it after the driver has the reply.
+    func requests(_ method: String, atLeast count: Int, timeout: Double = 2) -> [[String: Any]] {
+        let deadline = Date().addingTimeInterval(timeout)
+        while requests(method).count < count && Date() < deadline && process.isRunning {
+            _ = process.waitFor("\u{1}never\u{1}", timeout: 0.05)
+        }
+        return requests(method)
+    }
+
     /// The first event of `kind` matching `match`, waiting for it (bounded).
     func waitForEvent(_ kind: String, timeout: Double = 10, where match: ([String: Any]) -> Bool = { _ in true }) -> [String: Any]? {
         let deadline = Date().addingTimeInterval(timeout)
