@@ -3,9 +3,11 @@ import Foundation
 import FoundationNetworking
 #endif
 
-/// How long the WHIP driver waits, in seconds.
+/// How long the WHIP driver waits, in seconds. Give whole seconds: FoundationNetworking passes
+/// a request's time-out to libcurl as an integer, so a fraction is cut off.
 public struct WhipTimeouts: Sendable, Equatable {
-    /// One POST or restart PATCH, from sending to the whole reply.
+    /// A publish (all its redirect hops together, not counting a Retry-After wait) or a restart
+    /// PATCH, from sending to the whole reply.
     public var request: Double
     /// The DELETE on leave.
     public var leave: Double
@@ -93,11 +95,18 @@ public final class WhipDriver: RoomDriver, @unchecked Sendable {
         var url = endpoint
         var hops = 0
         var waited = false
+        // One budget for every hop, so redirects cannot stretch a join past the time-out.
+        var deadline = Date().addingTimeInterval(timeouts.request)
         while true {
             try checkNotLeft()
+            let remaining = deadline.timeIntervalSinceNow
+            guard remaining > 0.05 else {
+                throw .unreachable("POST \(endpoint.redactedForLog): no answer within \(Int(timeouts.request.rounded())) s (\(hops) redirects)")
+            }
+            // Whole seconds: FoundationNetworking hands libcurl the time-out as an integer (1.99 s became 1 s).
             let response = try client.send(HTTPRequest(method: "POST", url: url, headers: headers(for: url, [
                 ("Content-Type", "application/sdp"), ("Accept", "application/sdp"),
-            ]), body: Data(offer.utf8), timeout: timeouts.request))
+            ]), body: Data(offer.utf8), timeout: max(1, remaining.rounded())))
             switch response.status {
             case 200, 201:
                 return try accept(response, offer: offer)
@@ -123,6 +132,7 @@ public final class WhipDriver: RoomDriver, @unchecked Sendable {
                 }
                 waited = true
                 try wait(seconds: seconds)
+                deadline.addTimeInterval(seconds)
             default:
                 throw WhipHttpRules.error(for: response)
             }
