@@ -1,3 +1,4 @@
+import KraklCore
 import Foundation
 #if canImport(FoundationNetworking)
 import FoundationNetworking
@@ -34,7 +35,7 @@ import Testing
         func close() { publisher.close() }
     }
 
-    static func monotonicMs() -> Double { rtcMonotonicMilliseconds() }
+    static func monotonicMs() -> Double { MonotonicClock.milliseconds() }
 
     @Test func publishConnectsAndLeaveDeletesWithinASecond() throws {
         guard let rig = try Rig() else { return }
