@@ -114,6 +114,11 @@ async def consume(track, state):
 
 
 async def make_answer(offer, state, resource_id):
+    # Who publishes, as a WHIP server learns it: the offer's s= line and its msid stream id.
+    lines = offer.replace("\r\n", "\n").split("\n")
+    emit({"event": "offer", "id": resource_id,
+          "session_name": next((l[2:] for l in lines if l.startswith("s=")), None),
+          "msid": next((l[len("a=msid:"):].split(" ")[0] for l in lines if l.startswith("a=msid:")), None)})
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
 
     @pc.on("connectionstatechange")

@@ -150,4 +150,118 @@ import Testing
             if signature.count > 20 { #expect(!(result.stdout + result.stderr).contains(signature), "\(name): token printed") }
         }
     }
+
+    // MARK: WHIP
+
+    /// The agent and a WHIP endpoint on aiortc (Tests/Fixtures/whip_server.py, which checks the
+    /// token's HS256 signature and room with pyjwt) in the test's namespace.
+    struct WhipRoom {
+        let namespace: RtcTestNamespace
+        let server: WhipTestServer
+        let registry: String
+        let folder: String
+
+        init?(_ serverArguments: [String] = []) throws {
+            guard RtcPublisherSession.prerequisites(), WhipTestServer.prerequisites(), let namespace = try RtcTestNamespace() else { return nil }
+            self.namespace = namespace
+            server = try WhipTestServer(namespace: nil, inside: namespace, serverArguments)
+            folder = try Harness.temporaryDirectory()
+            registry = try Harness.registryForThisBuild(in: folder)
+        }
+
+        func codeFile(identity: String) throws -> (path: String, token: String) {
+            let token = try WhipTestServer.token(room: server.room, identity: identity)
+            let made = try Harness.run("/usr/bin/python3", [RoomSessionTests.codeScript, "--kind", "whip", "--url", server.endpoint.absoluteString,
+                                                           "--token", token])
+            let path = folder + "/code-\(UUID().uuidString.prefix(6))"
+            try made.stdout.trimmingCharacters(in: .whitespacesAndNewlines).write(toFile: path, atomically: true, encoding: .utf8)
+            return (path, token)
+        }
+
+        func agent(codeFile: String) throws -> DtlsTestProcess {
+            let (program, argv) = namespace.command(Harness.agent, ["--join", "@" + codeFile, "--once", "--address", "127.0.0.2",
+                                                                    "--plugins", registry, "--option", "scene=typing",
+                                                                    "--option", "width=640", "--option", "height=360"])
+            return try DtlsTestProcess(program, argv)
+        }
+    }
+
+    @Test func whipPublishesUntilStoppedThenDeletes() throws {
+        guard let room = try WhipRoom() else { return }
+        let identity = "Ann's screen"
+        let (code, token) = try room.codeFile(identity: identity)
+        let agent = try room.agent(codeFile: code)
+        defer { agent.stop() }
+        #expect(agent.waitFor("sharing the screen", timeout: 30), "the agent never shared: \(agent.log)")
+        let auth = room.server.waitForEvent("auth")
+        #expect(auth?["ok"] as? Bool == true, "the server did not accept the token: \(auth ?? [:])")
+        let offer = room.server.waitForEvent("offer")
+        #expect(offer?["session_name"] as? String == identity, "s= line: \(offer ?? [:])")
+        #expect(offer?["msid"] as? String == "Ann-s-screen", "msid: \(offer ?? [:])")
+        // Let frames flow for 3 s (the server counts and reads them).
+        _ = agent.waitFor("\u{1}never\u{1}", timeout: 3)
+        agent.signal(SIGTERM)
+        let signalled = MonotonicClock.milliseconds()
+        let deletes = room.server.requests("DELETE", atLeast: 1, timeout: 5)
+        let deleteMs = MonotonicClock.milliseconds() - signalled
+        let (status, _) = Self.waitExit(agent, seconds: 10)
+        room.server.process.stop()
+        let report = room.server.waitForEvent("report", timeout: 10) ?? [:]
+        let numbers = (room.server.events.last { $0["report"] != nil }?["report"] as? [String: Any]) ?? report
+        let frames = numbers["frames"] as? Int ?? 0
+        print(String(format: "WHIP: DELETE seen %.0f ms after SIGTERM (bounded by our poll); %d frames decoded by aiortc, stamps in order: %@",
+                     deleteMs, frames, "\(numbers["stamps_in_order"] ?? "?")"))
+        #expect(status == 0, "exit \(status.map(String.init) ?? "none"): \(agent.log.suffix(500))")
+        #expect(deletes.count == 1, "DELETE requests: \(deletes)")
+        #expect(deleteMs <= 1000, "DELETE came \(deleteMs) ms after SIGTERM")
+        #expect(frames >= 45, "aiortc decoded \(frames) frames: \(numbers)")
+        #expect(numbers["stamps_in_order"] as? Bool == true, "\(numbers)")
+        let signature = String(token.split(separator: ".").last ?? "")
+        #expect(!agent.log.contains(signature) && !room.server.process.log.contains(signature), "the token's signature was printed")
+    }
+
+    @Test func whipServerClosingThePeerConnectionEndsTheRoom() throws {
+        guard let room = try WhipRoom(["--close-after", "2"]) else { return }
+        let (code, _) = try room.codeFile(identity: "Ann")
+        let agent = try room.agent(codeFile: code)
+        defer { agent.stop() }
+        #expect(agent.waitFor("sharing the screen", timeout: 30), "the agent never shared: \(agent.log)")
+        let closing = try #require(room.server.waitForEvent("closing", timeout: 10), "the server never closed: \(room.server.process.log)")
+        _ = closing
+        let (status, _) = Self.waitExit(agent, seconds: 10)
+        #expect(status == 30, "exit \(status.map(String.init) ?? "none") (30 = room ended): \(agent.log.suffix(500))")
+        #expect(agent.log.contains("Sharing was ended by the room: the room server closed the connection"), "\(agent.log.suffix(300))")
+        #expect(room.server.requests("DELETE", atLeast: 1).count == 1, "the agent did not DELETE its resource on leaving")
+    }
+
+    /// What a WHIP server refuses with becomes the agent's exit status and a message with the server's words.
+    struct Refusal: Sendable, CustomStringConvertible {
+        let arguments: [String]
+        let status: Int32
+        init(_ arguments: [String], _ status: Int32) { self.arguments = arguments; self.status = status }
+        var description: String { arguments.joined(separator: " ") }
+    }
+
+    @Test(arguments: [Refusal(["--status", "401"], 33), Refusal(["--status", "403"], 33), Refusal(["--status", "404"], 34),
+                      Refusal(["--status", "415"], 35), Refusal(["--status", "422"], 35), Refusal(["--status", "500"], 36),
+                      Refusal(["--status", "503", "--status-count", "5", "--retry-after", "1"], 36),
+                      Refusal(["--no-location"], 38), Refusal(["--garbage-body"], 38)])
+    func whipRefusalsHaveTheirOwnExitStatuses(_ refusal: Refusal) throws {
+        let arguments = refusal.arguments, wanted = refusal.status
+        guard let room = try WhipRoom(arguments) else { return }
+        let (code, _) = try room.codeFile(identity: "Ann")
+        let agent = try room.agent(codeFile: code)
+        defer { agent.stop() }
+        let (status, ms) = Self.waitExit(agent, seconds: 30)
+        print(String(format: "WHIP %@: exit %@ after %.0f ms: %@", arguments.joined(separator: " "), status.map(String.init) ?? "none", ms,
+                     agent.log.split(separator: "\n").last.map(String.init) ?? ""))
+        #expect(status == wanted, "\(arguments): exit \(status.map(String.init) ?? "none"), wanted \(wanted): \(agent.log.suffix(400))")
+        #expect(agent.log.contains("Could not join the room"), "\(agent.log.suffix(300))")
+        if arguments.contains("--status") { #expect(agent.log.contains(arguments[1]), "the server's status is not in the message") }
+        let posts = room.server.requests("POST")
+        let deletes = room.server.requests("DELETE")
+        // A resource that was made (a 201) is deleted; none is left behind.
+        if arguments == ["--no-location"] || arguments == ["--garbage-body"] { #expect(posts.count >= 1) }
+        #expect(deletes.count <= 1, "\(deletes)")
+    }
 }

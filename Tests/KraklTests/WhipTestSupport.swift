@@ -69,11 +69,15 @@ final class WhipTestServer {
         return true
     }
 
-    init(namespace: RtcTestNamespace?, room: String = "room-\(UUID().uuidString.prefix(6))", _ arguments: [String] = []) throws {
+    /// `namespace`: HTTP on the host's 127.0.0.1, aiortc in the namespace. `inside`: the whole server
+    /// runs in that namespace (HTTP on its own 127.0.0.1), for an agent that runs there too.
+    init(namespace: RtcTestNamespace?, inside: RtcTestNamespace? = nil, room: String = "room-\(UUID().uuidString.prefix(6))",
+         _ arguments: [String] = []) throws {
         self.room = room
         var argv = [Self.script, "--secret", Self.secret, "--room", room, "--seconds", "120"]
         if let namespace { argv += ["--netns", namespace.name] }
-        let started = try DtlsTestProcess(Self.python, argv + arguments)
+        let (program, full) = inside?.command(Self.python, argv + arguments) ?? (Self.python, argv + arguments)
+        let started = try DtlsTestProcess(program, full)
         process = started
         _ = started.waitFor("\"ready\"", timeout: 20)
         guard let ready = Self.events(started.log).first(where: { $0["event"] as? String == "ready" }),
