@@ -77,6 +77,8 @@ public final class SharingSession: @unchecked Sendable {
     private var lifecycle = SharingLifecycle()
     /// Bumped on every join, so a late timer of an earlier attempt is recognised and ignored.
     private var attempt = 0
+    /// The connect budget while joining (control queue only).
+    private var connectTimer: DispatchSourceTimer?
 
     // Owned parts; touched only on the work queue (created, used, torn down there), read for
     // status under `lock`.
@@ -152,6 +154,10 @@ public final class SharingSession: @unchecked Sendable {
     private func handle(_ event: SharingLifecycle.Event) {
         let before = lifecycle.state
         let actions = lifecycle.handle(event)
+        if lifecycle.state != .joining, let timer = connectTimer {
+            timer.cancel()
+            connectTimer = nil
+        }
         if lifecycle.state != before { onStateChange?(lifecycle.state) }
         for action in actions { perform(action) }
     }
@@ -236,11 +242,24 @@ public final class SharingSession: @unchecked Sendable {
             post(.failure("\(error)"))
             return
         }
+        control.async { [self] in armConnectTimer(attempt: attempt) }
+    }
+
+    /// The connect budget, on the control queue. A timer source, cancelled as soon as the session is
+    /// no longer joining: a pending `asyncAfter` would keep the session (and its driver's HTTP client)
+    /// alive and wake a Dispatch worker long after the session ended, so an idle agent would not be idle.
+    private func armConnectTimer(attempt: Int) {
+        guard self.attempt == attempt, lifecycle.state == .joining else { return }
         let timeout = configuration.connectTimeout
-        control.asyncAfter(deadline: .now() + timeout) { [self] in
-            guard self.attempt == attempt, lifecycle.state == .joining else { return }
+        let timer = DispatchSource.makeTimerSource(queue: control)
+        timer.schedule(deadline: .now() + timeout)
+        timer.setEventHandler { [weak self] in
+            guard let self, self.attempt == attempt, lifecycle.state == .joining else { return }
             handle(.connectionLost("no connection to the room's media server within \(Int(timeout)) s of its answer (ICE/DTLS)"))
         }
+        connectTimer?.cancel()
+        connectTimer = timer
+        timer.resume()
     }
 
     private func makePipeline(codec: VideoCodec, publisher: Publisher) throws {
@@ -250,8 +269,12 @@ public final class SharingSession: @unchecked Sendable {
         let capture = lock.withLock { self.capture }
         let pipeline = try EncoderPipeline(settings: settings, dumpInput: configuration.dumpInput, output: { _, _, _ in sink },
                                            onFailure: { [weak self] error in self?.post(.failure("encoder: \(error.message)")) })
-        publisher.onKeyframeRequest = { [weak capture] in if capture?.hasSubmitted == true { pipeline.requestKeyframe() } }
-        publisher.onBitrate = { bps in pipeline.setBitrate(kbps: max(bps / 1000, 1)) }
+        // Weak: the pipeline's sink holds the publisher, so strong captures here would be a cycle
+        // that keeps encoder, sockets' event loop and libvpx's buffers alive after the session.
+        publisher.onKeyframeRequest = { [weak capture, weak pipeline] in
+            if capture?.hasSubmitted == true { pipeline?.requestKeyframe() }
+        }
+        publisher.onBitrate = { [weak pipeline] bps in pipeline?.setBitrate(kbps: max(bps / 1000, 1)) }
         capture?.pipeline = pipeline
         lock.lock()
         self.pipeline = pipeline
@@ -275,7 +298,7 @@ public final class SharingSession: @unchecked Sendable {
     /// moment (Janus: "destroyed", "kicked"), sometimes a little after the DTLS close_notify; its words
     /// are the person's, so they get a short head start (the first end reason wins).
     private func roomClosedMedia(_ words: String) {
-        control.asyncAfter(deadline: .now() + Self.roomWordsGrace) { [self] in handle(.roomEnded(words)) }
+        control.asyncAfter(deadline: .now() + Self.roomWordsGrace) { [weak self] in self?.handle(.roomEnded(words)) }
     }
 
     /// How long a room driver's explanation may trail the media's end; well inside the 2 s in which
