@@ -271,9 +271,7 @@ public final class SharingSession: @unchecked Sendable {
                                            onFailure: { [weak self] error in self?.post(.failure("encoder: \(error.message)")) })
         // Weak: the pipeline's sink holds the publisher, so strong captures here would be a cycle
         // that keeps encoder, sockets' event loop and libvpx's buffers alive after the session.
-        publisher.onKeyframeRequest = { [weak capture, weak pipeline] in
-            if capture?.hasSubmitted == true { pipeline?.requestKeyframe() }
-        }
+        publisher.onKeyframeRequest = { [weak pipeline] in pipeline?.requestKeyframe() }
         publisher.onBitrate = { [weak pipeline] bps in pipeline?.setBitrate(kbps: max(bps / 1000, 1)) }
         capture?.pipeline = pipeline
         lock.lock()
@@ -365,7 +363,6 @@ final class SessionCapture: FrameSink, @unchecked Sendable {
     private let report: (SharingLifecycle.Event) -> Void
     private let lock = NSLock()
     private var _pipeline: EncoderPipeline?
-    private var submitted = false
     private var reportedInvalid = false
 
     init(backend: String, logger: @escaping BackendLogger, report: @escaping (SharingLifecycle.Event) -> Void) {
@@ -379,10 +376,6 @@ final class SessionCapture: FrameSink, @unchecked Sendable {
         set { lock.withLock { _pipeline = newValue } }
     }
 
-    /// True once a frame reached the encoder: EncoderPipeline must not be asked for a keyframe before
-    /// its first frame (the first encoded frame is one anyway).
-    var hasSubmitted: Bool { lock.withLock { submitted } }
-
     func frame(_ pointer: UnsafePointer<krakl_frame>) {
         let info = FrameInfo(pointer)
         if let problem = FrameCheck.geometryProblem(pointer) ?? FrameCheck.damageProblem(info) {
@@ -390,9 +383,7 @@ final class SessionCapture: FrameSink, @unchecked Sendable {
             if first { logger(backend, .error, "dropped an invalid frame (the backend is misbehaving): \(problem)") }
             return
         }
-        guard let pipeline else { return }
-        pipeline.submit(info)
-        lock.withLock { submitted = true }
+        pipeline?.submit(info)
     }
 
     func event(_ event: SourceEvent) {

@@ -123,6 +123,41 @@ import Testing
         #expect(gone["gone"] as? Bool == true, "still listed after the agent left: \(gone)")
     }
 
+    /// A 5 s outage of all UDP mid-share: consent survives it and the subscriber sees frames again.
+    /// Then a 40 s outage: consent expires (30 s after the last answer), the session ends as
+    /// connection lost (32) and still leaves the room over HTTP (which the outage does not touch).
+    @Test func outagesShortAndLong() throws {
+        guard let room = try JanusRoom() else { return }
+        guard try room.namespace.prepareFaults() else {
+            print("SKIP: nft missing (Debian package nftables): no outage test")
+            return
+        }
+        let identity = "Out"
+        let (code, _) = try room.codeFile(identity: identity)
+        let agent = try room.agent(codeFile: code)
+        defer { agent.stop() }
+        #expect(agent.waitFor("sharing the screen", timeout: 30), "the agent never shared: \(agent.log)")
+        try room.namespace.dropUdp(percent: 100)
+        _ = agent.waitFor("\u{1}never\u{1}", timeout: 5)
+        try room.namespace.heal()
+        let watched = try room.host(["watch", "--display", identity, "--seconds", "2"])
+        let decoded = watched["frames_decoded"] as? Int ?? 0
+        print("outage 5 s: the subscriber decoded \(decoded) frames in the 2 s after healing; agent still running: \(agent.isRunning)")
+        #expect(agent.isRunning, "a 5 s outage ended the session: \(agent.log.suffix(400))")
+        #expect(decoded >= 20, "after a 5 s outage the subscriber decoded \(decoded) frames in 2 s: \(watched)")
+
+        try room.namespace.dropUdp(percent: 100)
+        let began = MonotonicClock.milliseconds()
+        let (status, _) = Self.waitExit(agent, seconds: 45)
+        let ended = (agent.exitedAtMs ?? .infinity) - began
+        try room.namespace.heal()
+        let gone = try room.host(["gone", "--display", identity])
+        print(String(format: "outage 40 s: connection lost, agent exited %.1f s after the outage began; left the room: %@", ended / 1000, "\(gone["gone"] ?? "?")"))
+        #expect(status == 32, "exit \(status.map(String.init) ?? "none") (32 = connection lost): \(agent.log.suffix(400))")
+        #expect(agent.log.contains("Connection lost"), "\(agent.log.suffix(300))")
+        #expect(gone["gone"] as? Bool == true, "still in the room after connection lost: \(gone)")
+    }
+
     /// Bad codes end before any network use, each with its own status and a message that says what is wrong.
     @Test func badJoinCodesHaveTheirOwnExitStatuses() throws {
         try Harness.requireBuild()
