@@ -26,7 +26,7 @@ struct ConformanceTests {
     @Test func fileBackendY4MConforms() throws {
         try Harness.requireBuild()
         guard let ffmpeg = Harness.which("ffmpeg") else {
-            print("SKIP: ffmpeg is not installed (scripts/setup installs it)")
+            skipTest("ffmpeg is not installed (scripts/setup installs it)")
             return
         }
         let dir = try Harness.temporaryDirectory()

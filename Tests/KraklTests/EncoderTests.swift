@@ -62,7 +62,7 @@ struct EncoderRecordingTests {
 
     static var haveFfmpeg: Bool {
         if Harness.which("ffmpeg") == nil || Harness.which("ffprobe") == nil {
-            print("SKIP: ffmpeg/ffprobe are not installed (scripts/setup installs them)")
+            skipTest("ffmpeg/ffprobe are not installed (scripts/setup installs them)")
             return false
         }
         return true

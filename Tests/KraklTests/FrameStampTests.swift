@@ -28,7 +28,7 @@ struct FrameStampTests {
     @Test func survivesVP8AtLowBitrate() throws {
         try Harness.requireBuild()
         guard let ffmpeg = Harness.which("ffmpeg") else {
-            print("SKIP: ffmpeg is not installed (scripts/setup installs it)")
+            skipTest("ffmpeg is not installed (scripts/setup installs it)")
             return
         }
         let run = try FrameCollector.collect(library: Harness.library("BackendFile"), options: [

@@ -22,7 +22,7 @@ final class JanusTestbed {
     /// Starts Janus; the caller is inside a namespace. nil after SKIP when Janus is not installed.
     static func start(in folder: String) throws -> JanusTestbed? {
         guard Harness.which("janus") != nil || FileManager.default.isExecutableFile(atPath: "/usr/bin/janus") else {
-            print("SKIP: janus missing (scripts/setup installs it)")
+            skipTest("janus missing (scripts/setup installs it)")
             return nil
         }
         let bed = JanusTestbed(folder: folder + "/janus")

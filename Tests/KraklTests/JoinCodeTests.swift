@@ -399,7 +399,7 @@ import Testing
     }
 
     @Test func readsWhatThePythonGeneratorMakes() throws {
-        guard FileManager.default.isExecutableFile(atPath: Self.python) else { print("SKIP: \(Self.python) missing"); return }
+        guard FileManager.default.isExecutableFile(atPath: Self.python) else { skipTest("\(Self.python) missing"); return }
         let now = Int(Date().timeIntervalSince1970)
         struct Case { var arguments: [String]; var service: JoinCode.Service; var url: String; var room: String?; var identity: String
                       var exp: Int; var nbf: Int?; var ice: [IceServer] }
@@ -437,7 +437,7 @@ import Testing
     }
 
     @Test func refusesWhatThePythonGeneratorMakesWrong() throws {
-        guard FileManager.default.isExecutableFile(atPath: Self.python) else { print("SKIP: \(Self.python) missing"); return }
+        guard FileManager.default.isExecutableFile(atPath: Self.python) else { skipTest("\(Self.python) missing"); return }
         let now = Int(Date().timeIntervalSince1970)
         let base = ["--kind", "janus", "--url", "http://127.0.0.1:8088/janus", "--room", "1234", "--iat", String(now)]
         let cases: [([String], (JoinCodeError) -> Bool)] = [
@@ -478,11 +478,11 @@ import Testing
     }
 
     @Test func pythonGeneratorSignsAsPyJWTVerifies() throws {
-        guard FileManager.default.isExecutableFile(atPath: Self.python) else { print("SKIP: \(Self.python) missing"); return }
+        guard FileManager.default.isExecutableFile(atPath: Self.python) else { skipTest("\(Self.python) missing"); return }
         let made = try Self.generate(["--kind", "janus", "--url", "http://127.0.0.1:8088/janus", "--identity", "Ada", "--token-room", "7",
                                       "--secret", "s3cr3t-for-this-test"])
         guard let claims = try Self.verifyWithPyJWT(try #require(made["token"] as? String), secret: "s3cr3t-for-this-test") else {
-            print("SKIP: pyjwt missing in /opt/krakl-venv (scripts/setup installs it)"); return
+            skipTest("pyjwt missing in /opt/krakl-venv (scripts/setup installs it)"); return
         }
         let grants = claims["grants"] as? [String: Any]
         #expect(grants?["identity"] as? String == "Ada")
@@ -509,9 +509,9 @@ import Testing
     }
 
     @Test func docsJavaScriptMakesCodesTheAgentReadsAndSmallQRCodes() throws {
-        guard FileManager.default.isExecutableFile(atPath: Self.node) else { print("SKIP: \(Self.node) missing"); return }
-        guard FileManager.default.fileExists(atPath: Self.qrcodeLibrary) else { print("SKIP: node-qrcode-generator missing"); return }
-        guard FileManager.default.isExecutableFile(atPath: Self.python) else { print("SKIP: \(Self.python) missing"); return }
+        guard FileManager.default.isExecutableFile(atPath: Self.node) else { skipTest("\(Self.node) missing"); return }
+        guard FileManager.default.fileExists(atPath: Self.qrcodeLibrary) else { skipTest("node-qrcode-generator missing"); return }
+        guard FileManager.default.isExecutableFile(atPath: Self.python) else { skipTest("\(Self.python) missing"); return }
         let script = "const qrcode = require('\(Self.qrcodeLibrary)');\n" + (try Self.docSnippet("join-code-snippet")) + """
             const input = JSON.parse(process.argv[2]);
             const code = makeJoinCode(input);
@@ -564,9 +564,9 @@ import Testing
     /// codes are ASCII), reads as the same code.
     @Test func docsQRImageScansBackWithZbar() throws {
         let zbarimg = "/usr/bin/zbarimg"
-        guard FileManager.default.isExecutableFile(atPath: zbarimg) else { print("SKIP: zbarimg missing (Debian zbar-tools)"); return }
+        guard FileManager.default.isExecutableFile(atPath: zbarimg) else { skipTest("zbarimg missing (Debian zbar-tools)"); return }
         guard FileManager.default.isExecutableFile(atPath: Self.node), FileManager.default.fileExists(atPath: Self.qrcodeLibrary),
-              FileManager.default.isExecutableFile(atPath: Self.python) else { print("SKIP: node, node-qrcode-generator or python3 missing"); return }
+              FileManager.default.isExecutableFile(atPath: Self.python) else { skipTest("node, node-qrcode-generator or python3 missing"); return }
         let folder = try Harness.temporaryDirectory()
         let script = "const qrcode = require('\(Self.qrcodeLibrary)');\n" + (try Self.docSnippet("join-code-snippet")) + """
             const input = JSON.parse(process.argv[2]);
@@ -592,7 +592,7 @@ import Testing
     }
 
     @Test func docsDevelopmentSignerMakesTokensPyJWTVerifies() throws {
-        guard FileManager.default.isExecutableFile(atPath: Self.node) else { print("SKIP: \(Self.node) missing"); return }
+        guard FileManager.default.isExecutableFile(atPath: Self.node) else { skipTest("\(Self.node) missing"); return }
         let script = (try Self.docSnippet("dev-token-snippet")) + """
             const input = JSON.parse(process.argv[2]);
             process.stdout.write(JSON.stringify({ token: devAccessToken(input) }));
@@ -610,7 +610,7 @@ import Testing
             #expect(token.expiry.timeIntervalSince(try #require(token.issuedAt)) == 600)
             try token.checkTimes(now: Date())
             guard let claims = try Self.verifyWithPyJWT(tokenText, secret: secret) else {
-                print("SKIP: pyjwt missing in /opt/krakl-venv: signature not checked"); continue
+                skipTest("pyjwt missing in /opt/krakl-venv: signature not checked"); continue
             }
             #expect((claims["grants"] as? [String: Any])?["identity"] as? String == "Ada's screen")
             let wrong = try #require(try Self.pyjwt(tokenText, secret: secret + "x"))

@@ -21,15 +21,15 @@ final class PipeWireStack {
         if !flags.contains("--no-pipewire") { needed += ["pipewire", "wireplumber", "pw-cli"] }
         if withPortal { needed += ["sway", "swaymsg", "swaybg"] }
         if let missing = needed.first(where: { Harness.which($0) == nil }) {
-            print("SKIP: \(missing) is not installed (scripts/setup installs the PipeWire portal stack)")
+            skipTest("\(missing) is not installed (scripts/setup installs the PipeWire portal stack)")
             return nil
         }
         if withPortal, let missing = ["/usr/libexec/xdg-desktop-portal", "/usr/libexec/xdg-desktop-portal-wlr"].first(where: { !FileManager.default.isExecutableFile(atPath: $0) }) {
-            print("SKIP: \(missing) is not installed (scripts/setup installs the PipeWire portal stack)")
+            skipTest("\(missing) is not installed (scripts/setup installs the PipeWire portal stack)")
             return nil
         }
         guard getuid() == 0 else {
-            print("SKIP: the PipeWire stack is started as root, which drops to uid 65534 (sway refuses to run as root)")
+            skipTest("the PipeWire stack is started as root, which drops to uid 65534 (sway refuses to run as root)")
             return nil
         }
         let started = try Harness.run("/bin/bash", [Self.script, "start"] + flags, timeout: 60)
@@ -317,7 +317,7 @@ struct PipeWireBackendTests {
     @Test func directNodeByNameAndId() throws {
         guard let stack = try PipeWireStack(["--no-portal"]) else { return }
         try requireReadableBuild(stack)
-        guard Harness.which("gst-launch-1.0") != nil else { print("SKIP: gst-launch-1.0 is not installed"); return }
+        guard Harness.which("gst-launch-1.0") != nil else { skipTest("gst-launch-1.0 is not installed"); return }
         let name = "krakl-test-source"
         _ = try stack.spawn(["gst-launch-1.0", "videotestsrc", "is-live=true", "!", "video/x-raw,format=BGRx,width=640,height=480", "!",
                              "pipewiresink", "mode=provide", "stream-properties=props,media.class=Video/Source,node.name=\(name)"])

@@ -73,7 +73,7 @@ import Testing
     @Test(arguments: [DtlsRole.client, .server])
     func handshakeAndSrtpWithAiortc(ourRole: DtlsRole) throws {
         guard FileManager.default.isExecutableFile(atPath: Self.python) else {
-            print("SKIP: \(Self.python) missing (scripts/setup makes the venv with aiortc)")
+            skipTest("\(Self.python) missing (scripts/setup makes the venv with aiortc)")
             return
         }
         let folder = try Harness.temporaryDirectory()

@@ -96,7 +96,7 @@ final class DtlsTestProcess {
     /// An openssl subcommand; nil (after printing SKIP) when openssl is not installed.
     static func openssl(_ arguments: [String]) throws -> DtlsTestProcess? {
         guard let program = Harness.which("openssl") else {
-            print("SKIP: openssl is not installed (Debian package openssl)")
+            skipTest("openssl is not installed (Debian package openssl)")
             return nil
         }
         return try DtlsTestProcess(program, arguments)

@@ -14,7 +14,7 @@ import Testing
     @Test func janusAcceptsThePublicationAndASubscriberDecodesItUntilTheRoomEnds() throws {
         guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace() else { return }
         guard Harness.which("janus") != nil else {
-            print("SKIP: janus missing (scripts/setup installs it)")
+            skipTest("janus missing (scripts/setup installs it)")
             return
         }
         let folder = try Harness.temporaryDirectory()

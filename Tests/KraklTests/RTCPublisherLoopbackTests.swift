@@ -374,7 +374,7 @@ final class RtcCallbackLog: @unchecked Sendable {
 
     @Test func connectsOverIPv6AndLearnsServerReflexiveCandidates() throws {
         guard !IceHostAddresses.gather(IceAddressPolicy(allowed: [IPAddress("::1")!])).isEmpty else {
-            print("SKIP: no ::1 here (IPv6 disabled on lo)")
+            skipTest("no ::1 here (IPv6 disabled on lo)")
             return
         }
         // A STUN server of the test's own on ::1 answers binding requests with the source address.

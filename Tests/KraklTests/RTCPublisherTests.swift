@@ -20,18 +20,18 @@ final class RtcTestNamespace {
     /// nil (after printing SKIP and the reason) when namespaces cannot be made here.
     init?() throws {
         guard geteuid() == 0 else {
-            print("SKIP: network namespaces need root (ip netns add)")
+            skipTest("network namespaces need root (ip netns add)")
             return nil
         }
         guard FileManager.default.isExecutableFile(atPath: Self.ip) else {
-            print("SKIP: \(Self.ip) missing (iproute2)")
+            skipTest("\(Self.ip) missing (iproute2)")
             return nil
         }
         // Unique without shared state: tests make namespaces in parallel.
         name = "krakl-test-\(getpid())-" + UUID().uuidString.prefix(8).lowercased()
         let result = try Harness.run("/bin/bash", [Self.script, "add", name], timeout: 20)
         if result.status != 0 {
-            print("SKIP: cannot make a network namespace: scripts/rtc-netns add \(name): \(result.stderr)")
+            skipTest("cannot make a network namespace: scripts/rtc-netns add \(name): \(result.stderr)")
             return nil
         }
         made = true
@@ -91,11 +91,11 @@ final class RtcPublisherSession {
     /// nil (after SKIP) when the probe or the aiortc venv is missing.
     static func prerequisites() -> Bool {
         guard FileManager.default.isExecutableFile(atPath: python) else {
-            print("SKIP: \(python) missing (scripts/setup makes the venv with aiortc)")
+            skipTest("\(python) missing (scripts/setup makes the venv with aiortc)")
             return false
         }
         guard FileManager.default.isExecutableFile(atPath: probePath) else {
-            print("SKIP: \(probePath) missing (swift build builds krakl-rtc-probe)")
+            skipTest("\(probePath) missing (swift build builds krakl-rtc-probe)")
             return false
         }
         return true
@@ -292,7 +292,7 @@ struct RtcArrivals {
     func randomLossKeepsTheReceiverDecoding(percent: Int, scene: String) throws {
         guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace() else { return }
         guard try namespace.prepareFaults() else {
-            print("SKIP: nft missing (Debian package nftables): no loss test")
+            skipTest("nft missing (Debian package nftables): no loss test")
             return
         }
         let seconds = 10.0
@@ -342,7 +342,7 @@ struct RtcArrivals {
     @Test func videoResumesWithinOneSecondAfterAFiveSecondOutage() throws {
         guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace() else { return }
         guard try namespace.prepareFaults() else {
-            print("SKIP: nft missing (Debian package nftables): no outage test")
+            skipTest("nft missing (Debian package nftables): no outage test")
             return
         }
         // Scrolling (several packets a frame): a 5 s gap then exceeds aiortc's 512-packet jitter buffer, which
@@ -386,7 +386,7 @@ struct RtcArrivals {
         guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace() else { return }
         let tc = "/usr/sbin/tc"
         guard FileManager.default.isExecutableFile(atPath: tc) else {
-            print("SKIP: tc missing (iproute2): no bandwidth-limit test")
+            skipTest("tc missing (iproute2): no bandwidth-limit test")
             return
         }
         let seconds = 15.0
@@ -398,7 +398,7 @@ struct RtcArrivals {
         // Every packet in the namespace crosses lo: a token bucket there is the bottleneck link.
         let limit = try namespace.run(tc, ["qdisc", "add", "dev", "lo", "root", "tbf", "rate", "1mbit", "burst", "32kbit", "latency", "300ms"])
         guard limit.status == 0 else {
-            print("SKIP: tc tbf unavailable here: \(limit.stderr)")
+            skipTest("tc tbf unavailable here: \(limit.stderr)")
             return
         }
         let result = try #require(session.probeResult(timeout: seconds + 30), "the probe gave no result: \(session.probe.log)")
@@ -422,7 +422,7 @@ struct RtcArrivals {
     @Test func consentExpiresAfterThirtySecondsOfSilence() throws {
         guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace() else { return }
         guard try namespace.prepareFaults() else {
-            print("SKIP: nft missing (Debian package nftables): no consent test")
+            skipTest("nft missing (Debian package nftables): no consent test")
             return
         }
         let session = try RtcPublisherSession(namespace: namespace, seconds: 70)

@@ -32,7 +32,7 @@ struct RTCSrtpPylibsrtpTests {
     /// Runs the script on a job; nil (after printing SKIP) without the venv.
     static func pylibsrtp(mode: String, profile: SrtpProfile, key: [UInt8], rtp: [[UInt8]], rtcp: [[UInt8]]) throws -> (rtp: [String], rtcp: [String])? {
         guard FileManager.default.isExecutableFile(atPath: python) else {
-            print("SKIP: \(python) missing (scripts/setup makes the venv with pylibsrtp)")
+            skipTest("\(python) missing (scripts/setup makes the venv with pylibsrtp)")
             return nil
         }
         let folder = try Harness.temporaryDirectory()

@@ -23,7 +23,7 @@ import Testing
         init?() throws {
             guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace() else { return nil }
             guard Harness.which("janus") != nil else {
-                print("SKIP: janus missing (scripts/setup installs it)")
+                skipTest("janus missing (scripts/setup installs it)")
                 return nil
             }
             self.namespace = namespace
@@ -129,7 +129,7 @@ import Testing
     @Test func outagesShortAndLong() throws {
         guard let room = try JanusRoom() else { return }
         guard try room.namespace.prepareFaults() else {
-            print("SKIP: nft missing (Debian package nftables): no outage test")
+            skipTest("nft missing (Debian package nftables): no outage test")
             return
         }
         let identity = "Out"

@@ -63,7 +63,7 @@ final class WhipTestServer {
     /// nil (after SKIP) when the venv with aiortc and pyjwt is missing.
     static func prerequisites() -> Bool {
         guard FileManager.default.isExecutableFile(atPath: python) else {
-            print("SKIP: \(python) missing (scripts/setup makes the venv with aiortc and pyjwt)")
+            skipTest("\(python) missing (scripts/setup makes the venv with aiortc and pyjwt)")
             return false
         }
         return true

@@ -23,7 +23,7 @@ struct Y4MPlaybackTests {
         try Harness.requireBuild()
         let dir = try Harness.temporaryDirectory()
         guard let clip = try makeClip(in: dir) else {
-            print("SKIP: ffmpeg is not installed (scripts/setup installs it)")
+            skipTest("ffmpeg is not installed (scripts/setup installs it)")
             return
         }
         let reference = dir + "/reference.yuv"
