@@ -30,6 +30,8 @@ let fps = 30
 var x11Mode = false
 var pipewireMode = false
 var rtcMode = false
+var roomMode = false
+var joins = 10
 var scenesGiven = false
 var rounds = 3
 var onlyScenarios: [String] = []
@@ -39,6 +41,8 @@ while let word = words.popFirst() {
     case "x11": x11Mode = true
     case "pipewire": pipewireMode = true
     case "rtc": rtcMode = true
+    case "room": roomMode = true
+    case "--joins": joins = max(1, Int(words.popFirst() ?? "") ?? joins)
     case "--rounds": rounds = max(1, Int(words.popFirst() ?? "") ?? rounds)
     case "--seconds": seconds = Double(words.popFirst() ?? "") ?? seconds
     case "--scenes": scenes = (words.popFirst() ?? "").split(separator: ",").map(String.init); scenesGiven = true
@@ -48,7 +52,7 @@ while let word = words.popFirst() {
         let parts = (words.popFirst() ?? "").split(separator: "x").compactMap { Int($0) }
         if parts.count == 2 { (width, height) = (parts[0], parts[1]) }
     default:
-        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT']] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
+        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT']|room [--joins N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
         exit(2)
     }
 }
@@ -146,6 +150,10 @@ func quality(_ recording: String, reference: String, pixelFormat: String) -> (ps
 
 if x11Mode {
     try runX11Bench(seconds: seconds, rounds: rounds)
+    exit(0)
+}
+if roomMode {
+    try runRoomBench(joins: joins)
     exit(0)
 }
 if rtcMode {

@@ -154,7 +154,8 @@ func shareOnce(_ text: String, arguments: Arguments, signals: StopSignals, logge
         switch state {
         case .preparing: print("krakl-agent: preparing the screen source…")
         case .joining: print("krakl-agent: joining \(where_) on \(driver.service) as \"\(invitation.identity)\" (token \(invitation.token.shortened))…")
-        case .sharing: print("krakl-agent: sharing the screen in \(where_) as \"\(invitation.identity)\"; Ctrl-C stops")
+        case .sharing:
+            print("krakl-agent: sharing the screen in \(where_) as \"\(invitation.identity)\" (\(session.status().timings.summary)); Ctrl-C stops")
         case .reconnecting: print("krakl-agent: the connection dropped; reconnecting…")
         case .leaving: print("krakl-agent: leaving the room…")
         case .idle: break

@@ -37,6 +37,32 @@ public struct SharingStatus: Sendable {
     public var rtc: RtcStats?
     /// The encoder's numbers over the last second (nil before it encoded).
     public var encoder: EncoderStatistics.Summary?
+    /// Where the time to join went.
+    public var timings: SharingTimings
+}
+
+/// When each step of joining finished (CLOCK_MONOTONIC ms; nil: not yet), for status lines and
+/// `krakl-bench room`: where the time from a join code to a picture in the room goes.
+public struct SharingTimings: Sendable {
+    public var started: Double?
+    /// The source exists (the sharing dialog, if any, was answered).
+    public var sourceReady: Double?
+    /// The room server answered the offer (HTTP).
+    public var answered: Double?
+    /// ICE and DTLS are up.
+    public var connected: Double?
+
+    /// "source 3 ms, room server 25 ms, ICE+DTLS 41 ms", as far as known.
+    public var summary: String {
+        var parts: [String] = []
+        func add(_ name: String, _ from: Double?, _ to: Double?) {
+            if let from, let to { parts.append(String(format: "%@ %.0f ms", name, to - from)) }
+        }
+        add("source", started, sourceReady)
+        add("room server", sourceReady, answered)
+        add("ICE+DTLS", answered, connected)
+        return parts.joined(separator: ", ")
+    }
 }
 
 /// A session's numbers at the end (or now).
@@ -91,6 +117,9 @@ public final class SharingSession: @unchecked Sendable {
     private var sink: PublisherSink?
     private var finishedReason: EndReason?
     private var lastTotals = SharingTotals()
+    private var timings = SharingTimings()
+    /// `lifecycle.state` as last published, for readers on other threads.
+    private var currentState: SharingLifecycle.State = .idle
     private let finished = NSCondition()
 
     public init(configuration: SharingConfiguration, driver: RoomDriver, identity: String, room: String?,
@@ -124,7 +153,8 @@ public final class SharingSession: @unchecked Sendable {
         return finishedReason
     }
 
-    public var state: SharingLifecycle.State { control.sync { lifecycle.state } }
+    /// The lifecycle's state; any thread (also from `onStateChange`, which runs on the control queue).
+    public var state: SharingLifecycle.State { lock.withLock { currentState } }
 
     /// A snapshot for status lines; `window` makes the encoder's numbers those of the last call's window.
     public func status(window: Bool = true) -> SharingStatus {
@@ -133,7 +163,8 @@ public final class SharingSession: @unchecked Sendable {
         let publisher = self.publisher, pipeline = self.pipeline, backend = selection?.entry.name
         lock.unlock()
         return SharingStatus(state: state, service: driver.service, identity: identity, room: room, backend: backend,
-                             rtc: publisher?.stats, encoder: pipeline?.statistics.summary(window: window))
+                             rtc: publisher?.stats, encoder: pipeline?.statistics.summary(window: window),
+                             timings: lock.withLock { timings })
     }
 
     /// The publisher's and encoder's totals (for the probe's final report); nil parts did not exist.
@@ -153,7 +184,15 @@ public final class SharingSession: @unchecked Sendable {
 
     private func handle(_ event: SharingLifecycle.Event) {
         let before = lifecycle.state
+        let now = MonotonicClock.milliseconds()
+        switch (before, event) {
+        case (.idle, .connect): lock.withLock { timings = SharingTimings(started: now) }
+        case (.preparing, .sourceReady): lock.withLock { timings.sourceReady = now }
+        case (.joining, .connected): lock.withLock { timings.connected = now }
+        default: break
+        }
         let actions = lifecycle.handle(event)
+        lock.withLock { currentState = lifecycle.state }
         if lifecycle.state != .joining, let timer = connectTimer {
             timer.cancel()
             connectTimer = nil
@@ -232,6 +271,8 @@ public final class SharingSession: @unchecked Sendable {
             post(.joinFailed(error))
             return
         }
+        let answeredAt = MonotonicClock.milliseconds()
+        lock.withLock { timings.answered = answeredAt }
         do {
             let parsed = try publisher.setAnswer(answer.sdp)
             try makePipeline(codec: parsed.codec, publisher: publisher)

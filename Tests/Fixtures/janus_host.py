@@ -7,9 +7,12 @@ HTTP API (http://127.0.0.1:8088/janus inside the test's namespace):
   create --room R --secret S              make a room (realistic bitrate)
   watch --room R --display D --seconds N  wait until D publishes, subscribe
                                           with aiortc, decode N s of frames
+                                          (reports when D was listed and when
+                                          the first frame was decoded)
   end --room R --secret S --how destroy|kick [--display D]
                                           end the meeting, or remove D
-  gone --room R --display D               wait until D left the room
+  gone --room R --display D               wait until D left the room (polls
+                                          every 50 ms; reports when it saw it)
 
 Each prints one JSON line. Run with /opt/krakl-venv/bin/python (aiortc).
 """
@@ -57,11 +60,14 @@ def main():
     elif args.command == "watch":
         listed = wait_for(lambda: [p for p in participants(handle, args.room)
                                    if p.get("display") == args.display and p.get("publisher")], 20)
+        report["listed_ms"] = time.monotonic() * 1000
         report["participants"] = participants(handle, args.room)
         report["publisher_listed"] = bool(listed)
         if listed:
             frames = asyncio.run(watch_publisher(args.room, listed[0]["id"], args.seconds, handle))
             report.update(frame_report(frames))
+            # CLOCK_MONOTONIC ms of the first decoded frame (time.monotonic is that clock on Linux).
+            report["first_frame_ms"] = frames[0][0] if frames else None
     elif args.command == "end":
         report["t_ms"] = time.monotonic() * 1000
         if args.how == "destroy":
@@ -71,7 +77,11 @@ def main():
             report["result"] = handle.request({"request": "kick", "room": args.room, "secret": args.secret,
                                                "id": target[0]["id"]}).get("videoroom") if target else "no such participant"
     elif args.command == "gone":
-        report["gone"] = wait_for(lambda: not any(p.get("display") == args.display for p in participants(handle, args.room)), 5) is not None
+        # Polling starts now (a line says so, for a caller that times the leave from a signal it sends next).
+        print(json.dumps({"polling": True}), flush=True)
+        report["gone"] = wait_for(lambda: not any(p.get("display") == args.display for p in participants(handle, args.room)),
+                                  args.seconds if args.seconds > 3 else 5) is not None
+        report["gone_ms"] = time.monotonic() * 1000
         report["participants"] = participants(handle, args.room)
     print(json.dumps(report), flush=True)
 
