@@ -82,7 +82,7 @@ public final class IceAgent {
     public private(set) var consentResponses = 0
 
     private var bases: [TransportAddress]
-    private let stunServers: [TransportAddress]
+    private var stunServers: [TransportAddress]
 
     private struct Transaction {
         enum Kind { case check(IcePairKey, useCandidate: Bool), consent(IcePairKey), serverReflexive(base: TransportAddress, server: TransportAddress) }
@@ -139,8 +139,20 @@ public final class IceAgent {
 
     /// Starts gathering server-reflexive candidates (nothing to do without STUN servers).
     public func startGathering(now: UInt64) {
+        gather(from: stunServers, now: now)
+    }
+
+    /// STUN servers learned after the offer (a WHIP server's `Link` headers): gathers from the ones
+    /// not known yet; their candidates arrive as `.localCandidate` events, to trickle.
+    public func addStunServers(_ servers: [TransportAddress], now: UInt64) {
+        let new = servers.filter { !stunServers.contains($0) }
+        stunServers += new
+        gather(from: new, now: now)
+    }
+
+    private func gather(from servers: [TransportAddress], now: UInt64) {
         for base in bases {
-            for server in stunServers where server.ip.isIPv6 == base.ip.isIPv6 {
+            for server in servers where server.ip.isIPv6 == base.ip.isIPv6 {
                 let request = StunMessage(class: .request, transactionID: StunMessage.randomTransactionID())
                 let bytes = request.encoded(fingerprint: true)
                 transactions[request.transactionID] = Transaction(kind: .serverReflexive(base: base, server: server), bytes: bytes,

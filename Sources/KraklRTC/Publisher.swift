@@ -47,6 +47,9 @@ public struct PublisherConfiguration: Sendable {
     public var protectionHold: UInt64 = 10_000_000_000
     public var ice = IceConfiguration()
     public var cname: String?
+    /// Candidates may trickle after the offer even without STUN servers now (a WHIP server may name
+    /// STUN servers in its answer's `Link` headers): the offer then leaves out `a=end-of-candidates`.
+    public var trickleLater = false
     /// Who publishes (the join code's identity): the offer's `s=` line and its msid stream id carry it,
     /// which is how a WHIP server learns the tile's label. Nil: "-" and "krakl-screen".
     public var label: String?
@@ -184,8 +187,8 @@ public final class Publisher: @unchecked Sendable {
         offer.codecs = configuration.codecs
         if let label = configuration.label { offer.sessionName = label }
         offer.candidates = ice.localCandidates
-        offer.trickle = !configuration.stunServers.isEmpty
-        offer.endOfCandidates = configuration.stunServers.isEmpty
+        offer.trickle = !configuration.stunServers.isEmpty || configuration.trickleLater
+        offer.endOfCandidates = !offer.trickle
         currentOffer = offer
         history = RtpSendHistory(capacity: configuration.historyCapacity)
         pacer = Pacer(rate: configuration.startBitrate * configuration.pacingFactor, capacity: configuration.pacerCapacity)
@@ -254,6 +257,16 @@ public final class Publisher: @unchecked Sendable {
                                                port: answer.port, kind: .host))
             }
             ice.setRemote(credentials: IceCredentials(ufrag: answer.iceUfrag, pwd: answer.icePwd), candidates: candidates, now: MonotonicClock.nanoseconds())
+            service()
+        }
+    }
+
+    /// STUN servers learned after the offer (e.g. from the answer's WHIP `Link` headers): their
+    /// server-reflexive candidates come as `.localCandidate` events, for the room driver to trickle.
+    public func addStunServers(_ servers: [TransportAddress]) {
+        guard !servers.isEmpty else { return }
+        loop.post { [self] in
+            ice.addStunServers(servers, now: MonotonicClock.nanoseconds())
             service()
         }
     }

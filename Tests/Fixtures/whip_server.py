@@ -27,6 +27,7 @@ import ctypes
 import json
 import os
 import secrets
+import socket
 import sys
 import threading
 import time
@@ -309,6 +310,32 @@ def serve(server):
     return thread
 
 
+def serve_stun():
+    """A STUN server (RFC 5389 binding, aioice's codec: not ours) on 127.0.0.2 in a thread; returns its port.
+    Each request is logged as {"event": "stun", "from": "ip:port"}."""
+    from aioice import stun
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.2", 0))
+
+    def answer():
+        while True:
+            data, addr = sock.recvfrom(2048)
+            try:
+                request = stun.parse_message(data)
+            except ValueError:
+                continue
+            if request.message_method != stun.Method.BINDING or request.message_class != stun.Class.REQUEST:
+                continue
+            response = stun.Message(message_method=stun.Method.BINDING, message_class=stun.Class.RESPONSE,
+                                    transaction_id=request.transaction_id)
+            response.attributes["XOR-MAPPED-ADDRESS"] = addr
+            sock.sendto(bytes(response), addr)
+            emit({"event": "stun", "from": "%s:%d" % addr})
+
+    threading.Thread(target=answer, daemon=True).start()
+    return sock.getsockname()[1]
+
+
 async def main():
     global STATE
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -331,6 +358,9 @@ async def main():
     parser.add_argument("--link", action="append", default=[], help="a Link header value (repeatable)")
     parser.add_argument("--close-after", type=float, help="close the peer connection this many seconds after answering")
     parser.add_argument("--patch-status", type=int, help="answer every PATCH with this status (e.g. 405)")
+    parser.add_argument("--stun", action="store_true",
+                        help="answer STUN binding requests on 127.0.0.2 (in the namespace) and name that server in a "
+                             "Link rel=\"ice-server\" header of every 201")
     args = parser.parse_args()
     args.path = args.path or f"/whip/endpoint/{args.room}"
 
@@ -345,6 +375,8 @@ async def main():
         enter_netns(args.netns)  # the listening sockets stay on the namespace they were made in
     serve(main_server)
     serve(second_server)
+    if args.stun:
+        args.link.append(f"<stun:127.0.0.2:{serve_stun()}>; rel=\"ice-server\"")
     emit({"event": "ready", "port": STATE.port, "second_port": STATE.second_port})
 
     reader = asyncio.StreamReader()

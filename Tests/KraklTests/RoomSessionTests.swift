@@ -270,6 +270,25 @@ import Testing
     }
 
     /// What a WHIP server refuses with becomes the agent's exit status and a message with the server's words.
+    /// A STUN server the WHIP server names in its answer's Link header is used: the agent learns a
+    /// server-reflexive candidate from it and trickles it to the resource (PATCH).
+    @Test func whipLinkStunServerGivesATrickledServerReflexiveCandidate() throws {
+        guard let room = try WhipRoom(["--stun"]) else { return }
+        let (code, _) = try room.codeFile(identity: "Ann")
+        let agent = try room.agent(codeFile: code)
+        defer { agent.stop() }
+        #expect(agent.waitFor("sharing the screen", timeout: 30), "the agent never shared: \(agent.log)")
+        let stun = room.server.waitForEvent("stun", timeout: 10)
+        #expect(stun != nil, "the agent never asked the Link STUN server: \(room.server.process.log.suffix(600))")
+        let patch = room.server.waitForEvent("request", timeout: 10) { event in
+            event["method"] as? String == "PATCH" && (event["candidates"] as? [String] ?? []).contains { $0.contains("typ srflx") }
+        }
+        print("WHIP Link STUN: binding request from \(stun?["from"] ?? "-"); trickled: \(patch?["candidates"] ?? "-")")
+        #expect(patch != nil, "no srflx candidate trickled: \(room.server.requests("PATCH"))")
+        agent.signal(SIGTERM)
+        #expect(Self.waitExit(agent, seconds: 10).status == 0)
+    }
+
     struct Refusal: Sendable, CustomStringConvertible {
         let arguments: [String]
         let status: Int32
