@@ -333,22 +333,12 @@ import Testing
 
     // MARK: - Mutations: every input gives a code or a typed error, never a crash
 
-    struct SplitMix64: RandomNumberGenerator {
-        var state: UInt64
-        mutating func next() -> UInt64 {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
-        }
-    }
 
     @Test func survivesRandomMutations() throws {
         let token = Self.token(claims: Self.claims(room: "1234"))
         let seed = Self.code("k=janus;u=http://127.0.0.1:8088/janus;r=1234;t=TOKEN;ice=turn:t.example:3478?transport%3Dudp,u%2C1,p%3B2", token: token)
         _ = try Invitation.read(seed, now: Self.now)
-        var random = SplitMix64(state: 0x6B72_616B_6C21)
+        var random = Fuzz.Rng(state: 0x6B72_616B_6C21)
         let alphabet = Array("%;,=:/.?-_[]krakl0123456789ABCDEFabcdefvkutrice \n\u{0}\u{7F}é€😀".unicodeScalars)
         var accepted = 0, refused: [String: Int] = [:]
         for round in 0..<3000 {

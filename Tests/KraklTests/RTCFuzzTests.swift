@@ -8,8 +8,8 @@ import Testing
 /// test process; the expectations check that both outcomes were reached.
 enum Fuzz {
     /// SplitMix64: tiny, deterministic, good enough to pick mutations
-    /// (the DTLS fuzz test uses it too, seeded from a printed seed).
-    struct Rng {
+    /// (the DTLS and join-code fuzz tests use it too, seeded from a printed seed).
+    struct Rng: RandomNumberGenerator {
         var state: UInt64
         mutating func next() -> UInt64 {
             state &+= 0x9E37_79B9_7F4A_7C15

@@ -59,13 +59,17 @@ import Testing
             return (path, token)
         }
 
-        /// The agent sharing the typing scene into this room.
         func agent(codeFile: String) throws -> DtlsTestProcess {
-            let (program, argv) = namespace.command(Harness.agent, ["--join", "@" + codeFile, "--once", "--address", "127.0.0.2",
-                                                                    "--plugins", registry, "--option", "scene=typing",
-                                                                    "--option", "width=640", "--option", "height=360"])
-            return try DtlsTestProcess(program, argv)
+            try RoomSessionTests.agent(in: namespace, registry: registry, codeFile: codeFile)
         }
+    }
+
+    /// `krakl-agent --join @codeFile --once` in the namespace, sharing the typing scene at 640x360 from 127.0.0.2.
+    static func agent(in namespace: RtcTestNamespace, registry: String, codeFile: String) throws -> DtlsTestProcess {
+        let (program, argv) = namespace.command(Harness.agent, ["--join", "@" + codeFile, "--once", "--address", "127.0.0.2",
+                                                                "--plugins", registry, "--option", "scene=typing",
+                                                                "--option", "width=640", "--option", "height=360"])
+        return try DtlsTestProcess(program, argv)
     }
 
     static func waitExit(_ process: DtlsTestProcess, seconds: Double) -> (status: Int32?, ms: Double) {
@@ -214,10 +218,7 @@ import Testing
         }
 
         func agent(codeFile: String) throws -> DtlsTestProcess {
-            let (program, argv) = namespace.command(Harness.agent, ["--join", "@" + codeFile, "--once", "--address", "127.0.0.2",
-                                                                    "--plugins", registry, "--option", "scene=typing",
-                                                                    "--option", "width=640", "--option", "height=360"])
-            return try DtlsTestProcess(program, argv)
+            try RoomSessionTests.agent(in: namespace, registry: registry, codeFile: codeFile)
         }
     }
 
