@@ -131,13 +131,20 @@ func shareOnce(_ text: String, arguments: Arguments, signals: StopSignals, logge
     let session = SharingSession(configuration: sharingConfiguration(arguments, invitation: invitation, logger: logger), driver: driver,
                                  identity: invitation.identity, room: invitation.room, logger: logger)
     let where_ = invitation.room.map { "room \($0)" } ?? invitation.code.url.redactedForLog
+    final class Previous: @unchecked Sendable { var state = SharingLifecycle.State.idle }
+    let previous = Previous()
     session.onStateChange = { state in
+        defer { previous.state = state }
+        if state == .sharing && previous.state == .reconnecting {
+            print("krakl-agent: the connection is back; sharing again")
+            return
+        }
         switch state {
         case .preparing: print("krakl-agent: preparing the screen source…")
         case .joining: print("krakl-agent: joining \(where_) on \(driver.service) as \"\(invitation.identity)\" (token \(invitation.token.shortened))…")
         case .sharing:
             print("krakl-agent: sharing the screen in \(where_) as \"\(invitation.identity)\" (\(session.status().timings.summary)); Ctrl-C stops")
-        case .reconnecting: print("krakl-agent: the connection dropped; reconnecting…")
+        case .reconnecting: print("krakl-agent: the connection dropped; restarting ICE through the room…")
         case .leaving: print("krakl-agent: leaving the room…")
         case .idle: break
         }

@@ -17,6 +17,10 @@ public struct SharingConfiguration: Sendable {
     public var connectTimeout = 15.0
     /// Also write every encoded picture as raw I420 (tests measure PSNR with it).
     public var dumpInput: String?
+    /// No answer to ICE consent checks for this long while sharing: the path is taken as broken and
+    /// ICE is restarted through the room (consent checks go every 5 s ± 20 %, so this is two missed;
+    /// consent itself expires after 30 s, RFC 7675).
+    public var restartAfter = 12.0
 
     public init() {
         // In a room, receivers ask for what they miss (NACK, PLI/FIR; an SFU forwards a new
@@ -105,6 +109,8 @@ public final class SharingSession: @unchecked Sendable {
     private var attempt = 0
     /// The connect budget while joining (control queue only).
     private var connectTimer: DispatchSourceTimer?
+    /// Watches consent while sharing (control queue only): when it last moved, and how far.
+    private var pathWatch: (timer: DispatchSourceTimer, responses: Int, changedAt: Double)?
 
     // Owned parts; touched only on the work queue (created, used, torn down there), read for
     // status under `lock`.
@@ -197,8 +203,47 @@ public final class SharingSession: @unchecked Sendable {
             timer.cancel()
             connectTimer = nil
         }
-        if lifecycle.state != before { onStateChange?(lifecycle.state) }
+        if lifecycle.state != before {
+            watchPath()
+            onStateChange?(lifecycle.state)
+        }
         for action in actions { perform(action) }
+    }
+
+    /// While sharing or reconnecting, a once-a-second look at the publisher's consent answers: none
+    /// for `restartAfter` s → the path is interrupted (restart); answers again while reconnecting →
+    /// connected. A timer source only while it is needed, so an idle session wakes nothing.
+    private func watchPath() {
+        let needed = lifecycle.state == .sharing || lifecycle.state == .reconnecting
+        if !needed {
+            pathWatch?.timer.cancel()
+            pathWatch = nil
+            return
+        }
+        let responses = lock.withLock { publisher?.stats.consentResponses ?? 0 }
+        if pathWatch != nil {
+            pathWatch!.changedAt = MonotonicClock.milliseconds()   // a state change restarts the clock
+            pathWatch!.responses = responses
+            return
+        }
+        let timer = DispatchSource.makeTimerSource(queue: control)
+        timer.schedule(deadline: .now() + 1, repeating: 1)
+        timer.setEventHandler { [weak self] in self?.checkPath() }
+        pathWatch = (timer, responses, MonotonicClock.milliseconds())
+        timer.resume()
+    }
+
+    private func checkPath() {
+        guard let watch = pathWatch else { return }
+        let responses = lock.withLock { publisher?.stats.consentResponses ?? 0 }
+        let now = MonotonicClock.milliseconds()
+        if responses != watch.responses {
+            pathWatch?.responses = responses
+            pathWatch?.changedAt = now
+            if lifecycle.state == .reconnecting { handle(.connected) }
+        } else if lifecycle.state == .sharing, now - watch.changedAt >= configuration.restartAfter * 1000 {
+            handle(.connectionInterrupted("no answer to ICE consent checks for \(Int(configuration.restartAfter)) s"))
+        }
     }
 
     private func perform(_ action: SharingLifecycle.Action) {

@@ -162,6 +162,37 @@ import Testing
         #expect(gone["gone"] as? Bool == true, "still in the room after connection lost: \(gone)")
     }
 
+    /// An outage longer than two missed consent checks (12 s) but inside the consent window: the
+    /// session restarts ICE through Janus (`configure` with the restarted offer) and, once the path
+    /// heals, shares again without leaving the room.
+    @Test func aFifteenSecondOutageIsRestartedThroughTheRoom() throws {
+        guard let room = try JanusRoom() else { return }
+        guard try room.namespace.prepareFaults() else {
+            skipTest("nft missing (Debian package nftables): no outage test")
+            return
+        }
+        let identity = "Restart"
+        let (code, _) = try room.codeFile(identity: identity)
+        let agent = try room.agent(codeFile: code)
+        defer { agent.stop() }
+        #expect(agent.waitFor("sharing the screen", timeout: 30), "the agent never shared: \(agent.log)")
+        try room.namespace.dropUdp(percent: 100)
+        let began = MonotonicClock.milliseconds()
+        #expect(agent.waitFor("restarting ICE", timeout: 20), "no restart during the outage: \(agent.log.suffix(400))")
+        let restartedAfter = MonotonicClock.milliseconds() - began
+        _ = agent.waitFor("\u{1}never\u{1}", timeout: max(0, 15 - (MonotonicClock.milliseconds() - began) / 1000))
+        try room.namespace.heal()
+        let healed = MonotonicClock.milliseconds()
+        #expect(agent.waitFor("the connection is back", timeout: 15), "not back after healing: \(agent.log.suffix(400))")
+        let backAfter = MonotonicClock.milliseconds() - healed
+        let watched = try room.host(["watch", "--display", identity, "--seconds", "2"])
+        let decoded = watched["frames_decoded"] as? Int ?? 0
+        print(String(format: "outage 15 s: ICE restart asked %.1f s into it; back %.1f s after healing; %d frames decoded in the next 2 s",
+                     restartedAfter / 1000, backAfter / 1000, decoded))
+        #expect(agent.isRunning, "the session ended: \(agent.log.suffix(400))")
+        #expect(decoded >= 20, "after the restart the subscriber decoded \(decoded) frames in 2 s: \(watched)")
+    }
+
     /// Bad codes end before any network use, each with its own status and a message that says what is wrong.
     @Test func badJoinCodesHaveTheirOwnExitStatuses() throws {
         try Harness.requireBuild()
