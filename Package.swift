@@ -46,7 +46,7 @@ let package = Package(
         // The send-only WebRTC stack: SDP, ICE/STUN, DTLS-SRTP, RTP/RTCP, pacing, bandwidth estimate.
         .target(name: "KraklRTC", dependencies: ["KraklCore", "COpenSSL", "CSrtp"], swiftSettings: swift5),
         // Rooms: join codes and tokens, the WHIP and Janus VideoRoom drivers (HTTP via FoundationNetworking).
-        .target(name: "KraklRoom", swiftSettings: swift5),
+        .target(name: "KraklRoom", dependencies: ["KraklCore", "COpenSSL"], swiftSettings: swift5),
         // One sharing session: the lifecycle state machine and the only wiring of source,
         // encoder, publisher and room driver (krakl-agent and krakl-rtc-probe are command lines over it).
         .target(name: "KraklSession", dependencies: ["KraklCore", "KraklEncoder", "KraklRTC", "KraklRoom"], swiftSettings: swift5),

@@ -24,3 +24,7 @@ static inline long krakl_dtls_get_timeout(SSL *ssl, struct timeval *tv) { return
 static inline long krakl_dtls_handle_timeout(SSL *ssl) { return DTLSv1_handle_timeout(ssl); }
 static inline long krakl_bio_set_mem_eof_return(BIO *bio, long value) { return BIO_set_mem_eof_return(bio, value); }
 static inline int krakl_mbstring_asc(void) { return MBSTRING_ASC; }
+
+// HTTPS for the room drivers (Sources/KraklRoom/HTTPConnection.swift): SNI is a macro over SSL_ctrl.
+static inline long krakl_ssl_set_tlsext_host_name(SSL *ssl, const char *name) { return SSL_set_tlsext_host_name(ssl, name); }
+static inline int krakl_ssl_ctx_set_min_tls12(SSL_CTX *ctx) { return SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION); }

@@ -1,7 +1,5 @@
 import Foundation
-#if canImport(FoundationNetworking)
-import FoundationNetworking
-#endif
+import KraklCore
 
 /// One HTTP exchange as the room drivers see it: a request with a
 /// time-out, and the status, headers and body that came back. Redirects are
@@ -52,92 +50,244 @@ public struct HTTPResponse: Sendable {
     }
 }
 
-/// A small blocking HTTP client over FoundationNetworking's URLSession
-/// (libcurl underneath; HTTPS verified against the system CA store). One
-/// client belongs to one driver; `invalidate()` ends its session and the
-/// threads URLSession keeps, so an idle agent holds none.
-public final class HTTPClient: NSObject, URLSessionTaskDelegate, @unchecked Sendable {
-    private var session: URLSession!
+/// A small blocking HTTP/1.1 client for the room drivers: one connection
+/// per request (`Connection: close`), plain or TLS (OpenSSL; the server's
+/// certificate checked against the system CA store and its name), every
+/// step bounded by the request's time-out. Not URLSession: that drives
+/// libcurl through libdispatch sources, and libdispatch's manager thread then
+/// stays for the life of the process, so an agent between sessions would
+/// never be down to its main thread. `invalidate()` ends running requests at
+/// once (a leave must not wait out a long-poll).
+public final class HTTPClient: @unchecked Sendable {
+    /// The largest reply body read (signalling is small: an SDP answer, a JSON event batch).
+    public static let maximumBody = 4 << 20
+    private let caFile: String?
     private let lock = NSLock()
     private var invalidated = false
+    private var running: [ObjectIdentifier: HTTPConnection] = [:]
+    private var tls: TLSContext?
 
-    public override init() {
-        super.init()
-        let configuration = URLSessionConfiguration.ephemeral
-        configuration.httpCookieStorage = nil
-        configuration.urlCache = nil
-        configuration.requestCachePolicy = .reloadIgnoringLocalCacheData
-        session = URLSession(configuration: configuration, delegate: self, delegateQueue: nil)
+    /// - Parameter caFile: trust only the certificates in this PEM file (tests); nil: the system store.
+    public init(caFile: String? = nil) {
+        self.caFile = caFile
     }
 
-    /// Sends `request` and waits for the reply (at most `request.timeout` s, plus a second of grace
-    /// for URLSession to report its own time-out). Throws `RoomError.unreachable` when no reply came.
+    /// Sends `request` and waits for the reply (at most `request.timeout` s in all). Throws
+    /// `RoomError.unreachable` when no reply came, `.badReply` when what came is not HTTP.
     public func send(_ request: HTTPRequest) throws(RoomError) -> HTTPResponse {
+        let what = "\(request.method) \(request.url.redactedForLog)"
+        guard let scheme = request.url.scheme?.lowercased(), scheme == "http" || scheme == "https",
+              let host = request.url.host, !host.isEmpty else {
+            throw .badReply("\(what): not an http(s) URL")
+        }
+        let secure = scheme == "https"
+        let port = request.url.port ?? (secure ? 443 : 80)
         lock.lock()
-        let closed = invalidated
+        if invalidated { lock.unlock(); throw .unreachable("\(what): the HTTP client was closed") }
+        var context = tls
         lock.unlock()
-        if closed { throw .unreachable("the HTTP client was closed") }
-        var urlRequest = URLRequest(url: request.url)
-        urlRequest.httpMethod = request.method
-        urlRequest.timeoutInterval = request.timeout
-        for (name, value) in request.headers { urlRequest.addValue(value, forHTTPHeaderField: name) }
-        urlRequest.httpBody = request.body
+        if secure && context == nil {
+            context = try TLSContext(caFile: caFile)
+            lock.withLock { tls = context }
+        }
+        let bareHost = host.hasPrefix("[") ? String(host.dropFirst().dropLast()) : host
+        let connection = try HTTPConnection(host: bareHost, port: port, tls: secure ? context : nil, timeout: request.timeout, what: what)
+        let key = ObjectIdentifier(connection)
+        lock.lock()
+        if invalidated { lock.unlock(); connection.cancel(); throw .unreachable("\(what): the HTTP client was closed") }
+        running[key] = connection
+        lock.unlock()
+        defer { lock.withLock { running[key] = nil } }
 
-        final class Outcome: @unchecked Sendable {
-            var data: Data?
-            var response: URLResponse?
-            var error: Error?
-        }
-        let outcome = Outcome()
-        let done = DispatchSemaphore(value: 0)
-        let task = session.dataTask(with: urlRequest) { data, response, error in
-            outcome.data = data
-            outcome.response = response
-            outcome.error = error
-            done.signal()
-        }
-        task.resume()
-        if done.wait(timeout: .now() + request.timeout + 1) == .timedOut {
-            task.cancel()
-            _ = done.wait(timeout: .now() + 1)
-            throw .unreachable("\(request.method) \(request.url.redactedForLog): no reply within \(Self.seconds(request.timeout)) s")
-        }
-        if let error = outcome.error {
-            let nsError = error as NSError
-            if nsError.code == NSURLErrorTimedOut {
-                throw .unreachable("\(request.method) \(request.url.redactedForLog): no reply within \(Self.seconds(request.timeout)) s")
+        try connection.write(Self.requestBytes(request, host: host, port: port, secure: secure), what: what)
+        var parser = HTTPResponseParser(method: request.method, maximumBody: Self.maximumBody)
+        while true {
+            let bytes = try connection.read(maximum: 16_384, what: what)
+            let done: Bool
+            do throws(HTTPResponseParser.Problem) {
+                done = try bytes.isEmpty ? parser.finish() : parser.feed(bytes)
+            } catch {
+                throw .badReply("\(what): \(error.description)")
             }
-            throw .unreachable("\(request.method) \(request.url.redactedForLog): \(nsError.localizedDescription)")
+            if done, let reply = parser.response {
+                return HTTPResponse(status: reply.status, headers: reply.headers, body: Data(reply.body), url: request.url)
+            }
         }
-        guard let http = outcome.response as? HTTPURLResponse else {
-            throw .badReply("\(request.method) \(request.url.redactedForLog): not an HTTP reply")
-        }
-        var headers: [(name: String, value: String)] = []
-        for (name, value) in http.allHeaderFields {
-            headers.append((name: "\(name)", value: "\(value)"))
-        }
-        return HTTPResponse(status: http.statusCode, headers: headers, body: outcome.data ?? Data(), url: request.url)
     }
 
-    /// Ends the session: running requests are cancelled, no new ones are sent.
+    /// The request as it goes on the wire. Header values with line breaks are dropped (no injection).
+    static func requestBytes(_ request: HTTPRequest, host: String, port: Int, secure: Bool) -> [UInt8] {
+        var components = URLComponents(url: request.url, resolvingAgainstBaseURL: false)
+        components?.fragment = nil
+        var target = components?.percentEncodedPath ?? "/"
+        if target.isEmpty { target = "/" }
+        if let query = components?.percentEncodedQuery { target += "?" + query }
+        let defaultPort = port == (secure ? 443 : 80)
+        var head = "\(request.method) \(target) HTTP/1.1\r\nHost: \(host)\(defaultPort ? "" : ":\(port)")\r\n"
+        head += "Connection: close\r\nUser-Agent: krakl-agent\r\n"
+        for (name, value) in request.headers where !name.contains(where: \.isNewline) && !value.contains(where: \.isNewline) {
+            head += "\(name): \(value)\r\n"
+        }
+        if let body = request.body { head += "Content-Length: \(body.count)\r\n" } else if ["POST", "PATCH", "PUT"].contains(request.method) {
+            head += "Content-Length: 0\r\n"
+        }
+        head += "\r\n"
+        return Array(head.utf8) + (request.body.map { [UInt8]($0) } ?? [])
+    }
+
+    /// Ends the client: running requests fail at once, no new ones are sent.
     public func invalidate() {
         lock.lock()
-        let first = !invalidated
         invalidated = true
+        let connections = Array(running.values)
         lock.unlock()
-        if first { session.invalidateAndCancel() }
+        for connection in connections { connection.cancel() }
     }
 
     deinit { invalidate() }
+}
 
-    // Redirects come back to the driver as replies (see the type's comment).
-    public func urlSession(_ session: URLSession, task: URLSessionTask, willPerformHTTPRedirection response: HTTPURLResponse,
-                           newRequest request: URLRequest, completionHandler: @escaping (URLRequest?) -> Void) {
-        completionHandler(nil)
+/// Reads an HTTP/1.1 response from bytes as they arrive: status line, header
+/// fields, and a body framed by Content-Length, chunked transfer coding, or
+/// the end of the connection (RFC 9112 §6.3). Interim 1xx responses are
+/// skipped. Everything is bounded: header section 64 KB, body `maximumBody`.
+struct HTTPResponseParser {
+    struct Problem: Error, CustomStringConvertible { let description: String }
+    struct Response { var status: Int; var headers: [(name: String, value: String)]; var body: [UInt8] }
+
+    let method: String
+    let maximumBody: Int
+    private var buffer: [UInt8] = []
+    private var head: (status: Int, headers: [(name: String, value: String)])?
+    private var body: [UInt8] = []
+    private var framing: Framing?
+    private(set) var response: Response?
+
+    private enum Framing { case length(Int), chunked, untilClose, none }
+
+    init(method: String, maximumBody: Int) {
+        self.method = method
+        self.maximumBody = maximumBody
     }
 
-    private static func seconds(_ value: Double) -> String {
-        value == value.rounded() ? String(Int(value)) : String(format: "%.1f", value)
+    /// Adds bytes; true once the response is complete.
+    mutating func feed(_ bytes: [UInt8]) throws(Problem) -> Bool {
+        buffer += bytes
+        while head == nil {
+            guard let end = Self.find([13, 10, 13, 10], in: buffer) else {
+                if buffer.count > 65_536 { throw Problem(description: "the reply's header section is over 64 KB") }
+                return false
+            }
+            let text = String(decoding: buffer[0..<end], as: UTF8.self)
+            buffer.removeFirst(end + 4)
+            let parsed = try Self.parseHead(text)
+            if (100...199).contains(parsed.status) { continue }   // 100 Continue and friends: the real reply follows
+            head = parsed
+            framing = try framingFor(parsed)
+        }
+        return try advance(ended: false)
+    }
+
+    /// The connection ended; true when that completes the response.
+    mutating func finish() throws(Problem) -> Bool {
+        guard head != nil else {
+            throw Problem(description: buffer.isEmpty ? "the server closed the connection without replying" : "the reply ended inside its header section")
+        }
+        return try advance(ended: true)
+    }
+
+    private func framingFor(_ head: (status: Int, headers: [(name: String, value: String)])) throws(Problem) -> Framing {
+        if method == "HEAD" || head.status == 204 || head.status == 304 { return .none }
+        func field(_ name: String) -> String? { head.headers.last { $0.name.caseInsensitiveCompare(name) == .orderedSame }?.value }
+        if let coding = field("Transfer-Encoding") {
+            guard coding.lowercased().split(separator: ",").last?.trimmingCharacters(in: .whitespaces) == "chunked" else {
+                throw Problem(description: "unsupported Transfer-Encoding \(coding.prefix(40))")
+            }
+            return .chunked
+        }
+        if let length = field("Content-Length") {
+            guard let n = Int(length.trimmingCharacters(in: .whitespaces)), n >= 0 else {
+                throw Problem(description: "bad Content-Length \(length.prefix(20))")
+            }
+            guard n <= maximumBody else { throw Problem(description: "the reply body is \(n) bytes, more than the \(maximumBody) read") }
+            return .length(n)
+        }
+        return .untilClose
+    }
+
+    private mutating func advance(ended: Bool) throws(Problem) -> Bool {
+        guard let head, let framing else { return false }
+        switch framing {
+        case .none:
+            break
+        case .length(let n):
+            body += buffer
+            buffer.removeAll()
+            if body.count > n { body.removeLast(body.count - n) }
+            if body.count < n {
+                if ended { throw Problem(description: "the reply ended after \(body.count) of its \(n) body bytes") }
+                return false
+            }
+        case .untilClose:
+            body += buffer
+            buffer.removeAll()
+            if body.count > maximumBody { throw Problem(description: "the reply body is over \(maximumBody) bytes") }
+            if !ended { return false }
+        case .chunked:
+            chunks: while true {
+                guard let lineEnd = Self.find([13, 10], in: buffer) else {
+                    if buffer.count > 1024 { throw Problem(description: "a bad chunk size line") }
+                    if ended { throw Problem(description: "the reply ended inside its chunked body") }
+                    return false
+                }
+                let sizeText = String(decoding: buffer[0..<lineEnd], as: UTF8.self).split(separator: ";").first ?? ""
+                guard let size = Int(sizeText.trimmingCharacters(in: .whitespaces), radix: 16), size >= 0 else {
+                    throw Problem(description: "a bad chunk size \(sizeText.prefix(20))")
+                }
+                guard body.count + size <= maximumBody else { throw Problem(description: "the reply body is over \(maximumBody) bytes") }
+                if size == 0 {
+                    // The last chunk; trailer fields (ignored) end with an empty line.
+                    let rest = Array(buffer[(lineEnd + 2)...])
+                    if rest.starts(with: [13, 10]) || Self.find([13, 10, 13, 10], in: rest) != nil || ended { break chunks }
+                    return false
+                }
+                guard buffer.count >= lineEnd + 2 + size + 2 else {
+                    if ended { throw Problem(description: "the reply ended inside a chunk") }
+                    return false
+                }
+                body += buffer[(lineEnd + 2)..<(lineEnd + 2 + size)]
+                buffer.removeFirst(lineEnd + 2 + size + 2)
+            }
+        }
+        response = Response(status: head.status, headers: head.headers, body: body)
+        return true
+    }
+
+    static func parseHead(_ text: String) throws(Problem) -> (status: Int, headers: [(name: String, value: String)]) {
+        var lines = text.split(separator: "\r\n", omittingEmptySubsequences: false).map(String.init)
+        let statusLine = lines.removeFirst()
+        let parts = statusLine.split(separator: " ", maxSplits: 2)
+        guard parts.count >= 2, parts[0].hasPrefix("HTTP/1."), parts[1].count == 3, let status = Int(parts[1]), (100...599).contains(status) else {
+            throw Problem(description: "not an HTTP reply: \(statusLine.prefix(60).filter { $0.isASCII && !$0.isNewline })")
+        }
+        var headers: [(name: String, value: String)] = []
+        for line in lines where !line.isEmpty {
+            guard let colon = line.firstIndex(of: ":"), colon != line.startIndex else {
+                throw Problem(description: "a malformed header line in the reply")
+            }
+            let name = String(line[..<colon])
+            guard !name.contains(where: { $0 == " " || $0 == "\t" }) else { throw Problem(description: "a malformed header name in the reply") }
+            headers.append((name: name, value: line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)))
+        }
+        return (status, headers)
+    }
+
+    static func find(_ needle: [UInt8], in haystack: [UInt8]) -> Int? {
+        guard haystack.count >= needle.count else { return nil }
+        for i in 0...(haystack.count - needle.count) where haystack[i] == needle[0] {
+            if Array(haystack[i..<(i + needle.count)]) == needle { return i }
+        }
+        return nil
     }
 }
 

@@ -138,8 +138,9 @@ import Testing
                 let gone = try janus.waitParticipants(room, seconds: 2) { !$0.contains { $0["display"] as? String == identity } }
                 #expect(!gone.contains { $0["display"] as? String == identity }, "still listed after leaving: \(gone)")
             }
+            // Bounded wait: the driver's long-poll thread may still be closing its connection.
             let deadline = Date().addingTimeInterval(10)
-            while threadCount() > baseline!.threads && Date() < deadline { usleep(50_000) }
+            while (threadCount() > baseline!.threads || openDescriptorCount() > baseline!.fds) && Date() < deadline { usleep(50_000) }
             let now = (fds: openDescriptorCount(), threads: threadCount())
             print(String(format: "%@: session idle %.0f ms after the host's request; fds %d → %d, threads %d → %d",
                          how, ms, baseline!.fds, now.fds, baseline!.threads, now.threads))

@@ -1,0 +1,232 @@
+import COpenSSL
+import Foundation
+import Glibc
+import KraklCore
+
+/// One TCP connection (plain, or TLS through OpenSSL with the peer's
+/// certificate checked against the system CA store, or a given CA file, and
+/// the host name), where every step waits in poll(2) against one deadline.
+/// The room drivers' HTTP runs on this instead of URLSession: URLSession
+/// drives libcurl through libdispatch sources, whose manager thread then
+/// stays for the life of the process, and an idle agent must hold no thread
+/// but its main one. `cancel()` from another thread ends a wait at once.
+final class HTTPConnection: @unchecked Sendable {
+    private let fd: Int32
+    private var ssl: OpaquePointer?
+    private let deadline: UInt64
+    /// "10 s": the time-out as the person set it, for messages.
+    private let timeoutText: String
+    /// A pipe whose write end `cancel()` closes: every poll also watches the read end.
+    private let wake: (read: Int32, write: Int32)
+    private let lock = NSLock()
+    private var cancelled = false
+    private var closed = false
+
+    /// Connects to `host:port` (each address getaddrinfo gives, in order) and, for TLS, completes the
+    /// handshake; all before `deadline` (CLOCK_MONOTONIC ns). `what` names the request in errors.
+    init(host: String, port: Int, tls: TLSContext?, timeout: Double, what: String) throws(RoomError) {
+        deadline = MonotonicClock.nanoseconds() + UInt64(max(timeout, 0.001) * 1e9)
+        timeoutText = timeout == timeout.rounded() ? "\(Int(timeout)) s" : String(format: "%.1f s", timeout)
+        var ends: [Int32] = [-1, -1]
+        guard pipe(&ends) == 0 else { throw .unreachable("\(what): pipe: \(String(cString: strerror(errno)))") }
+        for end in ends {
+            _ = fcntl(end, F_SETFD, FD_CLOEXEC)
+            _ = fcntl(end, F_SETFL, fcntl(end, F_GETFL) | O_NONBLOCK)
+        }
+        wake = (ends[0], ends[1])
+        var hints = addrinfo()
+        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        hints.ai_family = AF_UNSPEC
+        var list: UnsafeMutablePointer<addrinfo>?
+        let resolved = getaddrinfo(host, String(port), &hints, &list)
+        guard resolved == 0, let first = list else {
+            close(wake.read); close(wake.write)
+            throw .unreachable("\(what): cannot resolve \(host): \(String(cString: gai_strerror(resolved)))")
+        }
+        defer { freeaddrinfo(list) }
+        var lastError = "no address"
+        var connected: Int32 = -1
+        var entry: UnsafeMutablePointer<addrinfo>? = first
+        while let info = entry, connected < 0 {
+            entry = info.pointee.ai_next
+            let socket = Glibc.socket(info.pointee.ai_family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
+            guard socket >= 0 else { lastError = String(cString: strerror(errno)); continue }
+            if Glibc.connect(socket, info.pointee.ai_addr, info.pointee.ai_addrlen) == 0 || errno == EINPROGRESS {
+                let ready = HTTPConnection.wait(socket, events: Int16(POLLOUT), deadline: deadline, wake: wake.read)
+                var error: Int32 = 0
+                var length = socklen_t(MemoryLayout<Int32>.size)
+                if ready == .ready, getsockopt(socket, SOL_SOCKET, SO_ERROR, &error, &length) == 0, error == 0 {
+                    connected = socket
+                    break
+                }
+                lastError = ready == .timedOut ? "no connection within \(timeoutText)" : ready == .cancelled ? "cancelled" : String(cString: strerror(error))
+            } else {
+                lastError = String(cString: strerror(errno))
+            }
+            close(socket)
+            if lastError == "cancelled" || lastError.hasPrefix("no connection") { break }
+        }
+        guard connected >= 0 else {
+            close(wake.read); close(wake.write)
+            throw .unreachable("\(what): cannot connect to \(host):\(port): \(lastError)")
+        }
+        fd = connected
+        var one: Int32 = 1
+        setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+        if let tls {
+            do throws(RoomError) { try handshake(tls, host: host, what: what) } catch {
+                closeNow()
+                throw error
+            }
+        }
+    }
+
+    deinit { closeNow() }
+
+    /// Ends every wait of this connection now (from any thread); later calls fail as cancelled.
+    func cancel() {
+        lock.lock()
+        defer { lock.unlock() }
+        guard !cancelled else { return }
+        cancelled = true
+        var byte: UInt8 = 1
+        _ = Glibc.write(wake.write, &byte, 1)
+    }
+
+    private func closeNow() {
+        lock.lock()
+        defer { lock.unlock() }
+        guard !closed else { return }
+        closed = true
+        if let ssl { SSL_free(ssl) }
+        ssl = nil
+        close(fd)
+        close(wake.read)
+        close(wake.write)
+    }
+
+    enum Wait { case ready, timedOut, cancelled }
+
+    /// poll(2) on `fd` for `events` and on the wake pipe, until `deadline`.
+    static func wait(_ fd: Int32, events: Int16, deadline: UInt64, wake: Int32) -> Wait {
+        while true {
+            let now = MonotonicClock.nanoseconds()
+            guard now < deadline else { return .timedOut }
+            var fds = [pollfd(fd: fd, events: events, revents: 0), pollfd(fd: wake, events: Int16(POLLIN), revents: 0)]
+            let ms = Int32(min((deadline - now) / 1_000_000 + 1, 60_000))
+            let n = poll(&fds, 2, ms)
+            if n < 0 && errno == EINTR { continue }
+            if n < 0 { return .cancelled }
+            if fds[1].revents != 0 { return .cancelled }
+            if fds[0].revents != 0 { return .ready }
+        }
+    }
+
+    private func waitFor(_ events: Int16, what: String) throws(RoomError) {
+        switch Self.wait(fd, events: events, deadline: deadline, wake: wake.read) {
+        case .ready: return
+        case .timedOut: throw .unreachable("\(what): no reply within \(timeoutText)")
+        case .cancelled: throw .unreachable("\(what): cancelled (leaving)")
+        }
+    }
+
+    private func handshake(_ tls: TLSContext, host: String, what: String) throws(RoomError) {
+        guard let ssl = SSL_new(tls.context) else { throw .unreachable("\(what): TLS set-up failed") }
+        self.ssl = ssl
+        SSL_set_fd(ssl, fd)
+        _ = krakl_ssl_set_tlsext_host_name(ssl, host)   // SNI
+        // The certificate must name this host (an IP literal is checked as one).
+        var scratch = in6_addr()
+        if inet_pton(AF_INET, host, &scratch) == 1 || inet_pton(AF_INET6, host, &scratch) == 1 {
+            let parameters = SSL_get0_param(ssl)
+            X509_VERIFY_PARAM_set1_ip_asc(parameters, host)
+        } else {
+            SSL_set1_host(ssl, host)
+        }
+        while true {
+            ERR_clear_error()
+            let result = SSL_connect(ssl)
+            if result == 1 { return }
+            let error = SSL_get_error(ssl, result)
+            if error == SSL_ERROR_WANT_READ { try waitFor(Int16(POLLIN), what: what); continue }
+            if error == SSL_ERROR_WANT_WRITE { try waitFor(Int16(POLLOUT), what: what); continue }
+            let verify = SSL_get_verify_result(ssl)
+            if verify != X509_V_OK {
+                throw .unreachable("\(what): TLS: the server's certificate is not trusted for \(host): \(String(cString: X509_verify_cert_error_string(verify)))")
+            }
+            throw .unreachable("\(what): TLS handshake with \(host) failed: \(Self.openSSLError())")
+        }
+    }
+
+    static func openSSLError() -> String {
+        let code = ERR_get_error()
+        guard code != 0 else { return "the connection closed" }
+        var buffer = [CChar](repeating: 0, count: 256)
+        ERR_error_string_n(code, &buffer, buffer.count)
+        return String(cString: buffer)
+    }
+
+    /// Writes all of `bytes` before the deadline.
+    func write(_ bytes: [UInt8], what: String) throws(RoomError) {
+        var offset = 0
+        while offset < bytes.count {
+            let n: Int = bytes[offset...].withUnsafeBytes { raw in
+                if let ssl { return Int(SSL_write(ssl, raw.baseAddress, Int32(raw.count))) }
+                return Glibc.send(fd, raw.baseAddress, raw.count, Int32(MSG_NOSIGNAL))
+            }
+            if n > 0 { offset += n; continue }
+            if let ssl {
+                let error = SSL_get_error(ssl, Int32(n))
+                if error == SSL_ERROR_WANT_WRITE { try waitFor(Int16(POLLOUT), what: what); continue }
+                if error == SSL_ERROR_WANT_READ { try waitFor(Int16(POLLIN), what: what); continue }
+                throw .unreachable("\(what): sending failed: \(Self.openSSLError())")
+            }
+            if errno == EAGAIN || errno == EINTR { try waitFor(Int16(POLLOUT), what: what); continue }
+            throw .unreachable("\(what): sending failed: \(String(cString: strerror(errno)))")
+        }
+    }
+
+    /// Up to `maximum` bytes, waiting for some before the deadline; empty at the end of the stream.
+    func read(maximum: Int, what: String) throws(RoomError) -> [UInt8] {
+        var buffer = [UInt8](repeating: 0, count: maximum)
+        while true {
+            let n: Int = buffer.withUnsafeMutableBytes { raw in
+                if let ssl { return Int(SSL_read(ssl, raw.baseAddress, Int32(raw.count))) }
+                return Glibc.recv(fd, raw.baseAddress, raw.count, 0)
+            }
+            if n > 0 { return Array(buffer[0..<n]) }
+            if let ssl {
+                let error = SSL_get_error(ssl, Int32(n))
+                if error == SSL_ERROR_ZERO_RETURN { return [] }
+                if error == SSL_ERROR_WANT_READ { try waitFor(Int16(POLLIN), what: what); continue }
+                if error == SSL_ERROR_WANT_WRITE { try waitFor(Int16(POLLOUT), what: what); continue }
+                // A server that closes without close_notify ends the stream as plain TCP would.
+                if error == SSL_ERROR_SYSCALL || error == SSL_ERROR_SSL, ERR_peek_error() == 0 { return [] }
+                throw .unreachable("\(what): reading failed: \(Self.openSSLError())")
+            }
+            if n == 0 { return [] }
+            if errno == EAGAIN || errno == EINTR { try waitFor(Int16(POLLIN), what: what); continue }
+            throw .unreachable("\(what): reading failed: \(String(cString: strerror(errno)))")
+        }
+    }
+}
+
+/// An OpenSSL client context: TLS 1.2 or newer, peer verification against the system CA store
+/// (Debian: /etc/ssl/certs) or the PEM file given.
+final class TLSContext: @unchecked Sendable {
+    let context: OpaquePointer
+
+    init(caFile: String?) throws(RoomError) {
+        guard let context = SSL_CTX_new(TLS_client_method()) else { throw .unreachable("TLS: cannot make an OpenSSL context") }
+        self.context = context
+        _ = krakl_ssl_ctx_set_min_tls12(context)
+        SSL_CTX_set_verify(context, SSL_VERIFY_PEER, nil)
+        let loaded = caFile.map { SSL_CTX_load_verify_locations(context, $0, nil) } ?? SSL_CTX_set_default_verify_paths(context)
+        guard loaded == 1 else {
+            SSL_CTX_free(context)
+            throw .unreachable("TLS: cannot load the trusted certificates\(caFile.map { " from \($0)" } ?? "")")
+        }
+    }
+
+    deinit { SSL_CTX_free(context) }
+}
