@@ -98,34 +98,43 @@ func runJoin(_ arguments: Arguments, source: JoinCodeSource, logger: @escaping B
         fputs("krakl-agent: the WebRTC stack cannot start: \(error)\n", stderr)
         return 44
     }
-    let signals = StopSignals()
+    let control = ControlPipe()
     var next: JoinCodeSource? = source
     var status: Int32 = 0
+    var idle = false
     while let current = next {
+        if idle {
+            // Idle: a signal quits, a line is the next code.
+            var wake = ControlPipe.Wake.timeout
+            while case .timeout = wake { wake = control.wait(timeout: 3600, input: true) }
+            if case .signal = wake { return status }
+        }
         let text: String
         do throws(HostError) { text = try current.read() } catch {
             fputs("krakl-agent: \(error.description)\n", stderr)
             return error.exitStatus
         }
         if current == .standardInput && text.isEmpty && !arguments.once { return status }
-        status = shareOnce(text, arguments: arguments, signals: signals, logger: logger)
-        if arguments.once || signals.quit { return status }
+        let (ended, quit) = shareOnce(text, arguments: arguments, control: control, logger: logger)
+        status = ended
+        if arguments.once || quit { return status }
         // Back to idle: ready for the next code, which comes from stdin.
         print("krakl-agent: idle. Paste the next join code and press Enter (Ctrl-D or Ctrl-C quits).")
         next = .standardInput
-        signals.idle = true
+        idle = true
     }
     return status
 }
 
-/// Reads the code and runs one session to its end; returns the exit status of its end.
-func shareOnce(_ text: String, arguments: Arguments, signals: StopSignals, logger: @escaping BackendLogger) -> Int32 {
+/// Reads the code and runs one session to its end; returns the exit status of its end, and whether
+/// a signal asked the process to end too (SIGTERM, SIGHUP; Ctrl-C only stops the session).
+func shareOnce(_ text: String, arguments: Arguments, control: ControlPipe, logger: @escaping BackendLogger) -> (status: Int32, quit: Bool) {
     let invitation: Invitation
     do throws(JoinCodeError) {
         invitation = try Invitation.read(text, now: Date())
     } catch {
         fputs("krakl-agent: \(error.description)\n", stderr)
-        return error.exitStatus
+        return (error.exitStatus, false)
     }
     let driver = makeDriver(invitation)
     let session = SharingSession(configuration: sharingConfiguration(arguments, invitation: invitation, logger: logger), driver: driver,
@@ -149,23 +158,34 @@ func shareOnce(_ text: String, arguments: Arguments, signals: StopSignals, logge
         case .idle: break
         }
     }
-    signals.idle = false
-    signals.onStop = { session.stop() }
-    session.start()
+    session.onFinished = { _ in ControlPipe.sessionEnded() }
+    do {
+        try session.start()
+    } catch {
+        fputs("krakl-agent: cannot start the session: \(error)\n", stderr)
+        return (EndReason.failure("\(error)").exitStatus, false)
+    }
     let meter = StatusMeter()
     let isTerminal = isatty(STDOUT_FILENO) == 1
-    var reason: EndReason?
-    while reason == nil {
-        reason = session.waitUntilFinished(timeout: 1)
-        guard reason == nil, !arguments.quiet else { continue }
+    var quit = false
+    var nextStatus = MonotonicClock.milliseconds() + 1000
+    while session.waitUntilFinished(timeout: 0) == nil {
+        let wake = control.wait(timeout: max(0.01, (nextStatus - MonotonicClock.milliseconds()) / 1000))
+        if case .signal(let number) = wake {
+            if number != SIGINT { quit = true }
+            session.stop()
+        }
+        guard MonotonicClock.milliseconds() >= nextStatus else { continue }
+        nextStatus += 1000
+        guard !arguments.quiet else { continue }
         let status = session.status()
         guard status.state == .sharing || status.state == .reconnecting, let line = meter.line(status) else { continue }
         if isTerminal { print("\r\u{1B}[K" + line, terminator: ""); fflush(stdout) } else { print(line) }
     }
+    let reason = session.waitUntilFinished(timeout: 0) ?? .failure("the session ended without a reason")
     if isTerminal && !arguments.quiet { print("") }
-    signals.onStop = nil
-    print("krakl-agent: \(reason!.description)")
-    return reason!.exitStatus
+    print("krakl-agent: \(reason.description)")
+    return (reason.exitStatus, quit)
 }
 
 /// The live status line: per-second rates from the publisher's counters.
@@ -187,39 +207,59 @@ final class StatusMeter {
     }
 }
 
-/// SIGINT and SIGTERM stop the session; while idle (between sessions) they quit.
-final class StopSignals: @unchecked Sendable {
-    private let lock = NSLock()
-    private var _onStop: (() -> Void)?
-    private var _idle = false
-    private var _quit = false
-    private var sources: [DispatchSourceSignal] = []
+/// The main thread's one place to wait: signals (SIGINT, SIGTERM, SIGHUP) arrive as bytes on a
+/// pipe, written by an async-signal-safe handler, and the session's end as a byte too; `wait`
+/// polls that pipe and, while idle, stdin. No libdispatch signal sources: they would start
+/// libdispatch's manager thread, which never ends, and an agent between sessions holds no
+/// thread but its main one.
+final class ControlPipe {
+    enum Wake { case signal(Int32), sessionEnded, input, timeout }
 
-    var onStop: (() -> Void)? {
-        get { lock.withLock { _onStop } }
-        set { lock.withLock { _onStop = newValue } }
-    }
-    var idle: Bool {
-        get { lock.withLock { _idle } }
-        set { lock.withLock { _idle = newValue } }
-    }
-    /// A signal asked the process to end (not only the session).
-    var quit: Bool { lock.withLock { _quit } }
+    nonisolated(unsafe) static var writeFD: Int32 = -1
+    let readFD: Int32
 
     init() {
-        for number in [SIGINT, SIGTERM, SIGHUP] {
-            signal(number, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-            source.setEventHandler { [unowned self] in
-                let (stop, idle) = lock.withLock { () -> ((() -> Void)?, Bool) in
-                    if number != SIGINT { _quit = true }
-                    return (_onStop, _idle)
-                }
-                if idle || stop == nil { exit(0) }
-                stop?()
-            }
-            source.resume()
-            sources.append(source)
+        var ends: [Int32] = [-1, -1]
+        if pipe(&ends) != 0 { ends = [-1, -1] }
+        for fd in ends where fd >= 0 {
+            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
         }
+        readFD = ends[0]
+        Self.writeFD = ends[1]
+        var wanted = sigset_t()
+        sigemptyset(&wanted)
+        for number in [SIGINT, SIGTERM, SIGHUP] {
+            signal(number) { number in
+                var byte = UInt8(truncatingIfNeeded: number)
+                _ = write(ControlPipe.writeFD, &byte, 1)
+            }
+            sigaddset(&wanted, number)
+        }
+        // A parent may have started us with these blocked (a mask is inherited: Foundation's Process
+        // from a process whose libdispatch blocks them does so); blocked, the handler would never run.
+        // Threads made later inherit this thread's mask.
+        sigprocmask(SIG_UNBLOCK, &wanted, nil)
+        signal(SIGPIPE, SIG_IGN)   // a closed stdout or socket is an error to handle, not a death
+    }
+
+    /// Any thread: wakes `wait` with `.sessionEnded`.
+    static func sessionEnded() {
+        var byte: UInt8 = 0
+        _ = write(writeFD, &byte, 1)
+    }
+
+    /// Waits up to `timeout` s for a signal, the session's end or (with `input`) readable stdin.
+    func wait(timeout: Double, input: Bool = false) -> Wake {
+        var fds = [pollfd(fd: readFD, events: Int16(POLLIN), revents: 0)]
+        if input { fds.append(pollfd(fd: STDIN_FILENO, events: Int16(POLLIN), revents: 0)) }
+        let ready = poll(&fds, nfds_t(fds.count), Int32(timeout * 1000))
+        guard ready > 0 else { return .timeout }
+        if fds[0].revents != 0 {
+            var byte: UInt8 = 0
+            if read(readFD, &byte, 1) == 1 { return byte == 0 ? .sessionEnded : .signal(Int32(byte)) }
+        }
+        if input && fds.count > 1 && fds[1].revents != 0 { return .input }
+        return .timeout
     }
 }

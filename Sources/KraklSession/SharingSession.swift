@@ -83,7 +83,10 @@ public struct SharingTotals: Sendable {
 /// and krakl-rtc-probe are command lines over it.
 ///
 /// Threads: lifecycle events are handled one at a time on the session's
-/// control queue; blocking steps (creating the source, which may show the
+/// control loop (an `EventLoop`: its own thread, timers in it, and the
+/// thread ends with the session, so an agent between sessions holds no
+/// thread of it; libdispatch timers would leave libdispatch's manager thread
+/// behind for good); blocking steps (creating the source, which may show the
 /// portal dialog; HTTP requests to the room; leaving) run in order on a
 /// work queue and post their outcome back as events. Frames go from the
 /// backend's thread to the encoder thread to the publisher's network thread
@@ -95,22 +98,26 @@ public final class SharingSession: @unchecked Sendable {
     public let room: String?
     private let logger: BackendLogger
 
-    /// State changes, on the control queue (set before `start`).
+    /// State changes, on the control loop (set before `start`).
     public var onStateChange: (@Sendable (SharingLifecycle.State) -> Void)?
     /// Every publisher event as it happens, on the network thread (set before `start`; the probe logs them).
     public var onPublisherEvent: (@Sendable (PublisherEvent) -> Void)?
-    /// The session is over; called once, on the control queue, after everything was freed.
+    /// The session is over; called once, on the control loop, after everything was freed.
     public var onFinished: (@Sendable (EndReason) -> Void)?
 
-    private let control = DispatchQueue(label: "krakl-session")
+    /// The control loop while a session runs (made by `start`, stopped when it is over).
+    private var loop: EventLoop?
+    private let loopLock = NSLock()
+    /// Blocking steps, in order. Plain dispatch work, no timers or sources: its worker threads
+    /// retire after 5 s idle.
     private let work = DispatchQueue(label: "krakl-session-work")
     private var lifecycle = SharingLifecycle()
     /// Bumped on every join, so a late timer of an earlier attempt is recognised and ignored.
     private var attempt = 0
-    /// The connect budget while joining (control queue only).
-    private var connectTimer: DispatchSourceTimer?
-    /// Watches consent while sharing (control queue only): when it last moved, and how far.
-    private var pathWatch: (timer: DispatchSourceTimer, responses: Int, changedAt: Double)?
+    /// The connect budget while joining (control loop only).
+    private var connectTimer: EventLoop.TimerID?
+    /// Watches consent while sharing (control loop only): its timer, when consent last moved, and how far.
+    private var pathWatch: (timer: EventLoop.TimerID, responses: Int, changedAt: Double)?
 
     // Owned parts; touched only on the work queue (created, used, torn down there), read for
     // status under `lock`.
@@ -139,8 +146,14 @@ public final class SharingSession: @unchecked Sendable {
 
     // MARK: - Control (any thread)
 
-    /// Begins: preparing → joining → sharing. Returns at once.
-    public func start() { post(.connect) }
+    /// Begins: preparing → joining → sharing. Returns at once. Throws when the control loop's
+    /// thread cannot be made (out of descriptors or threads).
+    public func start() throws {
+        let loop = try EventLoop(name: "krakl-session")
+        loopLock.withLock { self.loop = loop }
+        loop.start()
+        post(.connect)
+    }
 
     /// Asks to stop; the session leaves and then calls `onFinished(.userStopped)`.
     public func stop() { post(.stop) }
@@ -159,7 +172,7 @@ public final class SharingSession: @unchecked Sendable {
         return finishedReason
     }
 
-    /// The lifecycle's state; any thread (also from `onStateChange`, which runs on the control queue).
+    /// The lifecycle's state; any thread (also from `onStateChange`, which runs on the control loop).
     public var state: SharingLifecycle.State { lock.withLock { currentState } }
 
     /// A snapshot for status lines; `window` makes the encoder's numbers those of the last call's window.
@@ -182,10 +195,24 @@ public final class SharingSession: @unchecked Sendable {
         return SharingTotals(rtc: publisher?.stats, encoder: pipeline?.statistics.summary(), captureToEncodedMs: sink?.captureToEncodedMs ?? [])
     }
 
-    // MARK: - The lifecycle, on the control queue
+    // MARK: - The lifecycle, on the control loop
 
     private func post(_ event: SharingLifecycle.Event) {
-        control.async { [self] in handle(event) }
+        onLoop { [self] in handle(event) }
+    }
+
+    /// Runs `work` on the control loop (dropped once the session is over).
+    private func onLoop(_ work: @escaping () -> Void) {
+        loopLock.withLock { loop }?.post(work)
+    }
+
+    /// A timer on the control loop; call on the loop.
+    private func after(_ seconds: Double, _ handler: @escaping () -> Void) -> EventLoop.TimerID? {
+        loopLock.withLock { loop }?.schedule(afterNanoseconds: UInt64(seconds * 1e9), handler)
+    }
+
+    private func cancelTimer(_ id: EventLoop.TimerID?) {
+        if let id { loopLock.withLock { loop }?.cancel(id) }
     }
 
     private func handle(_ event: SharingLifecycle.Event) {
@@ -199,8 +226,8 @@ public final class SharingSession: @unchecked Sendable {
         }
         let actions = lifecycle.handle(event)
         lock.withLock { currentState = lifecycle.state }
-        if lifecycle.state != .joining, let timer = connectTimer {
-            timer.cancel()
+        if lifecycle.state != .joining, connectTimer != nil {
+            cancelTimer(connectTimer)
             connectTimer = nil
         }
         if lifecycle.state != before {
@@ -216,7 +243,7 @@ public final class SharingSession: @unchecked Sendable {
     private func watchPath() {
         let needed = lifecycle.state == .sharing || lifecycle.state == .reconnecting
         if !needed {
-            pathWatch?.timer.cancel()
+            cancelTimer(pathWatch?.timer)
             pathWatch = nil
             return
         }
@@ -226,15 +253,13 @@ public final class SharingSession: @unchecked Sendable {
             pathWatch!.responses = responses
             return
         }
-        let timer = DispatchSource.makeTimerSource(queue: control)
-        timer.schedule(deadline: .now() + 1, repeating: 1)
-        timer.setEventHandler { [weak self] in self?.checkPath() }
+        guard let timer = after(1, { [weak self] in self?.checkPath() }) else { return }
         pathWatch = (timer, responses, MonotonicClock.milliseconds())
-        timer.resume()
     }
 
     private func checkPath() {
         guard let watch = pathWatch else { return }
+        if let next = after(1, { [weak self] in self?.checkPath() }) { pathWatch?.timer = next }
         let responses = lock.withLock { publisher?.stats.consentResponses ?? 0 }
         let now = MonotonicClock.milliseconds()
         if responses != watch.responses {
@@ -261,6 +286,9 @@ public final class SharingSession: @unchecked Sendable {
         case .leave(let reason):
             work.async { [self] in leave(reason) }
         case .finished(let reason):
+            // The loop's thread ends after this turn: nothing of the session runs between sessions.
+            let loop = loopLock.withLock { () -> EventLoop? in defer { self.loop = nil }; return self.loop }
+            loop?.stop()
             finished.lock()
             finishedReason = reason
             finished.broadcast()
@@ -334,24 +362,19 @@ public final class SharingSession: @unchecked Sendable {
             post(.failure("\(error)"))
             return
         }
-        control.async { [self] in armConnectTimer(attempt: attempt) }
+        onLoop { [self] in armConnectTimer(attempt: attempt) }
     }
 
-    /// The connect budget, on the control queue. A timer source, cancelled as soon as the session is
-    /// no longer joining: a pending `asyncAfter` would keep the session (and its driver's HTTP client)
-    /// alive and wake a Dispatch worker long after the session ended, so an idle agent would not be idle.
+    /// The connect budget, on the control loop; cancelled as soon as the session is no longer joining
+    /// (a timer left pending kept each ended session, with its driver, alive for 15 s).
     private func armConnectTimer(attempt: Int) {
         guard self.attempt == attempt, lifecycle.state == .joining else { return }
         let timeout = configuration.connectTimeout
-        let timer = DispatchSource.makeTimerSource(queue: control)
-        timer.schedule(deadline: .now() + timeout)
-        timer.setEventHandler { [weak self] in
+        cancelTimer(connectTimer)
+        connectTimer = after(timeout) { [weak self] in
             guard let self, self.attempt == attempt, lifecycle.state == .joining else { return }
             handle(.connectionLost("no connection to the room's media server within \(Int(timeout)) s of its answer (ICE/DTLS)"))
         }
-        connectTimer?.cancel()
-        connectTimer = timer
-        timer.resume()
     }
 
     private func makePipeline(codec: VideoCodec, publisher: Publisher) throws {
@@ -388,7 +411,7 @@ public final class SharingSession: @unchecked Sendable {
     /// moment (Janus: "destroyed", "kicked"), sometimes a little after the DTLS close_notify; its words
     /// are the person's, so they get a short head start (the first end reason wins).
     private func roomClosedMedia(_ words: String) {
-        control.asyncAfter(deadline: .now() + Self.roomWordsGrace) { [weak self] in self?.handle(.roomEnded(words)) }
+        onLoop { [weak self] in _ = self?.after(Self.roomWordsGrace) { [weak self] in self?.handle(.roomEnded(words)) } }
     }
 
     /// How long a room driver's explanation may trail the media's end; well inside the 2 s in which

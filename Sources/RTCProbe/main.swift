@@ -194,7 +194,7 @@ session.onPublisherEvent = { log.record($0) }
 let sharing = DispatchSemaphore(value: 0)
 session.onStateChange = { state in if state == .sharing { sharing.signal() } }
 do { try KraklRTC.prepare() } catch { fail("the WebRTC stack cannot start: \(error)", status: 3) }
-session.start()
+do { try session.start() } catch { fail("cannot start the session: \(error)", status: 5) }
 
 // MARK: run --seconds after connecting, with a status line a second
 

@@ -58,7 +58,7 @@ import Testing
         var stopMs: [Double] = []
         func cycle(_ n: Int) throws {
             let (session, sharing) = Self.session(room: room, registry: registry, identity: "cycle \(n)")
-            session.start()
+            try session.start()
             let shared = sharing.wait(timeout: .now() + 20) == .success
             #expect(shared, "cycle \(n): never shared (state \(session.state))")
             // A few frames through, then the person stops.
@@ -111,7 +111,7 @@ import Testing
             let room = try janus.createRoom(secret: Self.secret)
             let identity = "Ada (\(how))"
             let (session, sharing) = Self.session(room: room, registry: registry, identity: identity)
-            session.start()
+            try session.start()
             try #require(sharing.wait(timeout: .now() + 20) == .success, "never shared (state \(session.state))")
             _ = session.waitUntilFinished(timeout: 0.5)
             let asked = MonotonicClock.milliseconds()
