@@ -432,16 +432,19 @@ public final class SharingSession: @unchecked Sendable {
         guard let publisher = lock.withLock({ self.publisher }) else { return }
         let offer = publisher.restartIce()
         let answer: String
+        // A restart the room cannot do is not the end: consent checks keep the old path's
+        // credentials until a new pair is chosen, so the old path may still come back; consent
+        // expiry (30 s without an answer, RFC 7675) is what ends the session as connection lost.
         do throws(RoomError) {
             answer = try driver.restart(offer: offer)
         } catch {
-            post(.connectionLost("the path stopped answering and ICE restart failed: \(error)"))
+            logger("session", .warning, "ICE restart through the room failed (\(error)); waiting for the old path until consent expires")
             return
         }
         do {
             try publisher.setAnswer(answer)
         } catch {
-            post(.connectionLost("the path stopped answering and the restart's answer is not usable: \(error)"))
+            logger("session", .warning, "the room's answer to the ICE restart is not usable (\(error)); waiting for the old path")
         }
     }
 
