@@ -212,6 +212,18 @@ import Testing
             // Port 1 on loopback: nothing listens, so the connection is refused at once.
             ("unreachable server", good, 37, "cannot reach the room server"),
         ]
+        // The other ways a code arrives: the environment, and a plain argument (with its warning).
+        let fromEnvironment = try Harness.agent(["--once", "--plugins", registry], timeout: 30, environment: ["KRAKL_JOIN": "hello"])
+        #expect(fromEnvironment.status == 40, "KRAKL_JOIN: exit \(fromEnvironment.status): \(fromEnvironment.stderr)")
+        let asArgument = try Harness.agent(["--join", "hello", "--once", "--plugins", registry], timeout: 30)
+        #expect(asArgument.status == 40 && asArgument.stderr.contains("visible to every user"), "\(asArgument.stderr)")
+        let folder = try Harness.temporaryDirectory()
+        try good.write(toFile: folder + "/code", atomically: true, encoding: .utf8)
+        let summary = try Harness.agent(["code", "@" + folder + "/code"], timeout: 30)
+        #expect(summary.status == 0 && summary.stdout.contains("identity: Cy") && summary.stdout.contains("room:     7"), "\(summary.stdout)")
+        let goodSignature = String(good.split(separator: ".").last ?? "")
+        #expect(!summary.stdout.contains(goodSignature), "code printed the token")
+
         for (name, text, wanted, words) in cases {
             let result = try Harness.agent(["--join", "-", "--once", "--plugins", registry], timeout: 30, stdin: text + "\n")
             #expect(result.status == wanted, "\(name): exit \(result.status), wanted \(wanted): \(result.stderr)")
