@@ -51,7 +51,8 @@ extension JoinCodeError {
 func makeDriver(_ invitation: Invitation) -> RoomDriver {
     switch invitation.code.service {
     case .whip:
-        return WhipDriver(endpoint: invitation.code.url, token: invitation.code.token)
+        return WhipDriver(endpoint: invitation.code.url, token: invitation.code.token,
+                          allowTokenAcrossOrigins: invitation.code.tokenAcrossOrigins)
     case .janus:
         return JanusDriver(baseURL: invitation.code.url, room: invitation.room ?? "")
     }

@@ -42,6 +42,9 @@ public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomRefl
     public var room: String?
     /// `ice`: STUN/TURN servers for the agent's ICE, in the code's order.
     public var iceServers: [IceServer]
+    /// `xo=1`: the token may follow a WHIP redirect to another origin (scheme, host, port). Off by
+    /// default: a redirect must not hand the credential to a server the page did not name.
+    public var tokenAcrossOrigins = false
 
     /// A code to serialize with `text`. Values are not checked here; a code
     /// made from invalid values serializes to text that does not parse.
@@ -89,7 +92,7 @@ public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomRefl
             switch name {
             case "ice":
                 ice.append(value)
-            case "v", "k", "u", "t", "r":
+            case "v", "k", "u", "t", "r", "xo":
                 guard single[name] == nil else { throw fail(.duplicateField(name)) }
                 single[name] = value
             default:
@@ -111,6 +114,11 @@ public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomRefl
             if let reason = Self.roomProblem(value) { throw fail(.badRoom(reason)) }
             room = value
         }
+        var acrossOrigins = false
+        if let raw = single["xo"] {
+            guard raw == "0" || raw == "1" else { throw fail(.badFlag("xo")) }
+            acrossOrigins = raw == "1"
+        }
         var servers: [IceServer] = []
         for (index, raw) in ice.enumerated() {
             servers.append(try Self.iceServer(raw, index: index + 1))
@@ -122,6 +130,7 @@ public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomRefl
         self.token = token
         self.room = room
         self.iceServers = servers
+        self.tokenAcrossOrigins = acrossOrigins
     }
 
     /// The code as text, fields in the order v, k, u, r, t, ice. Parsing it
@@ -135,6 +144,7 @@ public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomRefl
         var fields = ["v=\(version)", "k=\(service.rawValue)", "u=" + Self.encode(shownURL)]
         if let room { fields.append("r=" + Self.encode(room)) }
         fields.append("t=" + (display ? String(token.prefix(8)) + "…" : Self.encode(token)))
+        if tokenAcrossOrigins { fields.append("xo=1") }
         for server in iceServers {
             var value = Self.encode(server.url)
             if !display && (server.username != nil || server.credential != nil) {

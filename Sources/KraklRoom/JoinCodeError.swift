@@ -50,6 +50,8 @@ public enum JoinCodeError: Error, Equatable, Sendable, CustomStringConvertible {
         case badRoom(String)
         /// The n-th `ice` field (from 1) is not `URL[,username,credential]`.
         case badIceServer(index: Int, reason: String)
+        /// A 0/1 field with another value.
+        case badFlag(String)
     }
 
     /// What is wrong with the token's structure. Values quoted from the
@@ -123,6 +125,7 @@ extension JoinCodeError.CodeProblem {
         case .badURL(let reason): return "u= \(reason)"
         case .badRoom(let reason): return "r= \(reason)"
         case .badIceServer(let index, let reason): return "ice server \(index): \(reason)"
+        case .badFlag(let name): return "field \(name)= must be 0 or 1"
         }
     }
 }

@@ -95,7 +95,14 @@ import Testing
                      iceServers: [IceServer(url: "stun:stun.example.org"),
                                   IceServer(url: "turns:turn.example.org:5349?transport=tcp", username: "ü ser", credential: "a,b;c=d%e\u{7F}")]),
             JoinCode(service: .janus, url: URL(string: "http://127.0.0.1:8088/janus")!, token: Self.token(), room: "1234"),
+            { var c = JoinCode(service: .whip, url: URL(string: "https://h.example/whip")!, token: Self.token()); c.tokenAcrossOrigins = true; return c }(),
         ]
+        #expect(codes.last!.text.contains(";xo=1"))
+        #expect(try JoinCode(parsing: codes.last!.text).tokenAcrossOrigins)
+        #expect(try !JoinCode(parsing: codes[0].text).tokenAcrossOrigins, "off unless the code says so")
+        #expect(throws: JoinCodeError.malformedCode(.badFlag("xo"))) {
+            try JoinCode(parsing: Self.code("k=whip;u=https://h.example/whip;t=TOKEN;xo=yes"))
+        }
         for code in codes {
             let text = code.text
             #expect(text.unicodeScalars.allSatisfy { (0x21...0x7E).contains($0.value) }, "not printable ASCII: \(text)")
