@@ -218,6 +218,25 @@ func threadCount() -> Int { (try? FileManager.default.contentsOfDirectory(atPath
     static let suite = "JanusDriverTests"
     static let secret = "host-secret-\(UUID().uuidString.prefix(8))"
 
+    /// A fresh room, and a publisher connected to it through a fresh driver whose events are logged.
+    /// The caller closes the publisher.
+    static func joined(_ janus: JanusTestbed, identity: String, timeouts: JanusDriver.Timeouts = JanusDriver.Timeouts()) throws
+        -> (room: UInt64, peer: JanusTestPublisher, driver: JanusDriver, events: RoomEventLog) {
+        let room = try janus.createRoom(secret: secret)
+        let peer = try JanusTestPublisher()
+        let driver = JanusDriver(baseURL: JanusTestbed.api, room: "\(room)", timeouts: timeouts)
+        let events = RoomEventLog()
+        driver.onEvent = { events.add($0) }
+        do {
+            try peer.publisher.setAnswer(try driver.publish(offer: peer.publisher.offerSDP, identity: identity).sdp)
+        } catch {
+            peer.publisher.close()
+            throw error
+        }
+        #expect(peer.waitConnected(), "not connected: \(peer.log.events)")
+        return (room, peer, driver, events)
+    }
+
     /// "socket:[inode]" → which table lists it (tcp, udp, unix, netlink), for the descriptor report.
     static func describeSocket(_ link: String) -> String {
         guard link.hasPrefix("socket:["), let inode = link.dropFirst(8).split(separator: "]").first else { return link }
@@ -288,14 +307,8 @@ func threadCount() -> Int { (try? FileManager.default.contentsOfDirectory(atPath
         guard let inside = try InNamespace.enter(suite: Self.suite, cleanup: JanusTestbed.stopLeftovers) else { return }
         guard let janus = try JanusTestbed.start(in: inside.folder) else { return }
         defer { janus.stop() }
-        let room = try janus.createRoom(secret: Self.secret)
-        let peer = try JanusTestPublisher()
+        let (room, peer, driver, events) = try Self.joined(janus, identity: "Grace")
         defer { peer.publisher.close() }
-        let driver = JanusDriver(baseURL: JanusTestbed.api, room: "\(room)")
-        let events = RoomEventLog()
-        driver.onEvent = { events.add($0) }
-        try peer.publisher.setAnswer(try driver.publish(offer: peer.publisher.offerSDP, identity: "Grace").sdp)
-        #expect(peer.waitConnected(), "not connected: \(peer.log.events)")
         let session = try #require(driver.sessionForTests)
 
         let destroyedAt = MonotonicClock.milliseconds()
@@ -320,14 +333,8 @@ func threadCount() -> Int { (try? FileManager.default.contentsOfDirectory(atPath
         guard let inside = try InNamespace.enter(suite: Self.suite, cleanup: JanusTestbed.stopLeftovers) else { return }
         guard let janus = try JanusTestbed.start(in: inside.folder) else { return }
         defer { janus.stop() }
-        let room = try janus.createRoom(secret: Self.secret)
-        let peer = try JanusTestPublisher()
+        let (room, peer, driver, events) = try Self.joined(janus, identity: "Linus")
         defer { peer.publisher.close() }
-        let driver = JanusDriver(baseURL: JanusTestbed.api, room: "\(room)")
-        let events = RoomEventLog()
-        driver.onEvent = { events.add($0) }
-        try peer.publisher.setAnswer(try driver.publish(offer: peer.publisher.offerSDP, identity: "Linus").sdp)
-        #expect(peer.waitConnected(), "not connected: \(peer.log.events)")
         let listed = try janus.waitParticipants(room, seconds: 5) { $0.contains { $0["publisher"] as? Bool == true } }
         let id = try #require(listed.first?["id"] as? UInt64, "listparticipants: \(listed)")
 
@@ -423,16 +430,10 @@ func threadCount() -> Int { (try? FileManager.default.contentsOfDirectory(atPath
         guard let inside = try InNamespace.enter(suite: Self.suite, cleanup: JanusTestbed.stopLeftovers) else { return }
         guard let janus = try JanusTestbed.start(in: inside.folder) else { return }
         defer { janus.stop() }
-        let room = try janus.createRoom(secret: Self.secret)
-        let peer = try JanusTestPublisher()
-        defer { peer.publisher.close() }
         var timeouts = JanusDriver.Timeouts()
         timeouts.lostContact = 2
-        let driver = JanusDriver(baseURL: JanusTestbed.api, room: "\(room)", timeouts: timeouts)
-        let events = RoomEventLog()
-        driver.onEvent = { events.add($0) }
-        try peer.publisher.setAnswer(try driver.publish(offer: peer.publisher.offerSDP, identity: "Ada").sdp)
-        #expect(peer.waitConnected(), "not connected: \(peer.log.events)")
+        let (_, peer, driver, events) = try Self.joined(janus, identity: "Ada", timeouts: timeouts)
+        defer { peer.publisher.close() }
 
         let stoppedAt = MonotonicClock.milliseconds()
         let pid = try #require(janus.pid)
