@@ -47,17 +47,22 @@ let package = Package(
         .target(name: "KraklRTC", dependencies: ["KraklCore", "COpenSSL", "CSrtp"], swiftSettings: swift5),
         // Rooms: join codes and tokens, the WHIP and Janus VideoRoom drivers (HTTP via FoundationNetworking).
         .target(name: "KraklRoom", dependencies: ["KraklCore", "COpenSSL"], swiftSettings: swift5),
+        // QR scanning: libzbar (Debian libzbar-dev) and stb_image (Debian libstb-dev, header-only,
+        // compiled here for PNG, JPEG and PNM only), under the join-code scanner.
+        .systemLibrary(name: "CZbar", pkgConfig: "zbar"),
+        .target(name: "CStbImage"),
+        .target(name: "KraklScan", dependencies: ["KraklRoom", "CZbar", "CStbImage"], swiftSettings: swift5),
         // One sharing session: the lifecycle state machine and the only wiring of source,
         // encoder, publisher and room driver (krakl-agent and krakl-rtc-probe are command lines over it).
         .target(name: "KraklSession", dependencies: ["KraklCore", "KraklEncoder", "KraklRTC", "KraklRoom"], swiftSettings: swift5),
         // The agent's memset: large zero fills of private anonymous memory become
         // page releases (libvpx's 50 MB token-buffer clear at 1080p). Agent only.
         .target(name: "ZeroFill"),
-        .executableTarget(name: "Agent", dependencies: ["KraklCore", "KraklEncoder", "KraklRTC", "KraklRoom", "KraklSession", "ZeroFill"], swiftSettings: swift5),
+        .executableTarget(name: "Agent", dependencies: ["KraklCore", "KraklEncoder", "KraklRTC", "KraklRoom", "KraklSession", "KraklScan", "ZeroFill"], swiftSettings: swift5),
         // Test-only: runs the publisher against a given SDP answer (issue 6 item 8).
         .executableTarget(name: "RTCProbe", dependencies: ["KraklBackendABI", "KraklCore", "KraklEncoder", "KraklRTC", "KraklSession"], swiftSettings: swift5),
         // bench/: krakl vs ffmpeg vs GStreamer on the same content (docs/PERFORMANCE.md).
         .executableTarget(name: "KraklBench", dependencies: ["KraklCore"], path: "bench", exclude: ["xactivity.c", "portal_gst.py"], swiftSettings: swift5),
-        .testTarget(name: "KraklTests", dependencies: ["KraklCore", "KraklEncoder", "FrameStamp", "KraklRTC", "ZeroFill", "BackendKit", "KraklRoom", "KraklSession"], swiftSettings: swift5),
+        .testTarget(name: "KraklTests", dependencies: ["KraklCore", "KraklEncoder", "FrameStamp", "KraklRTC", "ZeroFill", "BackendKit", "KraklRoom", "KraklSession", "KraklScan"], swiftSettings: swift5),
     ]
 )
