@@ -17,9 +17,27 @@
 #pragma clang diagnostic pop
 #endif
 #include "krakl_stb_image.h"
+#include <string.h>
 
+// stbi_info tries every decoder in turn and keeps the last one's failure
+// ("unknown image type"), which hides why a PNG's header was refused (a size
+// beyond stb's own limits). So the signature picks the one decoder here.
 int krakl_image_info(FILE *file, int *width, int *height, int *channels) {
-    return stbi_info_from_file(file, width, height, channels);
+    unsigned char magic[8] = {0};
+    long position = ftell(file);
+    size_t got = fread(magic, 1, sizeof magic, file);
+    fseek(file, position, SEEK_SET);
+    static const unsigned char png[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+    int (*info)(stbi__context *, int *, int *, int *) = NULL;
+    if (got == 8 && memcmp(magic, png, 8) == 0) info = stbi__png_info;
+    else if (got >= 2 && magic[0] == 0xFF && magic[1] == 0xD8) info = stbi__jpeg_info;
+    else if (got >= 2 && magic[0] == 'P' && (magic[1] == '5' || magic[1] == '6')) info = stbi__pnm_info;
+    if (!info) return stbi__err("unknown image type", "not PNG, JPEG or PNM");
+    stbi__context context;
+    stbi__start_file(&context, file);
+    int result = info(&context, width, height, channels) != 0; // the PNM one answers its bit depth
+    fseek(file, position, SEEK_SET);
+    return result;
 }
 
 unsigned char *krakl_image_load_gray(FILE *file, int *width, int *height) {

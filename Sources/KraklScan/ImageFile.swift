@@ -23,6 +23,7 @@ public enum ImageFile {
             throw .unknownFormat(path: path)
         }
         let w = Int(width), h = Int(height)
+        guard w > 0, h > 0 else { throw .damaged(path: path, reason: "its header says \(w)x\(h) pixels") }
         guard w <= limits.maximumSide, h <= limits.maximumSide, w * h <= limits.maximumPixels else {
             throw .tooLarge(path: path, width: w, height: h, limits: limits)
         }
