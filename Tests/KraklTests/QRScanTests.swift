@@ -182,7 +182,7 @@ import Testing
 
     @Test func anOversizedPayloadIsRejected() throws {
         guard try Self.tools() else { return }
-        // Digits make a numeric segment: about 4150 bytes fit a version-40 code at level L.
+        // Digits make a numeric segment: these 4150 bytes fit a version-31 code (141 modules) at level L.
         let text = "krakl:v=1;k=janus;u=http://127.0.0.1:8088/janus;r=" + String(repeating: "7", count: 4100)
         let found = try Self.payloads(try Self.qrencode(text, level: "L", in: try Harness.temporaryDirectory()))
         #expect(found == [Array(text.utf8)])
