@@ -6,7 +6,7 @@ import KraklRTC
 /// The command line, parsed. Parsing never exits: errors are HostError
 /// .usage / .invalidOption so main() can print them and pick the status.
 struct Arguments {
-    enum Command: Equatable { case run, join(JoinCodeSource), code(JoinCodeSource), backends, sources, conformance(String), help, version }
+    enum Command: Equatable { case run, join(JoinCodeSource), code(JoinCodeSource), qr(String), backends, sources, conformance(String), help, version }
 
     var command: Command = .run
     var backend: String?
@@ -33,6 +33,9 @@ struct Arguments {
     var addresses: [IPAddress] = []
     /// --refresh was given (a room session otherwise turns the idle refresh off).
     var refreshGiven = false
+    /// --qr FILE: the join code from a picture; --scan-only: print its summary instead of joining.
+    var qr: String?
+    var scanOnly = false
 
     init(_ words: [String], environment: [String: String] = ProcessInfo.processInfo.environment) throws(HostError) {
         var rest = words[...]
@@ -106,6 +109,8 @@ struct Arguments {
             case "--frame-log": frameLog = try value(for: flag)
             case "--join", "-j": join = JoinCodeSource(try value(for: flag))
             case "--once": once = true
+            case "--qr": qr = try value(for: flag)
+            case "--scan-only": scanOnly = true
             case "--connect-timeout":
                 let text = try value(for: flag)
                 guard let s = Double(text), s >= 1, s <= 300 else { throw .usage("--connect-timeout \(text): give seconds from 1 to 300") }
@@ -125,8 +130,14 @@ struct Arguments {
         switch positional.first {
         case nil, "run":
             command = .run
-            if join == nil, let code = environment["KRAKL_JOIN"], !code.isEmpty { join = .environment(code) }
-            if let join { command = .join(join) }
+            if let qr {
+                // A picture given on purpose wins over $KRAKL_JOIN; with --join it is a contradiction.
+                guard join == nil else { throw .usage("--qr and --join both give a join code: use one") }
+                command = .qr(qr)
+            } else {
+                if join == nil, let code = environment["KRAKL_JOIN"], !code.isEmpty { join = .environment(code) }
+                if let join { command = .join(join) }
+            }
         case "code":
             guard positional.count >= 2 else { throw .usage("code needs a join code: krakl-agent code CODE|@FILE|-") }
             command = .code(JoinCodeSource(positional[1]))
@@ -156,6 +167,7 @@ join code it records the encoded screen to a file.
 USAGE
   krakl-agent --join CODE|@FILE|- [--once] [--backend NAME] [--option KEY=VALUE]...
                     [--address IP]... [--connect-timeout S] [ENCODER OPTIONS]
+  krakl-agent --qr IMAGE [--scan-only] [--once] [SHARING OPTIONS]
   krakl-agent code CODE|@FILE|-
   krakl-agent [run] [--backend NAME] [--option KEY=VALUE]... [--frames N] [--seconds S]
                     [--record FILE.webm|FILE.ivf | --no-record] [ENCODER OPTIONS]
@@ -172,6 +184,10 @@ COMMANDS
                   the file), - (read one line from stdin) or come from $KRAKL_JOIN.
                   A code given as a plain argument is visible to every local user in
                   ps: prefer @FILE, - or KRAKL_JOIN (a warning says so).
+  --qr IMAGE      Read the join code from a QR code in a picture (PNG, JPEG, binary
+                  PPM/PGM) and share as with --join; with --scan-only print the code's
+                  summary instead. Only QR codes are read, as bytes (no charset guessing);
+                  a payload that is not a join code is reported, never opened.
   code CODE       Check a join code and print what it would do: service, URL, room,
                   identity, expiry (the token is shown as its first 8 characters only).
   run (default)   Capture from a backend, encode, record to krakl-recording.webm (or
@@ -259,4 +275,9 @@ EXIT STATUS
   39 the token expired or is not valid yet  40 not a join code
   41 join code version too new        42 the token is malformed
   43 room mismatch or no room         44 sharing failed on our side
+  reading a join code from a picture (--qr):
+  45 no QR code found                 46 the image is unreadable (missing, empty, damaged)
+  47 the image is too large (refused before decoding)
+  48 a QR code that is not a join code (or too long, non-ASCII, control characters)
+  49 two or more different join codes: give a picture with one
 """

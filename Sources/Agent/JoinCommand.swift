@@ -10,6 +10,8 @@ enum JoinCodeSource: Equatable {
     case file(String)
     case standardInput
     case environment(String)
+    /// Read from a QR code (`--qr`): not on the command line, so no `ps` warning.
+    case scanned(String)
 
     init(_ value: String) {
         if value == "-" { self = .standardInput } else if value.hasPrefix("@") { self = .file(String(value.dropFirst())) } else { self = .argument(value) }
@@ -18,7 +20,7 @@ enum JoinCodeSource: Equatable {
     /// The code's text, read once.
     func read() throws(HostError) -> String {
         switch self {
-        case .argument(let text), .environment(let text):
+        case .argument(let text), .environment(let text), .scanned(let text):
             return text
         case .file(let path):
             // A join code is at most 4 KB; a bigger file is not one (and is not read whole).
