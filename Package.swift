@@ -51,7 +51,7 @@ let package = Package(
         // compiled here for PNG, JPEG and PNM only), under the join-code scanner.
         .systemLibrary(name: "CZbar", pkgConfig: "zbar"),
         .target(name: "CStbImage"),
-        .target(name: "KraklScan", dependencies: ["KraklRoom", "CZbar", "CStbImage"], swiftSettings: swift5),
+        .target(name: "KraklScan", dependencies: ["KraklCore", "KraklBackendABI", "CYuv", "KraklRoom", "CZbar", "CStbImage"], swiftSettings: swift5),
         // One sharing session: the lifecycle state machine and the only wiring of source,
         // encoder, publisher and room driver (krakl-agent and krakl-rtc-probe are command lines over it).
         .target(name: "KraklSession", dependencies: ["KraklCore", "KraklEncoder", "KraklRTC", "KraklRoom"], swiftSettings: swift5),

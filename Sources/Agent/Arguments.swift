@@ -6,7 +6,7 @@ import KraklRTC
 /// The command line, parsed. Parsing never exits: errors are HostError
 /// .usage / .invalidOption so main() can print them and pick the status.
 struct Arguments {
-    enum Command: Equatable { case run, join(JoinCodeSource), code(JoinCodeSource), qr(String), backends, sources, conformance(String), help, version }
+    enum Command: Equatable { case run, join(JoinCodeSource), code(JoinCodeSource), qr(String), scan, backends, sources, conformance(String), help, version }
 
     var command: Command = .run
     var backend: String?
@@ -36,6 +36,9 @@ struct Arguments {
     /// --qr FILE: the join code from a picture; --scan-only: print its summary instead of joining.
     var qr: String?
     var scanOnly = false
+    /// --scan: the join code from a QR code on the screen (any backend's frames).
+    var scan = false
+    var scanTimeout = 120.0
 
     init(_ words: [String], environment: [String: String] = ProcessInfo.processInfo.environment) throws(HostError) {
         var rest = words[...]
@@ -111,6 +114,11 @@ struct Arguments {
             case "--once": once = true
             case "--qr": qr = try value(for: flag)
             case "--scan-only": scanOnly = true
+            case "--scan": scan = true
+            case "--scan-timeout":
+                let text = try value(for: flag)
+                guard let s = Double(text), s >= 1, s <= 3600 else { throw .usage("--scan-timeout \(text): give seconds from 1 to 3600") }
+                scanTimeout = s
             case "--connect-timeout":
                 let text = try value(for: flag)
                 guard let s = Double(text), s >= 1, s <= 300 else { throw .usage("--connect-timeout \(text): give seconds from 1 to 300") }
@@ -130,10 +138,11 @@ struct Arguments {
         switch positional.first {
         case nil, "run":
             command = .run
-            if let qr {
-                // A picture given on purpose wins over $KRAKL_JOIN; with --join it is a contradiction.
-                guard join == nil else { throw .usage("--qr and --join both give a join code: use one") }
-                command = .qr(qr)
+            if qr != nil || scan {
+                // A picture or the screen, asked for on purpose, wins over $KRAKL_JOIN; with --join
+                // (or each other) it is a contradiction.
+                guard join == nil, qr == nil || !scan else { throw .usage("--qr, --scan and --join each give a join code: use one") }
+                command = qr.map { .qr($0) } ?? .scan
             } else {
                 if join == nil, let code = environment["KRAKL_JOIN"], !code.isEmpty { join = .environment(code) }
                 if let join { command = .join(join) }
@@ -168,6 +177,7 @@ USAGE
   krakl-agent --join CODE|@FILE|- [--once] [--backend NAME] [--option KEY=VALUE]...
                     [--address IP]... [--connect-timeout S] [ENCODER OPTIONS]
   krakl-agent --qr IMAGE [--scan-only] [--once] [SHARING OPTIONS]
+  krakl-agent --scan [--backend NAME] [--scan-timeout S] [--scan-only] [--once] [SHARING OPTIONS]
   krakl-agent code CODE|@FILE|-
   krakl-agent [run] [--backend NAME] [--option KEY=VALUE]... [--frames N] [--seconds S]
                     [--record FILE.webm|FILE.ivf | --no-record] [ENCODER OPTIONS]
@@ -188,6 +198,13 @@ COMMANDS
                   PPM/PGM) and share as with --join; with --scan-only print the code's
                   summary instead. Only QR codes are read, as bytes (no charset guessing);
                   a payload that is not a join code is reported, never opened.
+  --scan          Look for a join code's QR code on the screen (the backend's frames:
+                  --backend x11, pipewire, file, …), where it changed first, at most
+                  every 200 ms, with a live progress line; the first valid code starts
+                  sharing (or, with --scan-only, its summary is printed). A QR that is
+                  not a join code, or an expired one, is reported once and scanning goes
+                  on; two different codes at once are refused and listed. Gives up
+                  after --scan-timeout S (default 120). Ctrl-C stops.
   code CODE       Check a join code and print what it would do: service, URL, room,
                   identity, expiry (the token is shown as its first 8 characters only).
   run (default)   Capture from a backend, encode, record to krakl-recording.webm (or
@@ -280,4 +297,7 @@ EXIT STATUS
   47 the image is too large (refused before decoding)
   48 a QR code that is not a join code (or too long, non-ASCII, control characters)
   49 two or more different join codes: give a picture with one
+  scanning the screen (--scan):
+  50 no join code found within --scan-timeout   51 the screen source ended first
+   0 stopped with Ctrl-C (nothing found)
 """

@@ -101,7 +101,7 @@ func runJoin(_ arguments: Arguments, source: JoinCodeSource, logger: @escaping B
         fputs("krakl-agent: the WebRTC stack cannot start: \(error)\n", stderr)
         return 44
     }
-    let control = ControlPipe()
+    let control = ControlPipe.shared
     var next: JoinCodeSource? = source
     var status: Int32 = 0
     var idle = false
@@ -221,7 +221,10 @@ final class ControlPipe {
     nonisolated(unsafe) static var writeFD: Int32 = -1
     let readFD: Int32
 
-    init() {
+    /// The process's one control pipe (made, and the handlers installed, on first use).
+    nonisolated(unsafe) static let shared = ControlPipe()
+
+    private init() {
         var ends: [Int32] = [-1, -1]
         if pipe(&ends) != 0 { ends = [-1, -1] }
         for fd in ends where fd >= 0 {

@@ -1,5 +1,6 @@
 import Foundation
 import KraklRoom
+import KraklCore
 import KraklScan
 
 // `krakl-agent --qr FILE [--scan-only]`: the join code from a picture.
@@ -56,4 +57,86 @@ func runQRFile(path: String, scanOnly: Bool, now: Date = Date()) -> (code: Strin
         }
         return (nil, status)
     }
+}
+
+// `krakl-agent --scan`: the join code from a QR code on the screen. Any
+// backend's frames feed a LumaCapture (one luma picture, updated where the
+// frame changed); zbar looks at what changed at most every 200 ms.
+// Exit statuses: 50 nothing within --scan-timeout, 51 the source ended
+// first, 0 after Ctrl-C; a found code joins (or prints with --scan-only).
+
+/// Scans the selected backend's screen until a usable join code appears. Returns its text to
+/// join with (nil with --scan-only after printing its summary) and the exit status otherwise.
+func runScreenScan(_ arguments: Arguments, logger: @escaping BackendLogger) throws(HostError) -> (code: String?, status: Int32) {
+    let selection = try BackendSelection(registryPath: arguments.plugins, name: arguments.backend, overrides: arguments.options)
+    let capture = LumaCapture(backend: selection.entry.name, logger: logger)
+    let source = try BackendSource(library: selection.library, backendName: selection.entry.name, options: selection.options,
+                                   sink: capture, logger: logger)
+    let control = ControlPipe.shared
+    try source.start()
+    defer {
+        source.stop()
+        source.destroy()
+    }
+    let scanner = QRScanner()
+    let isTerminal = isatty(STDOUT_FILENO) == 1
+    let started = MonotonicClock.milliseconds()
+    var nextScan = started, nextProgress = started + 1000
+    var looked = 0
+    var reported = Set<String>()
+    func say(_ line: String) {
+        if isTerminal && !arguments.quiet { print("\r\u{1B}[K", terminator: "") }
+        print("krakl-agent: \(line)")
+    }
+    print("krakl-agent: scanning the \(selection.entry.name) screen for a join code (at most \(Int(arguments.scanTimeout)) s; Ctrl-C stops)…")
+    while true {
+        let now = MonotonicClock.milliseconds()
+        if now - started >= arguments.scanTimeout * 1000 {
+            say("no join code found within \(Int(arguments.scanTimeout)) s (\(capture.progress.frames) frames looked at)")
+            return (nil, 50)
+        }
+        if let ended = capture.sourceEnded {
+            say("the screen source ended before a join code was found: \(ended)")
+            return (nil, 51)
+        }
+        if now >= nextScan && capture.hasChanges {
+            nextScan = now + 200
+            let (payloads, _) = capture.scan(with: scanner)
+            looked += 1
+            switch ScanResult.classify(payloads, now: Date()) {
+            case .nothing:
+                break
+            case .found(let invitation):
+                let ms = MonotonicClock.milliseconds() - started
+                say(String(format: "found a join code after %.1f s", ms / 1000))
+                if arguments.scanOnly {
+                    print(invitation.summary)
+                    return (nil, 0)
+                }
+                return (invitation.code.text, 0)
+            case .conflicting(let list):
+                let line = "\(ScanResult.conflicting(list)); show only one"
+                if reported.insert(line).inserted { say(line) }
+            case .noUsableCode(let findings):
+                for finding in findings {
+                    let line = "\(finding)" + (finding.isExpired ? "; still looking for a fresh code" : "; still looking")
+                    if reported.insert("\(finding)").inserted { say(line) }
+                }
+            }
+        }
+        if now >= nextProgress && !arguments.quiet {
+            nextProgress = now + 1000
+            let line = String(format: "scanning the screen for a join code… %.0f s, %d frames looked at", (now - started) / 1000, capture.progress.frames)
+            if isTerminal { print("\r\u{1B}[K" + line, terminator: ""); fflush(stdout) } else { print(line) }
+        }
+        let wait = max(0.01, min(nextScan, nextProgress) - MonotonicClock.milliseconds()) / 1000
+        if case .signal = control.wait(timeout: min(wait, 0.2)) {
+            say("scanning stopped")
+            return (nil, 0)
+        }
+    }
+}
+
+extension PayloadFinding {
+    var isExpired: Bool { if case .expired = self { return true } else { return false } }
 }

@@ -48,6 +48,10 @@ do throws(HostError) {
         exit(try runCapture(arguments, logger: logger))
     case .join(let source):
         exit(runJoin(arguments, source: source, logger: logger))
+    case .scan:
+        let (code, status) = try runScreenScan(arguments, logger: logger)
+        guard let code else { exit(status) }
+        exit(runJoin(arguments, source: .scanned(code), logger: logger))
     case .qr(let path):
         let (code, status) = runQRFile(path: path, scanOnly: arguments.scanOnly)
         guard let code else { exit(status) }

@@ -1,0 +1,153 @@
+import Foundation
+import KraklBackendABI
+import KraklCore
+internal import CYuv
+
+/// A frame consumer for scanning: it keeps one luma (Y800) picture of the
+/// source, updated from each frame's damaged rectangles only (libyuv's
+/// ARGB/ABGR → J400 for packed frames, the Y plane as it is for I420/NV12),
+/// and remembers where it changed since the last scan. Any backend feeds it
+/// through the same host as the encoder; it never holds more than that one
+/// picture. Frames arrive on the backend's thread; `scan` runs on another
+/// and holds the picture's lock while zbar reads it.
+public final class LumaCapture: FrameSink, @unchecked Sendable {
+    private let lock = NSLock()
+    private var picture: [UInt8] = []
+    private var width = 0, height = 0
+    /// Changed since the last scan, as rectangles (nil: the whole picture).
+    private var dirty: [krakl_rect]? = []
+    private var changed = false
+    private var frames = 0
+    private var ended: String?
+    private var invalidReported = false
+    private let logger: BackendLogger
+    private let backend: String
+
+    public init(backend: String, logger: @escaping BackendLogger) {
+        self.backend = backend
+        self.logger = logger
+    }
+
+    /// Frames received so far, and the picture's size.
+    public var progress: (frames: Int, width: Int, height: Int) { lock.withLock { (frames, width, height) } }
+    /// Why the source ended, once it did.
+    public var sourceEnded: String? { lock.withLock { ended } }
+
+    public func frame(_ pointer: UnsafePointer<krakl_frame>) {
+        let info = FrameInfo(pointer)
+        if let problem = FrameCheck.geometryProblem(pointer) ?? FrameCheck.damageProblem(info) {
+            let first = lock.withLock { () -> Bool in defer { invalidReported = true }; return !invalidReported }
+            if first { logger(backend, .error, "dropped an invalid frame (the backend is misbehaving): \(problem)") }
+            return
+        }
+        lock.lock()
+        defer { lock.unlock() }
+        frames += 1
+        var rects = info.damage
+        if info.width != width || info.height != height || picture.isEmpty {
+            width = info.width
+            height = info.height
+            picture = [UInt8](repeating: 0, count: width * height)
+            rects = []
+        }
+        if rects.isEmpty { rects = [krakl_rect(x: 0, y: 0, width: Int32(width), height: Int32(height))] }
+        for rect in rects { convert(info, rect) }
+        if rects.count == 1 && rects[0].width == Int32(width) && rects[0].height == Int32(height) {
+            dirty = nil
+        } else if dirty != nil {
+            dirty! += rects
+            if dirty!.count > 64 { dirty = nil }   // a busy screen: scan it whole
+        }
+        changed = true
+    }
+
+    public func event(_ event: SourceEvent) {
+        switch event.kind {
+        case .sourceEnded: lock.withLock { ended = event.message ?? "the backend gave no reason" }
+        case .error: logger(backend, .error, "\(event.message ?? "unspecified error") (\(errnoName(event.error)))")
+        default: break
+        }
+    }
+
+    /// Luma of one damaged rectangle into the picture.
+    private func convert(_ frame: FrameInfo, _ rect: krakl_rect) {
+        let x = Int(rect.x), y = Int(rect.y), w = Int(rect.width), h = Int(rect.height)
+        guard w > 0, h > 0 else { return }
+        let planes = frame.planes, strides = frame.strides
+        guard let source = planes[0] else { return }
+        picture.withUnsafeMutableBufferPointer { buffer in
+            let destination = buffer.baseAddress! + y * width + x
+            switch frame.format {
+            case KRAKL_FORMAT_I420.rawValue, KRAKL_FORMAT_NV12.rawValue:
+                CopyPlane(source + y * strides[0] + x, Int32(strides[0]), destination, Int32(width), Int32(w), Int32(h))
+            case KRAKL_FORMAT_RGBX.rawValue, KRAKL_FORMAT_RGBA.rawValue:
+                ABGRToJ400(source + y * strides[0] + x * 4, Int32(strides[0]), destination, Int32(width), Int32(w), Int32(h))
+            default:
+                ARGBToJ400(source + y * strides[0] + x * 4, Int32(strides[0]), destination, Int32(width), Int32(w), Int32(h))
+            }
+        }
+    }
+
+    /// Whether the picture changed since the last `scan`.
+    public var hasChanges: Bool { lock.withLock { changed } }
+
+    /// Scans what changed since the last call: the changed regions first (each grown by a margin,
+    /// so a code drawn in pieces is whole in one), and when they hold nothing, the whole picture.
+    /// Returns the payloads found, and how many pixels zbar read.
+    public func scan(with scanner: QRScanner) -> (payloads: [[UInt8]], pixels: Int) {
+        lock.lock()
+        defer { lock.unlock() }
+        guard changed, width > 0 else { return ([], 0) }
+        changed = false
+        let regions = dirty.map(Self.regions(width: width, height: height)) ?? []
+        dirty = []
+        var pixels = 0
+        let wholeArea = width * height
+        for region in regions where region.width * region.height < wholeArea / 2 {
+            var crop = [UInt8](repeating: 0, count: region.width * region.height)
+            picture.withUnsafeBufferPointer { source in
+                crop.withUnsafeMutableBufferPointer { destination in
+                    for row in 0..<region.height {
+                        let from = source.baseAddress! + (region.y + row) * width + region.x
+                        (destination.baseAddress! + row * region.width).update(from: from, count: region.width)
+                    }
+                }
+            }
+            pixels += crop.count
+            let found = crop.withUnsafeBufferPointer { scanner.scan(gray: $0, width: region.width, height: region.height) }
+            if !found.isEmpty { return (found, pixels) }
+        }
+        pixels += wholeArea
+        let found = picture.withUnsafeBufferPointer { scanner.scan(gray: $0, width: width, height: height) }
+        return (found, pixels)
+    }
+
+    /// Changed rectangles merged into a few regions, each grown by a margin (a QR code's quiet zone
+    /// and the part of it that did not change) and clipped to the picture.
+    static func regions(width: Int, height: Int) -> ([krakl_rect]) -> [(x: Int, y: Int, width: Int, height: Int)] {
+        { rects in
+            let margin = 64
+            var boxes: [(x0: Int, y0: Int, x1: Int, y1: Int)] = rects.map {
+                (max(0, Int($0.x) - margin), max(0, Int($0.y) - margin),
+                 min(width, Int($0.x) + Int($0.width) + margin), min(height, Int($0.y) + Int($0.height) + margin))
+            }
+            // Merge overlapping boxes until none overlap (bounded: each pass removes one).
+            var merged = true
+            while merged && boxes.count > 1 {
+                merged = false
+                outer: for i in 0..<boxes.count {
+                    for j in (i + 1)..<boxes.count {
+                        let a = boxes[i], b = boxes[j]
+                        if a.x0 < b.x1 && b.x0 < a.x1 && a.y0 < b.y1 && b.y0 < a.y1 {
+                            boxes[i] = (min(a.x0, b.x0), min(a.y0, b.y0), max(a.x1, b.x1), max(a.y1, b.y1))
+                            boxes.remove(at: j)
+                            merged = true
+                            break outer
+                        }
+                    }
+                }
+            }
+            return boxes.filter { $0.x1 > $0.x0 && $0.y1 > $0.y0 }.map { ($0.x0, $0.y0, $0.x1 - $0.x0, $0.y1 - $0.y0) }
+        }
+    }
+}

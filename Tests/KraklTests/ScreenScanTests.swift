@@ -1,0 +1,101 @@
+import Foundation
+import KraklCore
+import Testing
+
+/// `krakl-agent --scan` (issue 12 items 1, 3, 4): the join code from a QR on
+/// the "screen" of a backend. Here the file backend plays a Y4M clip ffmpeg
+/// made from a qrencode picture laid over a 1080p or 4K screen, so the
+/// scanner gets real frames through the real host, with the file backend's
+/// tile damage; the codes come from the independent Python generator.
+@Suite struct ScreenScanTests {
+    /// A clip of `seconds` at `fps` of a grey screen with `qr` laid at (x, y) from `appearsAt` s on.
+    static func clip(_ qrPNG: String, size: String, seconds: Double, fps: Int, appearsAt: Double, x: Int, y: Int, in folder: String) throws -> String {
+        let out = folder + "/screen-\(UUID().uuidString.prefix(6)).y4m"
+        let result = try Harness.run(Harness.which("ffmpeg")!, ["-v", "error", "-f", "lavfi", "-i", "color=c=0x707070:s=\(size):d=\(seconds):r=\(fps)",
+                                                                "-i", qrPNG, "-filter_complex",
+                                                                "[0][1]overlay=x=\(x):y=\(y):enable='gte(t,\(appearsAt))',format=yuv420p",
+                                                                "-f", "yuv4mpegpipe", "-y", out], timeout: 120)
+        try #require(result.status == 0, "ffmpeg: \(result.stderr)")
+        return out
+    }
+
+    /// qrencode with `pixels` per module.
+    static func qrPNG(_ text: String, pixels: Int, in folder: String) throws -> String {
+        let output = folder + "/qr-\(UUID().uuidString.prefix(6)).png"
+        let result = try Harness.run(Harness.which("qrencode")!, ["-l", "M", "-s", "\(pixels)", "-m", "4", "-o", output, text])
+        try #require(result.status == 0, "qrencode: \(result.stderr)")
+        return output
+    }
+
+    static func scan(_ clip: String, timeout: Int, registry: String) throws -> Harness.Result {
+        try Harness.agent(["--scan", "--scan-only", "--backend", "file", "--plugins", registry, "--option", "path=" + clip,
+                           "--scan-timeout", "\(timeout)"], timeout: Double(timeout) + 30)
+    }
+
+    static func prerequisites() throws -> Bool {
+        try Harness.requireBuild()
+        guard Harness.which("qrencode") != nil else { skipTest("qrencode is not installed (Debian qrencode)"); return false }
+        guard Harness.which("ffmpeg") != nil else { skipTest("ffmpeg is not installed"); return false }
+        return true
+    }
+
+    /// "found a join code after 5.1 s" → 5.1
+    static func foundAfter(_ output: String) -> Double? {
+        guard let range = output.range(of: "found a join code after ") else { return nil }
+        return Double(output[range.upperBound...].prefix { $0.isNumber || $0 == "." })
+    }
+
+    /// The file backend plays a clip's unchanged frames faster than real time, so "after 5 s" is 5 s of
+    /// the clip here; the real-time case is the X11 one (Xvfb) of the next session.
+    @Test func aCodeThatAppearsAfterFiveSecondsOfA1080pClipIsFound() throws {
+        guard try Self.prerequisites() else { return }
+        let folder = try Harness.temporaryDirectory()
+        let code = try QRScanTests.makeCode(identity: "Late", room: "5555")
+        let clip = try Self.clip(try Self.qrPNG(code, pixels: 3, in: folder), size: "1920x1080", seconds: 7, fps: 10, appearsAt: 5,
+                                 x: 1500, y: 700, in: folder)
+        let result = try Self.scan(clip, timeout: 20, registry: try Harness.registryForThisBuild(in: folder))
+        let after = Self.foundAfter(result.stdout)
+        print("scan 1080p: found \(after.map { String($0) } ?? "never") s into the scan; the code appears 5 s into the clip")
+        #expect(result.status == 0, "exit \(result.status): \(result.stdout) \(result.stderr)")
+        #expect(result.stdout.contains("identity: Late") && result.stdout.contains("room:     5555"), "\(result.stdout)")
+        #expect(after != nil, "no 'found' line: \(result.stdout)")
+        #expect(result.stdout.contains("frames looked at"), "no progress line: \(result.stdout)")
+    }
+
+    @Test func aSmallCodeOnA4KScreenIsFound() throws {
+        guard try Self.prerequisites() else { return }
+        let folder = try Harness.temporaryDirectory()
+        let code = try QRScanTests.makeCode(identity: "Tiny", room: "4096")
+        // 2 px a module: the smallest a screen shows a code at.
+        let clip = try Self.clip(try Self.qrPNG(code, pixels: 2, in: folder), size: "3840x2160", seconds: 1, fps: 2, appearsAt: 0,
+                                 x: 3000, y: 1700, in: folder)
+        let result = try Self.scan(clip, timeout: 20, registry: try Harness.registryForThisBuild(in: folder))
+        print("scan 4K, 2 px a module: found after \(Self.foundAfter(result.stdout).map { String($0) } ?? "never") s")
+        #expect(result.status == 0 && result.stdout.contains("identity: Tiny"), "exit \(result.status): \(result.stdout) \(result.stderr)")
+    }
+
+    @Test func aForeignCodeIsReportedOnceAndScanningGoesOnUntilTheTimeOut() throws {
+        guard try Self.prerequisites() else { return }
+        let folder = try Harness.temporaryDirectory()
+        let clip = try Self.clip(try Self.qrPNG("https://example.org/not-a-join-code", pixels: 4, in: folder), size: "1280x720", seconds: 3,
+                                 fps: 10, appearsAt: 0.5, x: 300, y: 200, in: folder)
+        let registry = try Harness.registryForThisBuild(in: folder)
+        let result = try Harness.agent(["--scan", "--scan-only", "--backend", "file", "--plugins", registry, "--option", "path=" + clip,
+                                        "--option", "loop=true", "--scan-timeout", "3"], timeout: 40)
+        let mentions = result.stdout.components(separatedBy: "not a krakl join code").count - 1
+        #expect(result.status == 50, "exit \(result.status) (50 = nothing within the time-out): \(result.stdout) \(result.stderr)")
+        #expect(mentions == 1, "the foreign code was reported \(mentions) times: \(result.stdout)")
+        #expect(result.stdout.contains("https://example.org"), "\(result.stdout)")
+    }
+
+    @Test func anExpiredCodeIsReportedAndScanningGoesOn() throws {
+        guard try Self.prerequisites() else { return }
+        let folder = try Harness.temporaryDirectory()
+        let code = try QRScanTests.makeCode(identity: "Old", ttl: -600)
+        let clip = try Self.clip(try Self.qrPNG(code, pixels: 4, in: folder), size: "1280x720", seconds: 2, fps: 10, appearsAt: 0.2,
+                                 x: 100, y: 100, in: folder)
+        let result = try Self.scan(clip, timeout: 3, registry: try Harness.registryForThisBuild(in: folder))
+        #expect(result.status == 50 || result.status == 51, "exit \(result.status): \(result.stdout) \(result.stderr)")
+        #expect(result.stdout.contains("expired") && result.stdout.contains("still looking for a fresh code"), "\(result.stdout)")
+    }
+}
