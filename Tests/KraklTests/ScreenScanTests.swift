@@ -7,7 +7,7 @@ import Testing
 /// made from a qrencode picture laid over a 1080p or 4K screen, so the
 /// scanner gets real frames through the real host, with the file backend's
 /// tile damage; the codes come from the independent Python generator.
-@Suite struct ScreenScanTests {
+@Suite(.serialized) struct ScreenScanTests {
     /// A clip of `seconds` at `fps` of a grey screen with `qr` laid at (x, y) from `appearsAt` s on.
     static func clip(_ qrPNG: String, size: String, seconds: Double, fps: Int, appearsAt: Double, x: Int, y: Int, in folder: String) throws -> String {
         let out = folder + "/screen-\(UUID().uuidString.prefix(6)).y4m"
@@ -97,5 +97,52 @@ import Testing
         let result = try Self.scan(clip, timeout: 3, registry: try Harness.registryForThisBuild(in: folder))
         #expect(result.status == 50 || result.status == 51, "exit \(result.status): \(result.stdout) \(result.stderr)")
         #expect(result.stdout.contains("expired") && result.stdout.contains("still looking for a fresh code"), "\(result.stdout)")
+    }
+
+    // MARK: a real X server
+
+    /// The code drawn as a gray PGM (qrencode → ffmpeg), `pixels` a module.
+    static func qrPGM(_ text: String, pixels: Int, in folder: String) throws -> String {
+        let png = try qrPNG(text, pixels: pixels, in: folder)
+        let pgm = png + ".pgm"
+        let result = try Harness.run(Harness.which("ffmpeg")!, ["-v", "error", "-i", png, "-pix_fmt", "gray", "-y", pgm])
+        try #require(result.status == 0, "ffmpeg: \(result.stderr)")
+        return pgm
+    }
+
+    /// `--scan --backend x11` on an Xvfb screen of `size`; the code (at `pixels` a module) is drawn on the
+    /// root window `after` seconds into the scan. Returns ms from the drawing to the agent's exit with the code.
+    func scanX11(width: Int, height: Int, pixels: Int, after: Double, identity: String) throws -> Double? {
+        guard try Self.prerequisites(), let xvfb = try XvfbServer(width: width, height: height) else { return nil }
+        defer { xvfb.kill() }
+        let folder = try Harness.temporaryDirectory()
+        let code = try QRScanTests.makeCode(identity: identity, room: "7777")
+        let pgm = try Self.qrPGM(code, pixels: pixels, in: folder)
+        let registry = try Harness.registryForThisBuild(in: folder)
+        let agent = try DtlsTestProcess(Harness.agent, ["--scan", "--scan-only", "--backend", "x11", "--plugins", registry,
+                                                        "--option", "display=\(xvfb.display)", "--scan-timeout", "30"])
+        defer { agent.stop() }
+        #expect(agent.waitFor("scanning the x11 screen", timeout: 20), "the scan did not start: \(agent.log)")
+        _ = agent.waitFor("\u{1}never\u{1}", timeout: after)
+        let tool = try XvfbServer.xfill()
+        let drawn = try Harness.run(tool, [xvfb.display, "pgm", pgm, "\(width - 700)", "\(height - 700)"])
+        try #require(drawn.status == 0, "xfill: \(drawn.stderr)")
+        let drawnAt = MonotonicClock.milliseconds()
+        _ = agent.waitForExit(seconds: 20)
+        #expect(agent.exitStatus == 0, "exit \(agent.exitStatus.map(String.init) ?? "none"): \(agent.log.suffix(500))")
+        #expect(agent.log.contains("identity: \(identity)"), "\(agent.log.suffix(500))")
+        return agent.exitedAtMs.map { $0 - drawnAt }
+    }
+
+    @Test func x11ACodeAppearingAfterFiveSecondsOfScanningOnA1080pScreenIsFoundWithinOneSecond() throws {
+        guard let ms = try scanX11(width: 1920, height: 1080, pixels: 4, after: 5, identity: "X11 late") else { return }
+        print(String(format: "scan x11 1920x1080, 4 px a module, drawn 5 s into the scan: found and exited %.0f ms after it was drawn", ms))
+        #expect(ms <= 1000, "found \(ms) ms after the code appeared")
+    }
+
+    @Test func x11ASmallCodeOnA4KScreenIsFoundWithinOneSecond() throws {
+        guard let ms = try scanX11(width: 3840, height: 2160, pixels: 2, after: 1, identity: "X11 tiny") else { return }
+        print(String(format: "scan x11 3840x2160, 2 px a module: found and exited %.0f ms after it was drawn", ms))
+        #expect(ms <= 1000, "found \(ms) ms after the code appeared")
     }
 }

@@ -250,6 +250,10 @@ final class XvfbServer {
             skipTest("Xvfb is not installed (scripts/setup installs it)")
             return nil
         }
+        // One server starts at a time in this process: two tests choosing "the first free number" at
+        // once chose the same one, and both backends then captured one server (seen in the scan tests).
+        Self.starting.lock()
+        defer { Self.starting.unlock() }
         let number = try #require((90..<190).first { !FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\($0)") && !FileManager.default.fileExists(atPath: "/tmp/.X\($0)-lock") })
         display = ":\(number)"
         process.executableURL = URL(fileURLWithPath: xvfb)
@@ -268,6 +272,7 @@ final class XvfbServer {
     }
 
     struct XvfbFailed: Error {}
+    private static let starting = NSLock()
 
     /// Fills a rectangle of the root window (Tests/Fixtures/xfill.c).
     func fill(x: Int, y: Int, width: Int, height: Int, rgb: String) throws {
