@@ -31,6 +31,8 @@ var x11Mode = false
 var pipewireMode = false
 var rtcMode = false
 var roomMode = false
+var scanMode = false
+var roundsGiven = false
 var joins = 10
 var scenesGiven = false
 var rounds = 3
@@ -42,8 +44,9 @@ while let word = words.popFirst() {
     case "pipewire": pipewireMode = true
     case "rtc": rtcMode = true
     case "room": roomMode = true
+    case "scan": scanMode = true
     case "--joins": joins = max(1, Int(words.popFirst() ?? "") ?? joins)
-    case "--rounds": rounds = max(1, Int(words.popFirst() ?? "") ?? rounds)
+    case "--rounds": rounds = max(1, Int(words.popFirst() ?? "") ?? rounds); roundsGiven = true
     case "--seconds": seconds = Double(words.popFirst() ?? "") ?? seconds
     case "--scenes": scenes = (words.popFirst() ?? "").split(separator: ",").map(String.init); scenesGiven = true
     case "--only": onlyScenarios = (words.popFirst() ?? "").split(separator: "|").map(String.init) // labels hold commas
@@ -52,7 +55,7 @@ while let word = words.popFirst() {
         let parts = (words.popFirst() ?? "").split(separator: "x").compactMap { Int($0) }
         if parts.count == 2 { (width, height) = (parts[0], parts[1]) }
     default:
-        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT']|room [--joins N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
+        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT']|room [--joins N]|scan [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
         exit(2)
     }
 }
@@ -150,6 +153,10 @@ func quality(_ recording: String, reference: String, pixelFormat: String) -> (ps
 
 if x11Mode {
     try runX11Bench(seconds: seconds, rounds: rounds)
+    exit(0)
+}
+if scanMode {
+    try runScanBench(rounds: roundsGiven ? rounds : 10)
     exit(0)
 }
 if roomMode {

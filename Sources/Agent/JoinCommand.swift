@@ -255,6 +255,13 @@ final class ControlPipe {
         _ = write(writeFD, &byte, 1)
     }
 
+    /// Any thread: wakes `wait` with `.timeout` (something changed: look again). A full pipe already
+    /// means "wake up".
+    static func wake() {
+        var byte: UInt8 = 255
+        _ = write(writeFD, &byte, 1)
+    }
+
     /// Waits up to `timeout` s for a signal, the session's end or (with `input`) readable stdin.
     func wait(timeout: Double, input: Bool = false) -> Wake {
         var fds = [pollfd(fd: readFD, events: Int16(POLLIN), revents: 0)]
@@ -263,7 +270,10 @@ final class ControlPipe {
         guard ready > 0 else { return .timeout }
         if fds[0].revents != 0 {
             var byte: UInt8 = 0
-            if read(readFD, &byte, 1) == 1 { return byte == 0 ? .sessionEnded : .signal(Int32(byte)) }
+            if read(readFD, &byte, 1) == 1 {
+                if byte == 255 { return .timeout }
+                return byte == 0 ? .sessionEnded : .signal(Int32(byte))
+            }
         }
         if input && fds.count > 1 && fds[1].revents != 0 { return .input }
         return .timeout

@@ -22,10 +22,14 @@ public final class LumaCapture: FrameSink, @unchecked Sendable {
     private var invalidReported = false
     private let logger: BackendLogger
     private let backend: String
+    private let onChange: (@Sendable () -> Void)?
 
-    public init(backend: String, logger: @escaping BackendLogger) {
+    /// - Parameter onChange: called on the backend's thread when the picture changes after a scan
+    ///   (not for every frame): the scanner can sleep until there is something new to look at.
+    public init(backend: String, logger: @escaping BackendLogger, onChange: (@Sendable () -> Void)? = nil) {
         self.backend = backend
         self.logger = logger
+        self.onChange = onChange
     }
 
     /// Frames received so far, and the picture's size.
@@ -58,7 +62,9 @@ public final class LumaCapture: FrameSink, @unchecked Sendable {
             dirty! += rects
             if dirty!.count > 64 { dirty = nil }   // a busy screen: scan it whole
         }
+        let first = !changed
         changed = true
+        if first { onChange?() }
     }
 
     public func event(_ event: SourceEvent) {
