@@ -1,4 +1,5 @@
 import Foundation
+import Glibc
 import KraklCore
 import Testing
 
@@ -99,6 +100,39 @@ import Testing
         #expect(result.stdout.contains("expired") && result.stdout.contains("still looking for a fresh code"), "\(result.stdout)")
     }
 
+    /// A camera-like clip for the file backend (a camera backend dropped in later gets frames like
+    /// these): the code on a sheet, seen in perspective, blurred, with sensor noise that changes every
+    /// frame and light falling off to the corners (ffmpeg's perspective, gblur, noise, vignette).
+    @Test func aCodeInACameraLikeClipIsFound() throws {
+        guard try Self.prerequisites() else { return }
+        let folder = try Harness.temporaryDirectory()
+        let code = try QRScanTests.makeCode(identity: "Camera", room: "31")
+        let png = try Self.qrPNG(code, pixels: 6, in: folder)
+        let clip = folder + "/camera.y4m"
+        let filter = "[1]pad=iw+40:ih+40:20:20:color=0xe8e8e8[sheet];[0][sheet]overlay=x=(W-w)/2:y=(H-h)/2,"
+            + "perspective=x0=60:y0=30:x1=W-20:y1=70:x2=40:y2=H-40:x3=W-90:y3=H-10:sense=destination,"
+            + "gblur=sigma=1.3,vignette=angle=PI/3,noise=alls=18:allf=t,format=yuv420p"
+        let made = try Harness.run(Harness.which("ffmpeg")!, ["-v", "error", "-f", "lavfi", "-i", "color=c=0x606060:s=1280x720:d=2:r=10",
+                                                              "-i", png, "-filter_complex", filter, "-f", "yuv4mpegpipe", "-y", clip], timeout: 120)
+        try #require(made.status == 0, "ffmpeg: \(made.stderr)")
+        let result = try Self.scan(clip, timeout: 20, registry: try Harness.registryForThisBuild(in: folder))
+        #expect(result.status == 0 && result.stdout.contains("identity: Camera"), "exit \(result.status): \(result.stdout) \(result.stderr)")
+    }
+
+    @Test func ctrlCStopsTheScanCleanly() throws {
+        try Harness.requireBuild()
+        let registry = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
+        let agent = try DtlsTestProcess(Harness.agent, ["--scan", "--backend", "file", "--plugins", registry, "--option", "scene=static",
+                                                        "--scan-timeout", "60"])
+        defer { agent.stop() }
+        #expect(agent.waitFor("frames looked at", timeout: 20), "no progress line: \(agent.log)")
+        agent.signal(SIGINT)
+        let asked = MonotonicClock.milliseconds()
+        #expect(agent.waitForExit(seconds: 10), "still scanning after Ctrl-C")
+        print(String(format: "scan: Ctrl-C ended it in %.0f ms", (agent.exitedAtMs ?? .nan) - asked))
+        #expect(agent.exitStatus == 0 && agent.log.contains("scanning stopped"), "exit \(agent.exitStatus.map(String.init) ?? "none"): \(agent.log)")
+    }
+
     // MARK: a real X server
 
     /// The code drawn as a gray PGM (qrencode → ffmpeg), `pixels` a module.
@@ -144,5 +178,26 @@ import Testing
         guard let ms = try scanX11(width: 3840, height: 2160, pixels: 2, after: 1, identity: "X11 tiny") else { return }
         print(String(format: "scan x11 3840x2160, 2 px a module: found and exited %.0f ms after it was drawn", ms))
         #expect(ms <= 1000, "found \(ms) ms after the code appeared")
+    }
+
+    // MARK: the real ScreenCast portal
+
+    /// `qrencode -t ANSIUTF8` printed in a foot terminal on the headless sway output, read through
+    /// the ScreenCast portal and PipeWire by `--scan --backend pipewire`.
+    @Test func aCodePrintedInATerminalIsFoundThroughThePortal() throws {
+        guard try Self.prerequisites(), let stack = try PipeWireStack() else { return }
+        try PipeWireBackendTests().requireReadableBuild(stack)
+        let code = try QRScanTests.makeCode(identity: "Portal", room: "9999")
+        let codeFile = stack.folder + "/code.txt"
+        try code.write(toFile: codeFile, atomically: true, encoding: .utf8)
+        chmod(codeFile, 0o644)
+        let registry = try Harness.registryForThisBuild(in: stack.folder)
+        chmod(registry, 0o644)
+        _ = try stack.spawn(["foot", "sh", "-c", "qrencode -t ANSIUTF8 -m 2 < '\(codeFile)'; sleep 300"])
+        let result = try stack.run([Harness.agent, "--scan", "--scan-only", "--backend", "pipewire", "--plugins", registry,
+                                    "--scan-timeout", "60"], timeout: 120)
+        print("scan through the portal: \(result.stdout.split(separator: "\n").filter { $0.contains("found") }.first ?? "nothing found")")
+        #expect(result.status == 0, "exit \(result.status): \(result.stdout.suffix(600)) \(result.stderr.suffix(600))")
+        #expect(result.stdout.contains("identity: Portal") && result.stdout.contains("room:     9999"), "\(result.stdout.suffix(600))")
     }
 }
