@@ -83,6 +83,7 @@ func runScreenScan(_ arguments: Arguments, logger: @escaping BackendLogger) thro
     let started = MonotonicClock.milliseconds()
     var nextScan = started, nextProgress = started + 1000
     var looked = 0
+    var changeSeenAt: Double?
     var reported = Set<String>()
     func say(_ line: String) {
         if isTerminal && !arguments.quiet { print("\r\u{1B}[K", terminator: "") }
@@ -99,7 +100,12 @@ func runScreenScan(_ arguments: Arguments, logger: @escaping BackendLogger) thro
             say("the screen source ended before a join code was found: \(ended)")
             return (nil, 51)
         }
-        if now >= nextScan && capture.hasChanges {
+        // A change is looked at 100 ms after it was first seen: a picture drawn in pieces (X11
+        // XPutImage sends a large image in strips) is then whole, where a look at the first strip
+        // found nothing and put the next look a whole-picture scan's budget away (up to 1.3 s at 4K).
+        if capture.hasChanges && changeSeenAt == nil { changeSeenAt = now }
+        if let seen = changeSeenAt, now >= max(nextScan, seen + 100) {
+            changeSeenAt = nil
             let (payloads, _) = capture.scan(with: scanner)
             // At most every 200 ms, and zbar busy at most 15 % of the time: a screen that changes
             // whole every frame (a video) makes every look a whole-picture scan (~50 ms at 1080p,
@@ -139,7 +145,7 @@ func runScreenScan(_ arguments: Arguments, logger: @escaping BackendLogger) thro
         }
         // Until the next look is due, the next progress line, a signal, or (when a look is due but
         // nothing changed) the next changed frame, which wakes this wait through the control pipe.
-        let due = MonotonicClock.milliseconds() >= nextScan ? nextProgress : nextScan
+        let due = changeSeenAt.map { max(nextScan, $0 + 100) } ?? (MonotonicClock.milliseconds() >= nextScan ? nextProgress : nextScan)
         let wait = max(0.005, (min(due, nextProgress) - MonotonicClock.milliseconds()) / 1000)
         if case .signal = control.wait(timeout: wait) {
             say("scanning stopped")

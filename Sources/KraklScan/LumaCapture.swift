@@ -14,8 +14,14 @@ public final class LumaCapture: FrameSink, @unchecked Sendable {
     private let lock = NSLock()
     private var picture: [UInt8] = []
     private var width = 0, height = 0
-    /// Changed since the last scan, as rectangles (nil: the whole picture).
-    private var dirty: [krakl_rect]? = []
+    /// Changed since the last scan, as a few boxes, each the changed area grown by `margin` and merged
+    /// with the boxes it touches (nil: the whole picture).
+    private var dirty: [Box]? = []
+    struct Box: Equatable { var x0, y0, x1, y1: Int }
+    /// A QR code's quiet zone and the part of it that did not change.
+    static let margin = 64
+    /// More boxes than this: a busy screen, scanned whole.
+    static let maximumBoxes = 16
     private var changed = false
     private var frames = 0
     private var ended: String?
@@ -58,9 +64,9 @@ public final class LumaCapture: FrameSink, @unchecked Sendable {
         for rect in rects { convert(info, rect) }
         if rects.count == 1 && rects[0].width == Int32(width) && rects[0].height == Int32(height) {
             dirty = nil
-        } else if dirty != nil {
-            dirty! += rects
-            if dirty!.count > 64 { dirty = nil }   // a busy screen: scan it whole
+        } else if var boxes = dirty {
+            for rect in rects { Self.add(rect, to: &boxes, width: width, height: height) }
+            dirty = boxes.count > Self.maximumBoxes ? nil : boxes
         }
         let first = !changed
         changed = true
@@ -105,7 +111,7 @@ public final class LumaCapture: FrameSink, @unchecked Sendable {
         defer { lock.unlock() }
         guard changed, width > 0 else { return ([], 0) }
         changed = false
-        let regions = dirty.map(Self.regions(width: width, height: height)) ?? []
+        let regions = (dirty ?? []).map { (x: $0.x0, y: $0.y0, width: $0.x1 - $0.x0, height: $0.y1 - $0.y0) }
         dirty = []
         var pixels = 0
         let wholeArea = width * height
@@ -128,32 +134,22 @@ public final class LumaCapture: FrameSink, @unchecked Sendable {
         return (found, pixels)
     }
 
-    /// Changed rectangles merged into a few regions, each grown by a margin (a QR code's quiet zone
-    /// and the part of it that did not change) and clipped to the picture.
-    static func regions(width: Int, height: Int) -> ([krakl_rect]) -> [(x: Int, y: Int, width: Int, height: Int)] {
-        { rects in
-            let margin = 64
-            var boxes: [(x0: Int, y0: Int, x1: Int, y1: Int)] = rects.map {
-                (max(0, Int($0.x) - margin), max(0, Int($0.y) - margin),
-                 min(width, Int($0.x) + Int($0.width) + margin), min(height, Int($0.y) + Int($0.height) + margin))
+    /// Grows `rect` by the margin (clipped to the picture) and merges it into `boxes`: a box it
+    /// touches absorbs it, and the grown box then absorbs the others it touches, so a code drawn in
+    /// many tiles becomes one box. Each merge removes a box, so this ends.
+    static func add(_ rect: krakl_rect, to boxes: inout [Box], width: Int, height: Int) {
+        var box = Box(x0: max(0, Int(rect.x) - margin), y0: max(0, Int(rect.y) - margin),
+                      x1: min(width, Int(rect.x) + Int(rect.width) + margin), y1: min(height, Int(rect.y) + Int(rect.height) + margin))
+        guard box.x1 > box.x0, box.y1 > box.y0 else { return }
+        var merged = true
+        while merged {
+            merged = false
+            if let i = boxes.firstIndex(where: { $0.x0 < box.x1 && box.x0 < $0.x1 && $0.y0 < box.y1 && box.y0 < $0.y1 }) {
+                let other = boxes.remove(at: i)
+                box = Box(x0: min(box.x0, other.x0), y0: min(box.y0, other.y0), x1: max(box.x1, other.x1), y1: max(box.y1, other.y1))
+                merged = true
             }
-            // Merge overlapping boxes until none overlap (bounded: each pass removes one).
-            var merged = true
-            while merged && boxes.count > 1 {
-                merged = false
-                outer: for i in 0..<boxes.count {
-                    for j in (i + 1)..<boxes.count {
-                        let a = boxes[i], b = boxes[j]
-                        if a.x0 < b.x1 && b.x0 < a.x1 && a.y0 < b.y1 && b.y0 < a.y1 {
-                            boxes[i] = (min(a.x0, b.x0), min(a.y0, b.y0), max(a.x1, b.x1), max(a.y1, b.y1))
-                            boxes.remove(at: j)
-                            merged = true
-                            break outer
-                        }
-                    }
-                }
-            }
-            return boxes.filter { $0.x1 > $0.x0 && $0.y1 > $0.y0 }.map { ($0.x0, $0.y0, $0.x1 - $0.x0, $0.y1 - $0.y0) }
         }
+        boxes.append(box)
     }
 }

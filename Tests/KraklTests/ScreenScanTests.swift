@@ -174,9 +174,11 @@ import Testing
         #expect(ms <= 1000, "found \(ms) ms after the code appeared")
     }
 
-    @Test func x11ASmallCodeOnA4KScreenIsFoundWithinOneSecond() throws {
-        guard let ms = try scanX11(width: 3840, height: 2160, pixels: 2, after: 1, identity: "X11 tiny") else { return }
-        print(String(format: "scan x11 3840x2160, 2 px a module: found and exited %.0f ms after it was drawn", ms))
+    /// Small (2 px a module, the least a screen shows) and large (8 px) codes at 1080p and 4K.
+    @Test(arguments: [(1920, 1080, 2), (1920, 1080, 8), (3840, 2160, 2), (3840, 2160, 8)])
+    func x11SmallAndLargeCodesAreFoundWithinOneSecond(width: Int, height: Int, pixels: Int) throws {
+        guard let ms = try scanX11(width: width, height: height, pixels: pixels, after: 1, identity: "X11 \(width) \(pixels)") else { return }
+        print(String(format: "scan x11 %dx%d, %d px a module: found and exited %.0f ms after it was drawn", width, height, pixels, ms))
         #expect(ms <= 1000, "found \(ms) ms after the code appeared")
     }
 
