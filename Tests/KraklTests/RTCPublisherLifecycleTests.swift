@@ -315,13 +315,15 @@ func rtcHandBuiltBye(ssrcs: [UInt32], reason: [UInt8]?) -> [UInt8] {
                 "sockets left open: \(ports.intersection(RtcProcessCensus.udpPorts()).count)")
         #expect(RtcProcessCensus.wait(seconds: 5) { RtcProcessCensus.threads(named: "krakl-rtc").isDisjoint(with: loopThreads) },
                 "network threads left running")
-        // The whole process: other suites running at the same time move these, so they are polled for a while.
-        let settled = RtcProcessCensus.wait(seconds: 5) {
+        // The whole process's counts are printed, not judged: in a full run other suites open and close
+        // hundreds of descriptors meanwhile (a fresh-clone CI run saw 991 -> 1042 while every publisher's
+        // own sockets and thread were gone). SharingSessionTests judges whole-process counts over 50
+        // sessions in a test process of its own (InNamespace), where nothing else runs.
+        _ = RtcProcessCensus.wait(seconds: 5) {
             RtcProcessCensus.openFiles() <= baselineFiles && RtcProcessCensus.threads() <= baselineThreads
         }
         print("50 publishers opened and closed: fds \(baselineFiles) -> \(RtcProcessCensus.openFiles()), "
               + "threads \(baselineThreads) -> \(RtcProcessCensus.threads())")
-        #expect(settled, "fds \(baselineFiles) -> \(RtcProcessCensus.openFiles()), threads \(baselineThreads) -> \(RtcProcessCensus.threads())")
     }
 
     /// KraklRTC.prepare() does the one-time set-up; after it, nothing on the join path pays for it.
