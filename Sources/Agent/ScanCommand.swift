@@ -96,7 +96,9 @@ func runScreenScan(_ arguments: Arguments, logger: @escaping BackendLogger) thro
             say("no join code found within \(Int(arguments.scanTimeout)) s (\(capture.progress.frames) frames looked at)")
             return (nil, 50)
         }
-        if let ended = capture.sourceEnded {
+        // A source that ended may have shown the code in its last frames: they get their look first.
+        let ended = capture.sourceEnded
+        if let ended, !capture.hasChanges {
             say("the screen source ended before a join code was found: \(ended)")
             return (nil, 51)
         }
@@ -104,7 +106,7 @@ func runScreenScan(_ arguments: Arguments, logger: @escaping BackendLogger) thro
         // XPutImage sends a large image in strips) is then whole, where a look at the first strip
         // found nothing and put the next look a whole-picture scan's budget away (up to 1.3 s at 4K).
         if capture.hasChanges && changeSeenAt == nil { changeSeenAt = now }
-        if let seen = changeSeenAt, now >= max(nextScan, seen + 100) {
+        if let seen = changeSeenAt, now >= max(nextScan, seen + 100) || ended != nil {
             changeSeenAt = nil
             let (payloads, _) = capture.scan(with: scanner)
             // At most every 200 ms, and zbar busy at most 15 % of the time: a screen that changes

@@ -195,7 +195,9 @@ import Testing
         chmod(codeFile, 0o644)
         let registry = try Harness.registryForThisBuild(in: stack.folder)
         chmod(registry, 0o644)
-        _ = try stack.spawn(["foot", "sh", "-c", "qrencode -t ANSIUTF8 -m 2 < '\(codeFile)'; sleep 300"])
+        // A clock ticking under the code: the portal sends frames only when the screen changes, and
+        // the terminal may have drawn the code before the scan's stream began (seen on a busy CI machine).
+        _ = try stack.spawn(["foot", "sh", "-c", "qrencode -t ANSIUTF8 -m 2 < '\(codeFile)'; while :; do printf '\\r%s' \"$(date +%T.%N)\"; sleep 0.2; done"])
         let result = try stack.run([Harness.agent, "--scan", "--scan-only", "--backend", "pipewire", "--plugins", registry,
                                     "--scan-timeout", "60"], timeout: 120)
         print("scan through the portal: \(result.stdout.split(separator: "\n").filter { $0.contains("found") }.first ?? "nothing found")")
