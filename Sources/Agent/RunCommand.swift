@@ -13,13 +13,15 @@ final class CaptureRun: FrameSink, @unchecked Sendable {
     let backend: String
     private let condition = NSCondition()
     private var finishReason: String?
-    private var reportedInvalid = false
     private(set) var sourceError: String?
     private(set) var encoderError: String?
     /// Set before start(); receives every checked frame.
     var pipeline: EncoderPipeline?
 
+    private let gate: FrameGate
+
     init(backend: String, frameLimit: Int?, logger: @escaping BackendLogger) {
+        gate = FrameGate(backend: backend, logger: logger)
         self.backend = backend
         self.frameLimit = frameLimit
         self.logger = logger
@@ -34,14 +36,8 @@ final class CaptureRun: FrameSink, @unchecked Sendable {
 
     func frame(_ pointer: UnsafePointer<krakl_frame>) {
         let received = DispatchTime.now().uptimeNanoseconds
-        let geometry = FrameCheck.geometryProblem(pointer)
-        let info = FrameInfo(pointer)
-        if let problem = geometry ?? FrameCheck.damageProblem(info) {
+        guard let info = gate.admit(pointer) else {
             statistics.recordInvalid()
-            if !reportedInvalid {
-                reportedInvalid = true
-                logger(backend, .error, "dropped an invalid frame (the backend is misbehaving): \(problem)")
-            }
             return
         }
         statistics.record(info, receivedNs: received)

@@ -1,3 +1,4 @@
+import Foundation
 import Glibc
 import KraklBackendABI
 
@@ -108,5 +109,31 @@ public enum FrameCheck {
             }
         }
         return sum
+    }
+}
+
+/// The host's gate for a backend's frames (the capture run, the sharing session, the scanner): a
+/// frame with impossible geometry or damage outside it is dropped, and the first one is logged,
+/// once, naming the backend, so a misbehaving backend is visible without flooding the log.
+/// Called on the backend's capture thread.
+public final class FrameGate: @unchecked Sendable {
+    private let backend: String
+    private let logger: BackendLogger
+    private let lock = NSLock()
+    private var reported = false
+
+    public init(backend: String, logger: @escaping BackendLogger) {
+        self.backend = backend
+        self.logger = logger
+    }
+
+    /// The frame's copied header when it may be used; nil (after the one log line) when it may not.
+    public func admit(_ pointer: UnsafePointer<krakl_frame>) -> FrameInfo? {
+        let geometry = FrameCheck.geometryProblem(pointer)
+        let info = FrameInfo(pointer)
+        guard let problem = geometry ?? FrameCheck.damageProblem(info) else { return info }
+        let first = lock.withLock { () -> Bool in defer { reported = true }; return !reported }
+        if first { logger(backend, .error, "dropped an invalid frame (the backend is misbehaving): \(problem)") }
+        return nil
     }
 }

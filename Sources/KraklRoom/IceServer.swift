@@ -12,6 +12,9 @@ public struct IceServer: Equatable, Sendable, CustomStringConvertible, CustomRef
         self.credential = credential
     }
 
+    /// The URL's scheme, host, port and transport (RFC 7064/7065); nil when it is not a STUN/TURN URL.
+    public var parts: IceServerURL.Parts? { try? IceServerURL.parse(url).get() }
+
     /// The URL only: credentials never go into logs.
     public var description: String { url }
 

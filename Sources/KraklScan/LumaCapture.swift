@@ -25,10 +25,10 @@ public final class LumaCapture: FrameSink, @unchecked Sendable {
     private var changed = false
     private var frames = 0
     private var ended: String?
-    private var invalidReported = false
     private let logger: BackendLogger
     private let backend: String
     private let onChange: (@Sendable () -> Void)?
+    private let gate: FrameGate
 
     /// - Parameter onChange: called on the backend's thread when the picture changes after a scan
     ///   (not for every frame): the scanner can sleep until there is something new to look at.
@@ -36,6 +36,7 @@ public final class LumaCapture: FrameSink, @unchecked Sendable {
         self.backend = backend
         self.logger = logger
         self.onChange = onChange
+        gate = FrameGate(backend: backend, logger: logger)
     }
 
     /// Frames received so far, and the picture's size.
@@ -44,12 +45,7 @@ public final class LumaCapture: FrameSink, @unchecked Sendable {
     public var sourceEnded: String? { lock.withLock { ended } }
 
     public func frame(_ pointer: UnsafePointer<krakl_frame>) {
-        let info = FrameInfo(pointer)
-        if let problem = FrameCheck.geometryProblem(pointer) ?? FrameCheck.damageProblem(info) {
-            let first = lock.withLock { () -> Bool in defer { invalidReported = true }; return !invalidReported }
-            if first { logger(backend, .error, "dropped an invalid frame (the backend is misbehaving): \(problem)") }
-            return
-        }
+        guard let info = gate.admit(pointer) else { return }
         lock.lock()
         defer { lock.unlock() }
         frames += 1

@@ -479,11 +479,12 @@ final class SessionCapture: FrameSink, @unchecked Sendable {
     private let backend: String
     private let logger: BackendLogger
     private let report: (SharingLifecycle.Event) -> Void
+    private let gate: FrameGate
     private let lock = NSLock()
     private var _pipeline: EncoderPipeline?
-    private var reportedInvalid = false
 
     init(backend: String, logger: @escaping BackendLogger, report: @escaping (SharingLifecycle.Event) -> Void) {
+        gate = FrameGate(backend: backend, logger: logger)
         self.backend = backend
         self.logger = logger
         self.report = report
@@ -495,12 +496,7 @@ final class SessionCapture: FrameSink, @unchecked Sendable {
     }
 
     func frame(_ pointer: UnsafePointer<krakl_frame>) {
-        let info = FrameInfo(pointer)
-        if let problem = FrameCheck.geometryProblem(pointer) ?? FrameCheck.damageProblem(info) {
-            let first = lock.withLock { () -> Bool in defer { reportedInvalid = true }; return !reportedInvalid }
-            if first { logger(backend, .error, "dropped an invalid frame (the backend is misbehaving): \(problem)") }
-            return
-        }
+        guard let info = gate.admit(pointer) else { return }
         pipeline?.submit(info)
     }
 

@@ -455,14 +455,9 @@ func threadCount() -> Int { (try? FileManager.default.contentsOfDirectory(atPath
         guard let inside = try InNamespace.enter(suite: Self.suite, cleanup: JanusTestbed.stopLeftovers) else { return }
         guard let janus = try JanusTestbed.start(in: inside.folder) else { return }
         defer { janus.stop() }
-        let room = try janus.createRoom(secret: Self.secret)
-
         // Janus stops answering mid-share (SIGSTOP): leave gives up within its 2 s.
-        let peer = try JanusTestPublisher()
+        let (room, peer, driver, _) = try Self.joined(janus, identity: "Ada")
         defer { peer.publisher.close() }
-        let driver = JanusDriver(baseURL: JanusTestbed.api, room: "\(room)")
-        try peer.publisher.setAnswer(try driver.publish(offer: peer.publisher.offerSDP, identity: "Ada").sdp)
-        #expect(peer.waitConnected(), "not connected: \(peer.log.events)")
         let pid = try #require(janus.pid)
         kill(pid, SIGSTOP)
         let ((), hungMs) = Self.timed { driver.leave() }
