@@ -283,6 +283,10 @@ EXIT STATUS
   19 a service it needs is not running: PipeWire, D-Bus (ECONNREFUSED, ENXIO)
   20 capture was not allowed: the sharing dialog was denied (EACCES, EPERM)
   21 nobody answered in time: the sharing dialog (ETIMEDOUT)
+  22 the backend hung: a call into it overran its budget (watchdog)
+  23 an output (recording, --stats-json, --frame-log, --dump-input) could not be written
+  24 the isolated backend's process crashed or exited
+  25 the backend delivered no usable frame
   sharing into a room (--join … --once; docs/exit-codes.md):
    0 you stopped sharing              30 the room ended (host ended it, removed)
   31 the screen source was closed     32 connection lost

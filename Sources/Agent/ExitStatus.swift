@@ -25,6 +25,10 @@ extension HostError {
         case .startFailed: return 12
         case .encoderFailed: return 14
         case .listFailed: return 15
+        case .backendHung: return 22
+        case .outputFailed: return 23
+        case .backendCrashed: return 24
+        case .noValidFrames: return 25
         }
     }
 

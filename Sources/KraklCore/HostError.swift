@@ -18,6 +18,16 @@ public enum HostError: Error, Equatable, Sendable, CustomStringConvertible {
     case startFailed(backend: String, code: Int32, message: String)
     case encoderFailed(String)
     case listFailed(backend: String, code: Int32, message: String)
+    /// A call into the backend (`call`: "create", "start", "stop", "destroy", "list_sources")
+    /// did not return within its budget; the host gave up on it.
+    case backendHung(backend: String, call: String, budgetSeconds: Double)
+    /// An output (recording, --stats-json, --frame-log, --dump-input) could not be
+    /// written, flushed or closed.
+    case outputFailed(path: String, reason: String)
+    /// A backend in its own process (isolated mode) died: crashed on a signal or exited.
+    case backendCrashed(backend: String, reason: String)
+    /// The run captured no usable frame (every frame the backend delivered was invalid).
+    case noValidFrames(backend: String, invalid: Int)
 
     public var description: String {
         switch self {
@@ -47,6 +57,14 @@ public enum HostError: Error, Equatable, Sendable, CustomStringConvertible {
             return "encoding failed: \(message)"
         case .listFailed(let backend, let code, let message):
             return "backend \(backend) could not list its sources: \(message) (\(errnoName(code)))"
+        case .backendHung(let backend, let call, let budget):
+            return "backend \(backend) hung: its \(call)() did not return within \(budget) s; the host gave up on it (report this to the backend's author)"
+        case .outputFailed(let path, let reason):
+            return "cannot write \(path): \(reason)"
+        case .backendCrashed(let backend, let reason):
+            return "backend \(backend) crashed: \(reason)"
+        case .noValidFrames(let backend, let invalid):
+            return "backend \(backend) delivered no usable frame (\(invalid) invalid frames dropped; see the first error above); nothing was recorded"
         }
     }
 }
