@@ -16,6 +16,9 @@ struct Arguments {
     var seconds: Double?
     var expectEnd = false
     var timeout = 10.0
+    /// (conformance, internal) Run one group of checks in this process: the
+    /// child processes `krakl-agent conformance` starts (ConformanceChild).
+    var conformanceGroup: String?
     var verbose = false
     var quiet = false
     /// Where the encoded screen goes until the publisher exists; nil: capture only.
@@ -128,6 +131,7 @@ struct Arguments {
                 guard let ip = IPAddress(text) else { throw .usage("--address \(text): give an IP address of this machine") }
                 addresses.append(ip)
             case "--expect-end": expectEnd = true
+            case "--run-group": conformanceGroup = try value(for: flag)
             case "-v", "--verbose": verbose = true
             case "-q", "--quiet": quiet = true
             default:
@@ -215,7 +219,10 @@ COMMANDS
   sources         List what a backend can capture (X11: the screen and each XRandR
                   monitor), with the option value that selects it.
   conformance     Run the backend conformance checks on a backend library; one line
-                  per check (PASS/FAIL/SKIP), exit status 1 if any check fails.
+                  per check (PASS/FAIL/SKIP), then a summary line; exit status 1 if
+                  any check fails. The checks run in child processes, so a backend
+                  that crashes or hangs fails a check instead of ending the run;
+                  the first line says the run's time bound.
 
 OPTIONS
   -b, --backend NAME      Backend to use (default: the registry's "default").
@@ -231,7 +238,8 @@ OPTIONS
       --connect-timeout S (--join) ICE and DTLS must be up S seconds after the room's
                           answer (default 15), else the session ends as connection lost.
       --expect-end        (conformance) The options make the source end; check that.
-      --timeout S         (conformance) Wait at most S seconds for frames (default 10).
+      --timeout S         (conformance) Wait at most S seconds for frames, create() or
+                          start() (default 10); the run's bound grows with it.
 ENCODER OPTIONS
       --record FILE       Write the encoded screen to FILE (.webm or .ivf).
                           Default: krakl-recording.webm in the current folder.

@@ -41,8 +41,19 @@ do throws(HostError) {
     case .conformance(let path):
         var options = JSONObject()
         for (key, value) in arguments.options { options[key] = value }
+        if let group = arguments.conformanceGroup {
+            ConformanceChild.run(group: group, path: path, options: options, expectEnd: arguments.expectEnd,
+                                 timeout: arguments.timeout, logger: logger)
+        }
+        // Each group of checks runs in a child: this program again, given the same library and options.
+        let executable = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        let childCommand = { (group: ConformanceGroup) -> [String] in
+            [executable, "conformance", "--run-group", group.rawValue, path, "--timeout", "\(arguments.timeout)"]
+                + options.members.flatMap { ["--option", "\($0.key)=\($0.value.serialized)"] }
+                + (arguments.expectEnd ? ["--expect-end"] : []) + (arguments.verbose ? ["--verbose"] : [])
+        }
         let suite = ConformanceSuite(path: path, options: options, expectEnd: arguments.expectEnd,
-                                     timeout: arguments.timeout, logger: logger) { print($0) }
+                                     timeout: arguments.timeout, childCommand: childCommand) { print($0) }
         exit(suite.run() ? 0 : 1)
     case .run:
         exit(try runCapture(arguments, logger: logger))
