@@ -48,6 +48,7 @@ final class CallbackRecorder: @unchecked Sendable {
     private var inFlight = 0
     private(set) var starts = 0
     private var threadsThisStart: [pthread_t] = []
+    private var lastThread: pthread_t?
     private var framesThisStart = 0
     private var firstFrameThisStart: UInt64?
     private var expectWhole = false
@@ -117,26 +118,26 @@ final class CallbackRecorder: @unchecked Sendable {
 
     /// Judges the phase and the calling thread, and marks a callback as
     /// running. Returns whether delivery is allowed now.
-    private func enter(_ what: String, delivery: Bool) -> Bool {
+    private func enter(_ what: String, delivery: Bool) -> (allowed: Bool, hold: UInt32) {
         condition.lock()
         defer { condition.unlock() }
         if phase == .destroyed {
             counts.afterDestroy += 1
             if problemsFound.afterDestroy == nil { problemsFound.afterDestroy = "host->\(what) was called after destroy() returned" }
-            return false
+            return (false, 0)
         }
-        guard delivery else { return true }
+        guard delivery else { return (true, 0) }
         switch phase {
         case .creating, .created:
             counts.beforeStart += 1
             if problemsFound.beforeStart == nil {
                 problemsFound.beforeStart = phase == .creating ? "host->\(what) was called from inside create()" : "host->\(what) was called after create() returned, before start()"
             }
-            return false
+            return (false, 0)
         case .stopped, .destroying:
             counts.afterStop += 1
             if problemsFound.afterStop == nil { problemsFound.afterStop = "host->\(what) was called after stop() returned" }
-            return false
+            return (false, 0)
         case .started, .destroyed:
             break
         }
@@ -151,13 +152,13 @@ final class CallbackRecorder: @unchecked Sendable {
         if inFlight > 1 && problemsFound.overlap == nil {
             problemsFound.overlap = "host->\(what) was called while another frame or event callback for the source was still running (from \(threadsThisStart.count) threads)"
         }
-        return true
+        // Each delivery callback stays open for a moment, so a second thread
+        // calling at the same time is caught overlapping it rather than only
+        // when the two meet within a few instructions; longer when the
+        // calling thread just changed, which is when a second one is active.
+        defer { lastThread = thread }
+        return (true, lastThread == nil || lastThread == thread ? 1000 : 20_000)
     }
-
-    /// Keeps each delivery callback open for a moment, so a second thread
-    /// calling at the same time is caught overlapping it rather than only
-    /// when the two happen to meet within a few instructions.
-    private func linger() { usleep(1000) }
 
     private func leave() {
         condition.lock()
@@ -168,9 +169,10 @@ final class CallbackRecorder: @unchecked Sendable {
 
     func frame(_ pointer: UnsafePointer<krakl_frame>) {
         let now = MonotonicClock.nanoseconds()
-        guard enter("frame", delivery: true) else { return }
+        let entered = enter("frame", delivery: true)
+        guard entered.allowed else { return }
         defer { leave() }
-        linger()
+        usleep(entered.hold)
         let geometry = FrameCheck.geometryProblem(pointer)
         let info = FrameInfo(pointer)
         if geometry == nil { FrameCheck.touchPixels(info) }
@@ -222,9 +224,10 @@ final class CallbackRecorder: @unchecked Sendable {
     }
 
     func event(_ event: SourceEvent) {
-        guard enter("event", delivery: true) else { return }
+        let entered = enter("event", delivery: true)
+        guard entered.allowed else { return }
         defer { leave() }
-        linger()
+        usleep(entered.hold)
         condition.lock()
         defer { condition.broadcast(); condition.unlock() }
         counts.events += 1
@@ -242,7 +245,7 @@ final class CallbackRecorder: @unchecked Sendable {
 
     func log(_ level: LogLevel, _ message: String) {
         // After destroy() a line is counted, not shown: a thread left behind may repeat it forever.
-        guard enter("log", delivery: false) else { return }
+        guard enter("log", delivery: false).allowed else { return }
         condition.lock()
         if level == .error { lastError = message }
         condition.unlock()

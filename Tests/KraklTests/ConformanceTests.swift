@@ -13,7 +13,8 @@ struct ConformanceTests {
     func expectAllPass(_ result: Harness.Result, sourceLocation: SourceLocation = #_sourceLocation) {
         #expect(result.status == 0, "exit \(result.status)\n\(result.stdout)\(result.stderr)", sourceLocation: sourceLocation)
         let lines = result.stdout.split(separator: "\n")
-        #expect(lines.filter { $0.hasPrefix("PASS") }.count == 16, "\(result.stdout)", sourceLocation: sourceLocation)
+        #expect(lines.filter { $0.hasPrefix("PASS") }.count == 24, "\(result.stdout)", sourceLocation: sourceLocation)
+        #expect(result.stdout.contains("conformance: 24 passed, 0 failed, 0 skipped"), "\(result.stdout)", sourceLocation: sourceLocation)
         #expect(!lines.contains { $0.hasPrefix("FAIL") || $0.hasPrefix("SKIP") }, "\(result.stdout)", sourceLocation: sourceLocation)
     }
 
@@ -92,5 +93,134 @@ struct ConformanceTests {
         #expect(result.status == 1, "a broken backend (\(define)) passed:\n\(result.stdout)")
         #expect(result.stdout.contains(failure), "\(result.stdout)")
         #expect(result.stdout.contains("SKIP  source-ended"))
+    }
+
+    // MARK: the misbehaving fixture: each broken contract fails its check, and the suite survives
+
+    static let misbehaving = BuiltOnce {
+        try Harness.compileBackend(Harness.repoRoot + "/Tests/Fixtures/misbehaving_backend.c", into: try Harness.temporaryDirectory(), name: "misbehaving")
+    }
+
+    /// Runs conformance on the fixture with `--timeout 3`, and checks what every run
+    /// must show however the backend behaves: it ended by itself within the bound it
+    /// printed, every check has exactly one line, and the summary line is there.
+    func judge(_ behaviour: String, _ extra: [String] = [], expectEnd: Bool = false, environment: [String: String]? = nil,
+               sourceLocation: SourceLocation = #_sourceLocation) throws -> Harness.Result {
+        try Harness.requireBuild()
+        let library = try Self.misbehaving.get()
+        let arguments = ["conformance", library, "--timeout", "3", "--option", "misbehave=\(behaviour)"]
+            + extra.flatMap { ["--option", $0] } + (expectEnd ? ["--expect-end"] : [])
+        let started = Date()
+        // The harness's own limit is far above the suite's bound: reaching it is a failure.
+        let result = try Harness.agent(arguments, timeout: 400, environment: environment)
+        let elapsed = Date().timeIntervalSince(started)
+        #expect(!result.timedOut, "conformance did not end: \(result.stdout)", sourceLocation: sourceLocation)
+        let bound = try result.stdout.firstMatch(of: Regex(#"at most (\d+) s"#)).flatMap { Double($0.output[1].substring ?? "") }
+        #expect(bound != nil && elapsed <= bound! + 5, "took \(elapsed) s, bound \(bound ?? -1) s\n\(result.stdout)", sourceLocation: sourceLocation)
+        let lines = result.stdout.split(separator: "\n").filter { $0.hasPrefix("PASS") || $0.hasPrefix("FAIL") || $0.hasPrefix("SKIP") }
+        let names = lines.map { $0.dropFirst(6).prefix { $0 != ":" } }
+        #expect(names.count == 24 && Set(names).count == 24, "each check once:\n\(result.stdout)", sourceLocation: sourceLocation)
+        #expect(try result.stdout.contains(Regex(#"conformance: \d+ passed, \d+ failed, \d+ skipped\n"#)), "\(result.stdout)", sourceLocation: sourceLocation)
+        return result
+    }
+
+    @Test func aWellBehavedFixturePasses() throws {
+        let result = try judge("none")
+        #expect(result.status == 0, "\(result.stdout)\(result.stderr)")
+        #expect(result.stdout.contains("conformance: 23 passed, 0 failed, 1 skipped"), "\(result.stdout)")
+        let ending = try judge("end", ["after_ms=500"], expectEnd: true)
+        #expect(ending.status == 0 && ending.stdout.contains("conformance: 24 passed, 0 failed, 0 skipped"), "\(ending.stdout)\(ending.stderr)")
+    }
+
+    /// Each behaviour breaks the contract one way; the FAIL line names the check and
+    /// says what happened (the call that crashed or hung, the value returned).
+    @Test(arguments: [
+        ("two-threads", "FAIL  callbacks-one-thread: after start() #1, host->frame/event came from two different threads"),
+        ("two-threads", "FAIL  callbacks-serial: host->frame was called while another frame or event callback"),
+        ("deliver-in-create", "FAIL  nothing-before-start: host->frame was called from inside create()"),
+        ("partial-first", "FAIL  first-frame-whole: frame 1 after start() #1 names 2 damage rectangle(s)"),
+        ("list-crash", "FAIL  list-sources: the backend crashed with SIGSEGV during list_sources()"),
+        ("start-positive", "FAIL  return-values: start() returned 7"),
+        ("stop-positive", "FAIL  return-values: stop() returned 3"),
+        ("create-positive", "FAIL  create-destroy: create() returned 5"),
+        ("create-intmin", "FAIL  create-destroy: create() returned -2147483648, which is not a negative errno"),
+        ("after-destroy", "FAIL  nothing-after-destroy: host->log was called after destroy() returned"),
+        ("crash-start", "FAIL  delivers-frames: the backend crashed with SIGSEGV during start()"),
+        ("crash-thread", "FAIL  delivers-frames: the backend crashed with SIGSEGV on a thread of its own"),
+        ("abort-thread", "FAIL  delivers-frames: the backend crashed with SIGABRT on a thread of its own"),
+        ("exit-thread", "FAIL  delivers-frames: the backend ended the process (exit status 3)"),
+        ("crash-create", "FAIL  create-destroy: the backend crashed with SIGSEGV during create()"),
+        ("hang-create", "FAIL  create-destroy: create() did not return within"),
+        ("hang-start", "FAIL  delivers-frames: start() did not return within"),
+        ("hang-stop", "FAIL  stop-within-1s: stop() did not return within"),
+        ("hang-destroy", "FAIL  create-destroy: destroy() did not return within"),
+        ("slow-stop", "FAIL  stop-within-1s: stop() took"),
+        ("ts-back", "FAIL  timestamps-monotonic: frame"),
+        ("ts-constant", "FAIL  timestamps-monotonic: frame 2 after start() #1"),
+        ("ts-ahead", "FAIL  timestamps-near-clock: frame 1 after start() #1: timestamp"),
+        ("size-change", "FAIL  size-changes-announced: frame"),
+        ("format-no-frame", "FAIL  size-changes-announced: FORMAT_CHANGED announced 640x480 BGRx but the next frame"),
+        ("after-stop", "FAIL  no-frame-after-stop"),
+    ])
+    func aBrokenContractFailsItsCheck(behaviour: String, failure: String) throws {
+        let result = try judge(behaviour)
+        #expect(result.status == 1, "\(behaviour) passed:\n\(result.stdout)\(result.stderr)")
+        #expect(result.stdout.contains(failure), "\(behaviour):\n\(result.stdout)")
+        // The run went on after a crash or a hang: later groups still reported.
+        #expect(result.stdout.contains("SKIP  source-ended: not asked to end"), "\(result.stdout)")
+    }
+
+    /// A hung stop() in the last group too: the suite still ends, and the bound it
+    /// prints covers it (the parent kills what overran).
+    @Test func aHungStopFailsEveryGroupThatStopsAndTheRunStillEnds() throws {
+        let result = try judge("hang-stop", expectEnd: true)
+        #expect(result.status == 1)
+        #expect(result.stdout.contains("FAIL  no-leaks: stop() did not return within"), "\(result.stdout)")
+        #expect(result.stdout.contains("FAIL  source-ended: no SOURCE_ENDED event") || result.stdout.contains("FAIL  source-ended: stop() did not return"), "\(result.stdout)")
+    }
+
+    /// A library whose constructor ends the process that loads it fails the
+    /// handshake (in the child), and the rest is skipped, not lost.
+    @Test func aConstructorThatExitsFailsTheHandshake() throws {
+        let result = try judge("none", environment: ["KRAKL_FIXTURE_CONSTRUCTOR": "exit"])
+        #expect(result.status == 1)
+        #expect(result.stdout.contains("FAIL  abi-handshake: the backend ended the process (exit status 4) during dlopen"), "\(result.stdout)")
+        #expect(result.stdout.contains("SKIP  delivers-frames: the library did not load"), "\(result.stdout)")
+    }
+
+    /// A flood of frames (no pacing) is judged over a bounded window, not followed forever.
+    @Test func aFloodingBackendIsJudgedWithinTheBound() throws {
+        let result = try judge("flood")
+        #expect(result.stdout.contains("PASS  delivers-frames"), "\(result.stdout)")
+    }
+
+    /// Killing the parent leaves no child behind with a hung backend in it.
+    @Test func childrenEndWithTheParent() throws {
+        try Harness.requireBuild()
+        let library = try Self.misbehaving.get()
+        let agent = try RunningAgent(["conformance", library, "--timeout", "30", "--option", "misbehave=hang-start"])
+        #expect(agent.read(until: "PASS  list-sources", timeout: 60), "\(agent.output)")
+        // The delivery group's child is now in start(), which never returns.
+        let parent = agent.process.processIdentifier
+        let deliveryChild = { () -> [pid_t] in
+            let text = (try? String(contentsOfFile: "/proc/\(parent)/task/\(parent)/children", encoding: .utf8)) ?? ""
+            return text.split(separator: " ").compactMap { pid_t($0) }.filter { pid in
+                let command = (try? Data(contentsOf: URL(fileURLWithPath: "/proc/\(pid)/cmdline"))) ?? Data()
+                return String(decoding: command, as: UTF8.self).contains("\u{0}delivery\u{0}")
+            }
+        }
+        var child = deliveryChild()
+        let deadline = Date().addingTimeInterval(10)
+        while child.isEmpty && Date() < deadline { usleep(20_000); child = deliveryChild() }
+        try #require(child.count == 1, "the suite's delivery process was not found")
+        agent.signal(SIGKILL)
+        agent.process.waitUntilExit()
+        var gone = false
+        let end = Date().addingTimeInterval(10)
+        while !gone && Date() < end {
+            gone = kill(child[0], 0) != 0 || ((try? String(contentsOfFile: "/proc/\(child[0])/stat", encoding: .utf8))?.contains(") Z ") ?? true)
+            if !gone { usleep(20_000) }
+        }
+        #expect(gone, "child \(child[0]) outlived the suite")
     }
 }
