@@ -10,7 +10,7 @@ import Glibc
 /// it enters. A child that crashes becomes "FAIL check: the backend crashed
 /// with SIGSEGV during stop()"; one that overruns a call's budget is killed
 /// and becomes "FAIL check: stop() did not return within 3 s". So every run
-/// ends within `ConformanceBudget.total` seconds.
+/// ends within `ConformanceBudget.total(expectEnd:)` seconds.
 public final class ConformanceSuite {
     let path: String
     let options: JSONObject
@@ -47,7 +47,7 @@ public final class ConformanceSuite {
     @discardableResult
     public func run() -> Bool {
         let groups = ConformanceGroup.allCases.filter { $0 != .end || expectEnd }
-        output("conformance: \(path): \(groups.reduce(0) { $0 + $1.checks.count }) checks in \(groups.count) processes, at most \(Int(groups.reduce(0) { $0 + budget.cap(of: $1) }.rounded(.up))) s")
+        output("conformance: \(path): \(groups.reduce(0) { $0 + $1.checks.count }) checks in \(groups.count) processes, at most \(Int(budget.total(expectEnd: expectEnd).rounded(.up))) s")
         var skipReason: String?
         for group in ConformanceGroup.allCases {
             if group == .end && !expectEnd {
