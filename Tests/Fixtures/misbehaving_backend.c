@@ -33,6 +33,7 @@
  *   end              SOURCE_ENDED after after_ms
  *   after-destroy    a thread left behind by destroy() calls host->log and host->frame
  *   list-crash       list_sources() dereferences NULL
+ *   silent           start() succeeds but no frame ever comes
  *   random           one of the run-time behaviours above, chosen from "seed"
  *   random-safe      the same, without the ones that kill the process
  *                    (crash-*, abort-thread), for runs without isolation
@@ -237,7 +238,7 @@ static void *run(void *arg) {
         if (is(s, "format-no-frame") && fired) {
             /* The announced size never comes: frames keep the old size. */
         }
-        send_frame(s, width, height, stamp, is(s, "partial-first"));
+        if (!is(s, "silent")) send_frame(s, width, height, stamp, is(s, "partial-first"));
         if (!is(s, "flood")) sleep_ms(interval_ms);
     }
     return NULL;

@@ -188,6 +188,17 @@ struct ConformanceTests {
         #expect(result.stdout.contains("SKIP  delivers-frames: the library did not load"), "\(result.stdout)")
     }
 
+    /// A source that never delivers fails delivers-frames; the frame checks say they saw
+    /// nothing rather than pass.
+    @Test func aSilentSourceFailsDeliveryAndSkipsTheFrameChecks() throws {
+        let result = try judge("silent")
+        #expect(result.status == 1)
+        #expect(result.stdout.contains("FAIL  delivers-frames: no frame within 3.0 s of start()"), "\(result.stdout)")
+        for check in ["frames-valid", "first-frame-whole", "timestamps-monotonic", "callbacks-serial"] {
+            #expect(result.stdout.contains("SKIP  \(check): no frame arrived to judge"), "\(result.stdout)")
+        }
+    }
+
     /// A flood of frames (no pacing) is judged over a bounded window, not followed forever.
     @Test func aFloodingBackendIsJudgedWithinTheBound() throws {
         let result = try judge("flood")
