@@ -148,8 +148,7 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
         }
     }
     if isTerminal && !arguments.quiet { print("") }
-    source.stop()
-    source.destroy()
+    let ended = Result { () throws(HostError) in try source.destroy() }   // stops first; a hung backend gives up after its budget
     run.pipeline?.finish()
     signalSources.forEach { $0.cancel() }
 
@@ -169,6 +168,7 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     }
     if let path = arguments.frameLog, let pipeline = run.pipeline { writeFrameLog(path, pipeline.statistics.allFrames) }
     if let path = arguments.statsJSON { writeStatistics(path, capture: summary, encoder: run.pipeline?.statistics.summary(), steadyRSSKB: steadyRSSKB) }
+    if case .failure(let hung) = ended { throw hung }
     if let error = run.encoderError {
         fputs("krakl-agent: encoding failed: \(error)\n", stderr)
         return 14

@@ -86,6 +86,17 @@ final class PThreadLock: @unchecked Sendable {
     }
     func lock() { pthread_mutex_lock(mutex) }
     func unlock() { pthread_mutex_unlock(mutex) }
+    /// Takes the lock only when it is free; true when taken.
+    func tryLock() -> Bool { pthread_mutex_trylock(mutex) == 0 }
+    /// Takes the lock unless it stays held for `seconds`; true when taken.
+    func lock(within seconds: Double) -> Bool {
+        var deadline = timespec()
+        clock_gettime(CLOCK_REALTIME, &deadline)
+        let nanoseconds = Int(deadline.tv_nsec) + Int(seconds * 1e9)
+        deadline.tv_sec += nanoseconds / 1_000_000_000
+        deadline.tv_nsec = nanoseconds % 1_000_000_000
+        return pthread_mutex_timedlock(mutex, &deadline) == 0
+    }
     func withLock<T>(_ body: () throws -> T) rethrows -> T {
         lock()
         defer { unlock() }
