@@ -37,7 +37,7 @@ public final class FrameContract: @unchecked Sendable {
 
     /// The most frames a second the host takes from one backend (no encoder runs above 120 fps; a
     /// backend that floods is cut here, before any per-frame work).
-    public static let defaultMaximumFrameRate = 240.0
+    public static let defaultMaximumFrameRate = Double(KRAKL_MAX_FRAME_RATE)
     /// Backend timestamps further ahead of CLOCK_MONOTONIC now than this are replaced.
     public static let maximumAheadNs: UInt64 = 1_000_000_000
     /// Backend timestamps further behind now than this are replaced.
