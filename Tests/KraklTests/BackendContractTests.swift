@@ -2,6 +2,9 @@ import Foundation
 import Glibc
 import KraklBackendABI
 @testable import KraklCore
+import KraklRoom
+import KraklRTC
+import KraklSession
 import Testing
 
 /// The host's side of the backend contract, against Tests/Fixtures/misbehaving_backend.c: a
@@ -434,6 +437,52 @@ struct BackendContractTests {
         let count = try #require(frames, "\(result.stdout)")
         // 2 s at 240/s plus the burst, and a little slack for the run's own start and end.
         #expect(count <= 240 * 3, "\(count) frames in 2 s")
+    }
+
+    // MARK: - A sharing session (in a network namespace of its own, against Janus)
+
+    /// A backend that hangs in stop() does not keep a session from leaving: the person's stop
+    /// still ends it (as they asked) within the stop budget plus the leave, the room no longer
+    /// lists the agent, and the hang is logged. One that hangs in start() ends the session with
+    /// that as its reason (exit 22 for `--join --once`), and it too leaves the room.
+    @Test func aSessionWhoseBackendHangsStillLeavesTheRoom() throws {
+        guard let inside = try InNamespace.enter(suite: "BackendContractTests", timeout: 200, cleanup: JanusTestbed.stopLeftovers) else { return }
+        guard let janus = try JanusTestbed.start(in: inside.folder) else { return }
+        defer { janus.stop() }
+        try KraklRTC.prepare()
+        let registry = try Self.registry()
+        let secret = "contract-\(UUID().uuidString.prefix(8))"
+        for behaviour in ["hang-stop", "hang-start"] {
+            let room = try janus.createRoom(secret: secret)
+            let identity = "contract \(behaviour)"
+            var configuration = SharingConfiguration()
+            configuration.registryPath = registry
+            configuration.backendOptions = [("misbehave", .string(behaviour))]
+            configuration.publisher.addresses.allowed = [IPAddress("127.0.0.2")!]
+            configuration.publisher.label = identity
+            let lines = LogLines()
+            let session = SharingSession(configuration: configuration, driver: JanusDriver(baseURL: JanusTestbed.api, room: "\(room)"),
+                                         identity: identity, room: "\(room)", logger: lines.logger)
+            let sharing = DispatchSemaphore(value: 0)
+            session.onStateChange = { if $0 == .sharing { sharing.signal() } }
+            try session.start()
+            let reason: EndReason?
+            if behaviour == "hang-stop" {
+                try #require(sharing.wait(timeout: .now() + 20) == .success, "never shared (state \(session.state))")
+                session.stop()
+                reason = session.waitUntilFinished(timeout: 20)
+                #expect(reason == .userStopped, "\(String(describing: reason))")
+                #expect(lines.all.filter { $0.contains("hung: its stop() did not return within 2 s") && $0.contains("the session left the room") }.count == 1,
+                        "\(lines.all)")
+            } else {
+                reason = session.waitUntilFinished(timeout: 40)
+                #expect(reason == .sourceUnavailable(.backendHung(backend: "misbehaving", call: "start", budgetSeconds: 5)),
+                        "\(String(describing: reason))")
+            }
+            #expect(session.state == .idle)
+            let left = try janus.waitParticipants(room, seconds: 5) { !$0.contains { $0["display"] as? String == identity } }
+            #expect(!left.contains { $0["display"] as? String == identity }, "\(behaviour): still in the room: \(left)")
+        }
     }
 
     // MARK: - plugins.json and `backends` (item 9)
