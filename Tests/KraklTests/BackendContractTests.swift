@@ -419,6 +419,26 @@ struct BackendContractTests {
         #expect(result.stderr.split(separator: "\n").count == 1, "\(result.stderr)")
     }
 
+    /// A backend whose timestamps stand still, run 30 s ahead or step back still gives a recording
+    /// whose frames go forward in time (before: 150 frames all at time 0; 30 s ahead or a step
+    /// back crashed the agent at its first refresh frame).
+    @Test(arguments: ["ts-constant", "ts-ahead", "ts-back"])
+    func aRecordingOfABackendWithBadTimestampsGoesForwardInTime(behaviour: String) throws {
+        try Harness.requireBuild()
+        guard let ffprobe = Harness.which("ffprobe") else {
+            skipTest("ffprobe is not installed (scripts/setup installs it)")
+            return
+        }
+        let dir = try Harness.temporaryDirectory()
+        let result = try Harness.agent(["--plugins", try Self.registry(), "--option", "misbehave=\(behaviour)", "--option", "after_ms=100",
+                                        "--frames", "45", "-q", "--record", dir + "/times.webm"], timeout: 30)
+        #expect(result.status == 0, "exit \(result.status): \(result.stderr)")
+        let probe = try Harness.run(ffprobe, ["-v", "error", "-show_entries", "packet=pts_time", "-of", "csv=p=0", dir + "/times.webm"])
+        let times = probe.stdout.split(separator: "\n").compactMap { Double($0.trimmingCharacters(in: .whitespaces)) }
+        #expect(times.count >= 40, "\(times.count) frames: \(probe.stderr)")
+        #expect(zip(times, times.dropFirst()).allSatisfy { $0 < $1 }, "times do not go forward: \(times.prefix(20))")
+    }
+
     @Test func escapeSequencesFromABackendNeverReachTheTerminal() throws {
         try Harness.requireBuild()
         let result = try Harness.agent(["--plugins", try Self.registry(), "--option", "misbehave=escape-log", "--option", "after_ms=0",
