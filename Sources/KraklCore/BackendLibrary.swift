@@ -30,8 +30,9 @@ public final class BackendLibrary: @unchecked Sendable {
         self.declaredSize = declaredSize
         abiMajor = Int(table.abi_version >> 16)
         abiMinor = Int(table.abi_version & 0xFFFF)
-        name = table.name.map { String(cString: $0) } ?? ""
-        description = table.description.map { String(cString: $0) } ?? ""
+        // Shown to people (`backends`, conformance, log prefixes): sanitized like all backend text.
+        name = BackendText.read(table.name) ?? ""
+        description = BackendText.read(table.description) ?? ""
     }
 
     /// dlopen()s `path` (RTLD_NOW | RTLD_LOCAL: unresolved symbols fail

@@ -241,7 +241,7 @@ private let hostCheckOptions: @convention(c) (UnsafeMutableRawPointer?, UnsafePo
         context.log(.error, "check_options() was called with \(count) keys\(keys == nil ? " and no array" : ""); pass the array of known option names and its length")
         return -EINVAL
     }
-    let known = (0..<count).compactMap { keys?[$0].map { String(cString: $0) } }
+    let known = (0..<count).compactMap { keys?[$0].flatMap { BackendText.read($0) } }
     return context.checkOptions(known)
 }
 

@@ -439,6 +439,20 @@ struct BackendContractTests {
         #expect(zip(times, times.dropFirst()).allSatisfy { $0 < $1 }, "times do not go forward: \(times.prefix(20))")
     }
 
+    /// A picture that shrinks mid-run (here without the FORMAT_CHANGED event, which the host
+    /// makes up for; the encoder sees the same either way) is recorded on: the encoder's rolling
+    /// refresh band was left below the new picture's last row and trapped (4 of 8 such runs).
+    @Test func aPictureThatShrinksMidRunIsRecordedOn() throws {
+        try Harness.requireBuild()
+        let registry = try Self.registry()
+        for after in stride(from: 200, through: 900, by: 100) {
+            let dir = try Harness.temporaryDirectory()
+            let result = try Harness.agent(["--plugins", registry, "--option", "misbehave=size-change", "--option", "after_ms=\(after)",
+                                            "--frames", "45", "-q", "--record", dir + "/shrink.webm"], timeout: 30)
+            #expect(result.status == 0, "after_ms=\(after): exit \(result.status): \(result.stderr.prefix(300))")
+        }
+    }
+
     @Test func escapeSequencesFromABackendNeverReachTheTerminal() throws {
         try Harness.requireBuild()
         let result = try Harness.agent(["--plugins", try Self.registry(), "--option", "misbehave=escape-log", "--option", "after_ms=0",
