@@ -64,17 +64,19 @@ final class Y4MReader {
         guard let fps = Self.frameRate(rate) else {
             throw failure("the Y4M frame rate F\(rate) is not valid: give F<n>:<d> with whole numbers above 0 and at most \(Int(Self.fpsRange.upperBound)) fps, e.g. F30:1 or F30000:1001")
         }
+        // A header and nothing after it would play nothing and end "normally" (a frame cut short
+        // is reported when it is read: the frames before it still play). Checked before every
+        // property is set: from then on a throw would run deinit, which closes the file too.
+        let headerEnd = ftell(file)
+        var info = stat()
+        if fstat(fileno(file), &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, Int(info.st_size) <= headerEnd {
+            throw failure("the Y4M file holds no frame after its header (truncated file?)")
+        }
         self.width = width
         self.height = height
         self.fps = fps
         frameSize = width * height + 2 * ((width + 1) / 2) * ((height + 1) / 2)
-        firstFrameOffset = ftell(file)
-        // A header and nothing after it would play nothing and end "normally" (a frame cut short
-        // is reported when it is read: the frames before it still play).
-        var info = stat()
-        if fstat(fileno(file), &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, Int(info.st_size) <= firstFrameOffset {
-            throw failure("the Y4M file holds no frame after its header (truncated file?)")
-        }
+        firstFrameOffset = headerEnd
     }
 
     /// The longest header read (real ones are under 100 bytes; X comments may add some).

@@ -39,6 +39,8 @@ public final class IVFWriter: EncodedFrameSink {
         firstTimestamp = start
         lastMs = forwardMilliseconds(frame.timestampNs, since: start, floor: lastMs)
         try file.write(le(UInt64(frame.data.count), 4) + le(lastMs, 8) + frame.data)
+        // Each frame leaves stdio at once: a live reader (a FIFO) gets it now, and a full disk says so at this frame.
+        try file.flush()
         frames += 1
     }
 

@@ -99,6 +99,8 @@ public final class WebMWriter: EncodedFrameSink {
         let block = [0x81] + be(UInt64(UInt16(bitPattern: relative)), 2) + [frame.keyframe ? 0x80 : 0x00]
         try file.write(id(0xA3) + vintSize(UInt64(block.count + frame.data.count), length: 8) + block)
         try file.write(frame.data)
+        // Each frame leaves stdio at once: a live reader (a FIFO) gets it now, and a full disk says so at this frame.
+        try file.flush()
     }
 
     private func closeCluster() throws(EncoderError) {
