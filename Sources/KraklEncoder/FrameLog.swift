@@ -2,8 +2,7 @@ import Foundation
 
 /// `--frame-log FILE`: one CSV row per encoded frame, written as the frame is encoded (the
 /// file is opened, and its header written, before capture starts, so a bad path fails the run
-/// at once). Rows go through stdio's buffer; a write error stops the run like one of the
-/// recording.
+/// at once). A write error stops the run like one of the recording.
 public final class FrameLog {
     private let file: OutputFile
     private var start: UInt64?
@@ -24,6 +23,9 @@ public final class FrameLog {
         let ms = f.timestampNs > start ? Double(f.timestampNs - start) / 1e6 : 0
         try file.write(String(format: "%.1f,%d,%d,%d,%.4f,%.3f\n", ms, f.bytes, f.keyframe ? 1 : 0, f.refresh ? 1 : 0,
                               f.activeShare, Double(f.encodeNs) / 1e6))
+        // Row by row into the file (one write a frame, at most --max-fps a second): a reader
+        // tailing it sees each frame, and a run cut short keeps its rows.
+        try file.flush()
     }
 
     /// After the encoder thread ended.
