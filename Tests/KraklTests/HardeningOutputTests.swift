@@ -175,8 +175,9 @@ struct HardeningOutputTests {
         let dump = try agent("none", ["--seconds", "60", "--record", dir + "/b.webm", "--dump-input", "/dev/full"], timeout: 30)
         #expect(dump.status == 23 && !dump.timedOut && dump.stderr.contains("cannot write /dev/full"), "exit \(dump.status): \(dump.stderr)")
 
+        try FileManager.default.createDirectory(atPath: dir + "/folder.webm", withIntermediateDirectories: false)
         for flags in [["--frame-log", "/nonexistent/x.csv"], ["--stats-json", "/nonexistent/s.json"], ["--record", "/nonexistent/r.webm"],
-                      ["--record", dir]] {
+                      ["--record", dir + "/folder.webm"]] {
             let early = try agent("none", ["--frames", "5"] + flags)
             #expect(early.status == 23 && early.stderr.contains("cannot write") && !early.stdout.contains("capturing from"),
                     "\(flags): exit \(early.status): \(early.stdout) \(early.stderr)")
@@ -200,7 +201,7 @@ struct HardeningOutputTests {
 
     /// SIGHUP and SIGPIPE killed the agent with the recording unfinished; SIGQUIT printed a crash
     /// report and went on. Each now ends the run like SIGTERM: exit 0, recording completed.
-    @Test(arguments: [(SIGHUP, "hung up (SIGHUP"), (SIGPIPE, "(SIGPIPE)"), (SIGQUIT, "quit (SIGQUIT)"), (SIGTERM, "terminated (SIGTERM)")])
+    @Test(arguments: [(SIGHUP, "hung up (SIGHUP"), (SIGPIPE, "a reader closed its pipe (SIGPIPE)"), (SIGQUIT, "quit (SIGQUIT)"), (SIGTERM, "terminated (SIGTERM)")])
     func signalsFinishTheRecording(number: Int32, reason: String) throws {
         guard haveFfprobe else { return }
         try Harness.requireBuild()
