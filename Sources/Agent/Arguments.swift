@@ -275,7 +275,7 @@ SIGNALS (recording run)
   SIGPIPE end the run cleanly: the recording and every output are completed and
   the summary printed, exit status 0. A closed stdout (krakl-agent | head) ends it
   the same way. SIGUSR1 asks for a keyframe. (--join: SIGINT stops the session,
-  SIGTERM and SIGHUP quit.)
+  SIGTERM, SIGHUP and SIGQUIT quit.)
 
 EXIT STATUS
    0 done (stopped, frame/time limit reached, or the source ended)
@@ -287,7 +287,7 @@ EXIT STATUS
   10 backend ABI version mismatch or malformed table
   11 backend create() failed (other) 12 backend start() failed
   13 the source reported an error while capturing
-  14 encoding or writing the recording failed
+  14 encoding failed (libvpx)
   15 the backend could not list its sources
   backend create() failed because (from its errno):
   16 an option or input was rejected (EINVAL)
@@ -298,7 +298,8 @@ EXIT STATUS
   20 capture was not allowed: the sharing dialog was denied (EACCES, EPERM)
   21 nobody answered in time: the sharing dialog (ETIMEDOUT)
   22 the backend hung: a call into it overran its budget (watchdog)
-  23 an output (recording, --stats-json, --frame-log, --dump-input) could not be written
+  23 an output (recording, --stats-json, --frame-log, --dump-input) could not be
+     opened, written, flushed or closed (checked before capture; capture stops at once)
   24 the isolated backend's process crashed or exited
   25 the backend delivered no usable frame
   sharing into a room (--join … --once; docs/exit-codes.md):

@@ -1,7 +1,7 @@
 import Glibc
 
 /// The main thread's one place to wait, and the agent's one way to take signals: signals
-/// (SIGINT, SIGTERM, SIGHUP, and what `catchSignals` adds) arrive as bytes on a pipe, written
+/// (SIGINT, SIGTERM, SIGHUP, SIGQUIT, and what `catchSignals` adds) arrive as bytes on a pipe, written
 /// by an async-signal-safe handler, and the session's end as a byte too; `wait`
 /// polls that pipe and, while idle, stdin. No libdispatch signal sources: they would start
 /// libdispatch's manager thread, which never ends, and an agent between sessions holds no
@@ -24,12 +24,14 @@ final class ControlPipe {
         }
         readFD = ends[0]
         Self.writeFD = ends[1]
-        catchSignals([SIGINT, SIGTERM, SIGHUP])
+        // SIGQUIT (Ctrl-\) is a quit like SIGTERM everywhere in the agent: caught, no crash report
+        // (the Swift runtime's backtracer would print "Program crashed" and the run would go on).
+        catchSignals([SIGINT, SIGTERM, SIGHUP, SIGQUIT])
         signal(SIGPIPE, SIG_IGN)   // a closed stdout or socket is an error to handle, not a death
     }
 
     /// Main thread, before other threads start: `numbers` arrive through `wait` as `.signal` too
-    /// (the recording run adds SIGQUIT, SIGPIPE and SIGUSR1). A caught SIGPIPE still makes the
+    /// (the recording run adds SIGPIPE and SIGUSR1). A caught SIGPIPE still makes the
     /// write that raised it fail with EPIPE, as an ignored one would.
     func catchSignals(_ numbers: [Int32]) {
         var wanted = sigset_t()

@@ -126,7 +126,7 @@ func checkRecordingPath(_ path: String) throws(HostError) {
 func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(HostError) -> Int32 {
     let (entry, options, library) = try selectedBackend(arguments)
     let control = ControlPipe.shared
-    control.catchSignals([SIGQUIT, SIGPIPE, SIGUSR1])
+    control.catchSignals([SIGPIPE, SIGUSR1])
     let run = CaptureRun(backend: entry.name, frameLimit: arguments.frames, logger: logger)
 
     // Every output is opened (or its place checked) before the backend is created.
