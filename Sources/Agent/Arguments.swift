@@ -242,7 +242,7 @@ ENCODER OPTIONS
       --bitrate KBPS      Target bitrate, CBR (default 2500).
       --max-size WxH      Scale down to fit within this (default 1920x1080).
       --max-fps N         At most N encoded frames a second (default 30), held over
-                          time; a frame slightly early after a quiet spell is not delayed.
+                          time; a frame that comes a little early is not delayed.
       --refresh S         Re-encode an unchanged screen every S seconds so late or
                           lossy receivers recover (default 1 when recording; 0 = off,
                           the default in a room, where receivers ask with PLI/NACK).
@@ -255,7 +255,7 @@ ENCODER OPTIONS
                           refresh, active-block share, encode ms) as it is encoded.
                           Every output is opened (or its folder checked) before
                           capture starts; one that cannot be written ends the run
-                          with status 23. --record may name a FIFO or /dev/stdout:
+                          with status 23. --record may name a FIFO (mkfifo live.webm):
                           WebM is then written as a live stream (no seeking needed).
   -v, --verbose           Show backends' info and debug log lines.
   -q, --quiet             No live status line; summary only.
