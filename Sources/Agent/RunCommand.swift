@@ -63,8 +63,13 @@ final class CaptureRun: FrameSink, @unchecked Sendable {
 
     /// Any thread: the run should end (the first reason given is kept); wakes the main thread.
     func finish(_ reason: String) {
-        lock.withLock { if self.reason == nil { self.reason = reason } }
-        ControlPipe.wake()
+        let first: Bool = lock.withLock {
+            guard self.reason == nil else { return false }
+            self.reason = reason
+            return true
+        }
+        // Once: frames after --frames still arrive until stop(), and each need not write a byte.
+        if first { ControlPipe.wake() }
     }
 
     var finishReason: String? { lock.withLock { reason } }
