@@ -16,9 +16,20 @@ public final class OutputFile {
     public private(set) var position = 0
     private var file: UnsafeMutablePointer<FILE>?
 
-    /// Opens (creates or truncates) `path` for writing. A FIFO blocks here until a reader opens it.
+    /// How long opening a FIFO waits for its reader (a plain open would wait for ever, and the
+    /// run could not end).
+    public static let fifoReaderWait = 10.0
+
+    /// Opens (creates or truncates) `path` for writing; a FIFO once a reader has it open.
     public init(path: String) throws(EncoderError) {
-        guard let file = fopen(path, "wb") else { throw EncoderError(path: path, reason: Self.errnoText()) }
+        var existing = stat()
+        let opened: UnsafeMutablePointer<FILE>?
+        if stat(path, &existing) == 0 && (existing.st_mode & S_IFMT) == S_IFIFO {
+            opened = try Self.openFifo(path)
+        } else {
+            opened = fopen(path, "wbe")  // e: close-on-exec, so no child of a backend holds it open
+        }
+        guard let file = opened else { throw EncoderError(path: path, reason: Self.errnoText()) }
         var info = stat()
         isSeekable = fstat(fileno(file), &info) == 0 && (info.st_mode & S_IFMT) == S_IFREG
         self.path = path
@@ -74,4 +85,26 @@ public final class OutputFile {
     }
 
     private static func errnoText() -> String { String(cString: strerror(errno)) }
+
+    /// A FIFO opened without blocking: ENXIO means no reader yet, so it is tried again every
+    /// 50 ms for up to `fifoReaderWait` seconds.
+    private static func openFifo(_ path: String) throws(EncoderError) -> UnsafeMutablePointer<FILE>? {
+        let attempts = Int(fifoReaderWait / 0.05)
+        for attempt in 0...attempts {
+            let fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC)
+            if fd >= 0 {
+                // Writes block again once it is open: a slow reader slows the encoder, it does not fail it.
+                _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK)
+                guard let file = fdopen(fd, "wb") else {
+                    let reason = errnoText()
+                    Glibc.close(fd)
+                    throw EncoderError(path: path, reason: reason)
+                }
+                return file
+            }
+            guard errno == ENXIO else { return nil }
+            if attempt < attempts { usleep(50_000) }
+        }
+        throw EncoderError(path: path, reason: "no process opened the FIFO for reading within \(Int(fifoReaderWait)) s; start the reader first")
+    }
 }

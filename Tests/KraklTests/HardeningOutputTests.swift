@@ -153,6 +153,17 @@ struct HardeningOutputTests {
         #expect(encoded >= 30 && text.contains("codec_name=vp8") && text.contains("nb_read_frames=\(encoded)"), "ffprobe: \(text), encoded \(encoded)")
     }
 
+    /// A FIFO that nobody reads would block the encoder's open for ever (and the run's end with
+    /// it): the agent waits 10 s for a reader, then fails clearly.
+    @Test func aFifoWithoutAReaderFailsClearly() throws {
+        let dir = try Harness.temporaryDirectory()
+        let fifo = dir + "/nobody.webm"
+        try #require(mkfifo(fifo, 0o600) == 0)
+        let result = try agent("none", ["--frames", "5", "--record", fifo], timeout: 40)
+        #expect(result.status == 23 && !result.timedOut && result.stderr.contains("no process opened the FIFO for reading"),
+                "exit \(result.status): \(result.stderr)")
+    }
+
     /// Errors that showed only at flush or close were lost (exit 0, no data). Now each output
     /// fails the run with its path and reason, exit 23; a recording that fails mid-run stops
     /// the capture at once (well before --seconds 60), and a path that cannot be opened fails
@@ -168,8 +179,11 @@ struct HardeningOutputTests {
         #expect(full.status == 23 && !full.timedOut && full.stderr.contains("cannot write \(dir)/full.webm: No space left on device")
                 && full.stdout.contains("stopped: writing \(dir)/full.webm failed"), "exit \(full.status): \(full.stdout) \(full.stderr)")
 
-        let stats = try agent("none", ["--frames", "5", "--record", dir + "/a.webm", "--stats-json", "/dev/full"])
-        #expect(stats.status == 23 && stats.stderr.contains("cannot write /dev/full: No space left on device"), "exit \(stats.status): \(stats.stderr)")
+        // Through a symlink of the test's own: an agent that renames over the path (as the old one
+        // did) replaces the symlink, not the device.
+        try FileManager.default.createSymbolicLink(atPath: dir + "/full.json", withDestinationPath: "/dev/full")
+        let stats = try agent("none", ["--frames", "5", "--record", dir + "/a.webm", "--stats-json", dir + "/full.json"])
+        #expect(stats.status == 23 && stats.stderr.contains("cannot write \(dir)/full.json: No space left on device"), "exit \(stats.status): \(stats.stderr)")
         #expect(FileManager.default.fileExists(atPath: dir + "/a.webm"), "the recording itself is complete")
 
         let dump = try agent("none", ["--seconds", "60", "--record", dir + "/b.webm", "--dump-input", "/dev/full"], timeout: 30)
@@ -181,6 +195,25 @@ struct HardeningOutputTests {
             let early = try agent("none", ["--frames", "5"] + flags)
             #expect(early.status == 23 && early.stderr.contains("cannot write") && !early.stdout.contains("capturing from"),
                     "\(flags): exit \(early.status): \(early.stdout) \(early.stderr)")
+        }
+    }
+
+    /// --stats-json and --frame-log were written with FileManager.createFile, which writes a new
+    /// file and renames it over the path: a symlink was replaced by a plain file, and (as root)
+    /// `--stats-json /dev/full` replaced the device itself. They are written in place now.
+    @Test func outputsAreWrittenInPlaceThroughSymlinks() throws {
+        let dir = try Harness.temporaryDirectory()
+        for name in ["stats.json", "frames.csv"] {
+            try Data().write(to: URL(fileURLWithPath: dir + "/real-" + name))
+            try FileManager.default.createSymbolicLink(atPath: dir + "/" + name, withDestinationPath: dir + "/real-" + name)
+        }
+        let result = try agent("none", ["--frames", "10", "--record", dir + "/out.webm", "--stats-json", dir + "/stats.json",
+                                        "--frame-log", dir + "/frames.csv"])
+        #expect(result.status == 0, "\(result.stderr)")
+        for name in ["stats.json", "frames.csv"] {
+            let kind = (try FileManager.default.attributesOfItem(atPath: dir + "/" + name))[.type] as? FileAttributeType
+            #expect(kind == .typeSymbolicLink, "\(name) is no longer a symlink")
+            #expect(((try? Data(contentsOf: URL(fileURLWithPath: dir + "/real-" + name)))?.count ?? 0) > 0, "nothing written through \(name)")
         }
     }
 
