@@ -33,6 +33,7 @@
  *   end              SOURCE_ENDED after after_ms
  *   after-destroy    a thread left behind by destroy() calls host->log and host->frame
  *   list-crash       list_sources() dereferences NULL
+ *   all-invalid      every frame has a NULL plane pointer (the host drops each one)
  *   random           one of the run-time behaviours above, chosen from "seed"
  *   random-safe      the same, without the ones that kill the process
  *                    (crash-*, abort-thread), for runs without isolation
@@ -131,6 +132,7 @@ static void send_frame(struct krakl_source *s, int width, int height, uint64_t s
     f.plane[0] = s->pixels;
     f.timestamp_ns = stamp;
     f.sequence = s->sequence++;
+    if (is(s, "all-invalid")) f.plane[0] = NULL;
     int first = s->frames_since_start == 0;
     if (!first || partial_first) {
         f.damage_count = 2;
