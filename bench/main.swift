@@ -32,6 +32,9 @@ var pipewireMode = false
 var rtcMode = false
 var roomMode = false
 var scanMode = false
+var soakMode = false
+var soakMinutes = 60
+var soakIsolate = false
 var roundsGiven = false
 var joins = 10
 var scenesGiven = false
@@ -45,6 +48,9 @@ while let word = words.popFirst() {
     case "rtc": rtcMode = true
     case "room": roomMode = true
     case "scan": scanMode = true
+    case "soak": soakMode = true
+    case "--minutes": soakMinutes = max(1, Int(words.popFirst() ?? "") ?? soakMinutes)
+    case "--isolate": soakIsolate = true
     case "--joins": joins = max(1, Int(words.popFirst() ?? "") ?? joins)
     case "--rounds": rounds = max(1, Int(words.popFirst() ?? "") ?? rounds); roundsGiven = true
     case "--seconds": seconds = Double(words.popFirst() ?? "") ?? seconds
@@ -55,7 +61,7 @@ while let word = words.popFirst() {
         let parts = (words.popFirst() ?? "").split(separator: "x").compactMap { Int($0) }
         if parts.count == 2 { (width, height) = (parts[0], parts[1]) }
     default:
-        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT']|room [--joins N]|scan [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
+        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT']|room [--joins N]|scan [--rounds N]|soak [--minutes N] [--isolate]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
         exit(2)
     }
 }
@@ -153,6 +159,10 @@ func quality(_ recording: String, reference: String, pixelFormat: String) -> (ps
 
 if x11Mode {
     try runX11Bench(seconds: seconds, rounds: rounds)
+    exit(0)
+}
+if soakMode {
+    try runSoakBench(minutes: soakMinutes, isolate: soakIsolate)
     exit(0)
 }
 if scanMode {
