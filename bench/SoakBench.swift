@@ -34,7 +34,7 @@ func runSoakBench(minutes: Int, isolate: Bool) throws {
         let status = (try? String(contentsOfFile: "/proc/\(child.pid)/status", encoding: .utf8)) ?? ""
         func field(_ name: String, _ text: String) -> Int {
             guard let line = text.split(separator: "\n").first(where: { $0.hasPrefix(name + ":") }) else { return 0 }
-            return Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") ?? 0
+            return Int(line.split(whereSeparator: { $0 == " " || $0 == "\t" }).dropFirst().first ?? "") ?? 0
         }
         let rss = Double(field("VmRSS", status)) / 1024
         let threads = field("Threads", status)

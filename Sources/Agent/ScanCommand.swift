@@ -74,10 +74,7 @@ func runScreenScan(_ arguments: Arguments, logger: @escaping BackendLogger) thro
                                    sink: capture, logger: logger)
     let control = ControlPipe.shared
     try source.start()
-    defer {
-        source.stop()
-        source.destroy()
-    }
+    defer { try? source.destroy() }   // a hung stop or destroy is given up after its budget
     let scanner = QRScanner()
     let isTerminal = isatty(STDOUT_FILENO) == 1
     let started = MonotonicClock.milliseconds()

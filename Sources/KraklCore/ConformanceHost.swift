@@ -85,9 +85,9 @@ final class CallbackRecorder: @unchecked Sendable {
         value.source_found = recorderSourceFound
         host.initialize(to: value)
         host.pointee.host_data = Unmanaged.passUnretained(self).toOpaque()
-        options = HostContext(backend: backend, optionsText: optionsText, sink: nil) { [unowned self] _, level, message in
+        options = HostContext(backend: backend, optionsText: optionsText, sink: nil, logger: { [unowned self] _, level, message in
             self.log(level, message)
-        }
+        }, contract: nil)
         Self.keptLock.withLock { Self.kept.append(self) }
     }
 

@@ -34,6 +34,7 @@
  *   after-destroy    a thread left behind by destroy() calls host->log and host->frame
  *   list-crash       list_sources() dereferences NULL
  *   silent           start() succeeds but no frame ever comes
+ *   all-invalid      every frame has a NULL plane pointer (the host drops each one)
  *   random           one of the run-time behaviours above, chosen from "seed"
  *   random-safe      the same, without the ones that kill the process
  *                    (crash-*, abort-thread), for runs without isolation
@@ -101,11 +102,11 @@ static void hang_forever(void) {
 }
 
 static void crash(void) {
-    /* Both the pointer and its target are volatile: with a plain
-     * `volatile int *` set to NULL, gcc -O1 deleted the store and the
-     * crash-* behaviours silently did nothing. A raise() alone is not a
-     * crash either: the Swift runtime's backtracer returns from its
-     * handler, and execution goes on after raise(). */
+    /* Pointer and pointee both volatile: with only the pointee volatile, gcc -O1 proved the
+     * store hits NULL, called the path unreachable and deleted every crash branch (the
+     * crash-* behaviours and KRAKL_FIXTURE_CONSTRUCTOR=crash did nothing). raise() alone is
+     * not a crash under the Swift runtime's backtracer (it returns from its handler and
+     * execution goes on after raise()), hence the default action first, then abort(). */
     volatile int *volatile nowhere = NULL;
     *nowhere = 1;
     signal(SIGSEGV, SIG_DFL);
@@ -140,6 +141,7 @@ static void send_frame(struct krakl_source *s, int width, int height, uint64_t s
     f.plane[0] = s->pixels;
     f.timestamp_ns = stamp;
     f.sequence = s->sequence++;
+    if (is(s, "all-invalid")) f.plane[0] = NULL;
     int first = s->frames_since_start == 0;
     if (!first || partial_first) {
         f.damage_count = 2;
