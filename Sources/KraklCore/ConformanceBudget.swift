@@ -26,7 +26,7 @@ public struct ConformanceBudget: Sendable {
 
     /// A timestamp may be at most this far ahead of CLOCK_MONOTONIC when it arrives, or this old.
     static let clockAhead: UInt64 = 10_000_000
-    static let clockBehind: UInt64 = 5_000_000_000
+    static let clockBehind: UInt64 = 10_000_000_000
 
     /// The hard bound of one group's process, whatever it does; see `total`.
     public func cap(of group: ConformanceGroup) -> Double {
