@@ -78,16 +78,16 @@ final class CaptureRun: FrameSink, @unchecked Sendable {
 }
 
 /// The backend the command line names (or the registry's default), its
-/// plugins.json options with every --option applied, and its loaded library.
-func selectedBackend(_ arguments: Arguments) throws(HostError) -> (entry: BackendEntry, options: JSONObject, library: BackendLibrary) {
-    let selection = try BackendSelection(registryPath: arguments.plugins, name: arguments.backend, overrides: arguments.options)
-    return (selection.entry, selection.options, selection.library)
+/// plugins.json options with every --option applied, isolated or loaded.
+func selectedBackend(_ arguments: Arguments) throws(HostError) -> BackendSelection {
+    try BackendSelection(registryPath: arguments.plugins, name: arguments.backend, overrides: arguments.options, isolate: arguments.isolate)
 }
 
 /// The main job until a publisher exists: capture from the chosen backend
 /// and show what arrives. Returns the exit status.
 func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(HostError) -> Int32 {
-    let (entry, options, library) = try selectedBackend(arguments)
+    let selection = try selectedBackend(arguments)
+    let (entry, options) = (selection.entry, selection.options)
     let run = CaptureRun(backend: entry.name, frameLimit: arguments.frames, logger: logger)
     if let record = arguments.record {
         do throws(EncoderError) {
@@ -99,7 +99,7 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
             throw .encoderFailed(error.message)
         }
     }
-    let source = try BackendSource(library: library, backendName: entry.name, options: options, sink: run, logger: logger)
+    let source: any CaptureSource = try selection.makeSource(sink: run, logger: logger)
 
     // Ctrl-C and SIGTERM stop the run cleanly (stop, destroy, summary).
     var signalSources: [DispatchSourceSignal] = []
@@ -148,8 +148,14 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
         }
     }
     if isTerminal && !arguments.quiet { print("") }
-    source.stop()
-    source.destroy()
+    // A backend that crashed (isolated) or hung ends the run with its status, after the outputs are finalized.
+    var sourceFailure: HostError?
+    do throws(HostError) {
+        try source.stop()
+        try source.destroy()
+    } catch {
+        sourceFailure = error
+    }
     run.pipeline?.finish()
     signalSources.forEach { $0.cancel() }
 
@@ -169,6 +175,10 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     }
     if let path = arguments.frameLog, let pipeline = run.pipeline { writeFrameLog(path, pipeline.statistics.allFrames) }
     if let path = arguments.statsJSON { writeStatistics(path, capture: summary, encoder: run.pipeline?.statistics.summary(), steadyRSSKB: steadyRSSKB) }
+    if let sourceFailure {
+        fputs("krakl-agent: \(sourceFailure.description)\n", stderr)
+        return sourceFailure.exitStatus
+    }
     if let error = run.encoderError {
         fputs("krakl-agent: encoding failed: \(error)\n", stderr)
         return 14

@@ -1,0 +1,28 @@
+// krakl-backend-host: runs one backend library in a process of its own for krakl-agent's
+// isolated mode, so a backend that crashes, exits or hangs takes only this process down.
+//
+//   krakl-backend-host LIBRARY BACKEND-NAME SLOTS WAIT-MS     (the agent's socket on fd 3)
+//
+// The agent spawns it (Sources/KraklCore/Isolation/IsolatedBackendSource.swift); it is not
+// meant to be run by hand. The protocol is in Sources/KraklCore/Isolation/IsolationWire.swift.
+import CBackendHost
+import Foundation
+import KraklCore
+
+let words = CommandLine.arguments
+guard words.count == 5, let slots = Int(words[3]), (2...Int(WireLimits.maximumSlots)).contains(slots),
+      let waitMilliseconds = Int(words[4]), (0...60_000).contains(waitMilliseconds),
+      fcntl(3, F_GETFD) >= 0 else {
+    fputs("krakl-backend-host: started by krakl-agent in isolated mode only (see krakl-agent --help, --isolate)\n", stderr)
+    exit(2)
+}
+// The agent's descriptors other than stdio and the socket stay out of the backend's reach.
+krakl_close_from(4)
+_ = fcntl(3, F_SETFD, FD_CLOEXEC)
+signal(SIGPIPE, SIG_IGN)
+
+let host = ChildHost(socket: WireSocket(fd: 3), backend: words[2], slots: slots, waitMilliseconds: waitMilliseconds)
+// The control thread exists before the library loads: a constructor that hangs is then
+// still ended by the agent closing the socket (the main thread reads it from the start).
+Thread.detachNewThread { host.load(path: words[1]); host.runCommands() }
+host.readSocket()
