@@ -91,7 +91,9 @@ static void hang_forever(void) {
 }
 
 static void crash(void) {
-    volatile int *nowhere = NULL;
+    /* Both volatile: with only the int volatile, gcc -O1 knows the pointer is NULL and deletes
+     * every call of crash() as unreachable; with only the pointer, it drops the store. */
+    volatile int *volatile nowhere = NULL;
     *nowhere = 1;
 }
 

@@ -42,6 +42,8 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
     public private(set) var canListSources = false
     /// The child's pid (for tests and diagnostics).
     public var processID: pid_t { process.pid }
+    /// This end of the socket (tests check it is closed after destroy).
+    var socketDescriptor: Int32 { socket.fd }
 
     private let settings: IsolationSettings
     private let socket: WireSocket
@@ -313,6 +315,7 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
     // MARK: - The reader thread
 
     private func readLoop() {
+        pthread_setname_np(pthread_self(), "krakl-isolated")
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: WireLimits.maximumChildMessage + 64, alignment: 8)
         defer { buffer.deallocate() }
         while true {
