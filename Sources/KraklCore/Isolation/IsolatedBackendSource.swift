@@ -315,7 +315,7 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
     // MARK: - The reader thread
 
     private func readLoop() {
-        pthread_setname_np(pthread_self(), "krakl-isolated")
+        Thread.current.name = "krakl-isolated"
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: WireLimits.maximumChildMessage + 64, alignment: 8)
         defer { buffer.deallocate() }
         while true {
