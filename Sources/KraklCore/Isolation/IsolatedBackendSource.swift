@@ -528,14 +528,16 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
     }
 
     /// The child is gone (or broke the protocol, then it is killed first): reap it, tell waiting
-    /// calls, and tell the sink when it was delivering and nobody asked the child to exit.
+    /// calls, and tell the sink when it was delivering, no call is waiting, and nobody asked the
+    /// child to exit.
     private func childGone(problem: String?) {
         if let problem { process.kill(because: .killedForProtocol(problem)) }
         let ended = process.reap(grace: 1)
         unmapRing()
         state.lock()
         end = ended
-        let expected = expectingExit
+        // A call waiting for its reply reports the death itself (start throws, and so on).
+        let expected = expectingExit || awaiting != nil
         state.broadcast()
         state.unlock()
         guard !expected else { return }
