@@ -32,6 +32,7 @@ var pipewireMode = false
 var rtcMode = false
 var roomMode = false
 var scanMode = false
+var isolateMode = false
 var roundsGiven = false
 var joins = 10
 var scenesGiven = false
@@ -45,6 +46,7 @@ while let word = words.popFirst() {
     case "rtc": rtcMode = true
     case "room": roomMode = true
     case "scan": scanMode = true
+    case "isolate": isolateMode = true
     case "--joins": joins = max(1, Int(words.popFirst() ?? "") ?? joins)
     case "--rounds": rounds = max(1, Int(words.popFirst() ?? "") ?? rounds); roundsGiven = true
     case "--seconds": seconds = Double(words.popFirst() ?? "") ?? seconds
@@ -55,7 +57,7 @@ while let word = words.popFirst() {
         let parts = (words.popFirst() ?? "").split(separator: "x").compactMap { Int($0) }
         if parts.count == 2 { (width, height) = (parts[0], parts[1]) }
     default:
-        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT']|room [--joins N]|scan [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
+        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT']|room [--joins N]|scan [--rounds N]|isolate [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
         exit(2)
     }
 }
@@ -153,6 +155,10 @@ func quality(_ recording: String, reference: String, pixelFormat: String) -> (ps
 
 if x11Mode {
     try runX11Bench(seconds: seconds, rounds: rounds)
+    exit(0)
+}
+if isolateMode {
+    try runIsolateBench(seconds: seconds, rounds: roundsGiven ? rounds : 2)
     exit(0)
 }
 if scanMode {

@@ -52,7 +52,6 @@ final class FrameRingWriter: @unchecked Sendable {
     private var carried = Damage.none
     private var dropped: UInt32 = 0
     private var stalled = false
-    private var invalidSent = false
     /// Copy statistics for the bench: bytes copied, frames written.
     private(set) var copiedBytes = 0
 
@@ -76,14 +75,18 @@ final class FrameRingWriter: @unchecked Sendable {
     /// A frame from the backend, on its capture thread.
     func deliver(_ pointer: UnsafePointer<krakl_frame>) {
         let info = FrameInfo(pointer)
-        if let problem = FrameCheck.geometryProblem(pointer) ?? FrameCheck.damageProblem(info) {
-            var w = WireWriter(.invalidFrame)
-            w.text(invalidSent ? "" : problem)
-            invalidSent = true
-            socket.send(w)
+        // Pixels that cannot be copied (no such format, NULL planes, short strides) never reach
+        // the ring; everything else does, and the agent's own frame gate judges the timestamp and
+        // the damage as it would in its process (a zero timestamp or wrong damage stays as given).
+        var probe = info.raw
+        probe.struct_size = pointer.pointee.struct_size
+        probe.timestamp_ns = 1
+        guard withUnsafePointer(to: &probe, { FrameCheck.geometryProblem($0) }) == nil else {
+            socket.send(InvalidFrame(pointer).encoded)
             return
         }
-        let frameDamage: Damage = info.damage.isEmpty ? .whole : .rects(info.damage)
+        let damageWrong = FrameCheck.damageProblem(info) != nil
+        let frameDamage: Damage = info.damage.isEmpty || damageWrong ? .whole : .rects(info.damage)
         condition.lock()
         defer { condition.unlock() }
         if layout?.format != info.format || layout?.width != info.width || layout?.height != info.height {
@@ -110,10 +113,21 @@ final class FrameRingWriter: @unchecked Sendable {
         carried = .none
         held[slot] = true
         let cursor = info.raw.cursor.flatMap { copyCursor($0, into: base + layout.cursorOffset, offset: layout.cursorOffset) }
-        let message = FrameMessage(generation: generation, slot: UInt32(slot), layout: layout, timestamp: info.raw.timestamp_ns,
+        var message = FrameMessage(generation: generation, slot: UInt32(slot), layout: layout, timestamp: info.raw.timestamp_ns,
                                    sequence: info.raw.sequence, dropped: dropped,
                                    damage: { if case .rects(let r) = report { return r } else { return [] } }(), cursor: cursor)
+        if damageWrong {
+            message.damageUnchecked = true
+            if info.raw.damage == nil {
+                message.damageNull = true
+                message.damageNullCount = info.raw.damage_count
+            } else {
+                message.damage = Array(info.damage.prefix(WireLimits.maximumRects))
+            }
+        }
         dropped = 0
+        // The sink's gate drops a frame with wrong damage: the next one then says "everything".
+        if damageWrong { carried = .whole }
         socket.send(message.encoded)
     }
 

@@ -81,7 +81,8 @@ static void send_frame(uint32_t slot, uint64_t offset, int32_t damage_x) {
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     u64((uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec);
-    u64(1); u32(0);
+    u64(1); u32(0);          /* sequence, dropped */
+    u32(0); u32(0);          /* damage flags (checked by the child), NULL-damage count */
     u32(1); i32(damage_x); i32(0); i32(16); i32(16);
     u32(0);
     send_plain();

@@ -320,6 +320,48 @@ struct IsolatedBackendTests {
         #expect(missing.status == 7 && missing.stderr.contains("libgone.so does not exist"), "\(missing.stderr)")
     }
 
+    /// Backends from outside the project run isolated unless told otherwise; the ones built with
+    /// the agent (next to its executable) run in its process; plugins.json and the flag override.
+    @Test func isolationIsTheDefaultForBackendsFromElsewhere() throws {
+        try requireHost()
+        #expect(BackendSelection.isolatedByDefault(library: "/opt/vendor/libcapture.so", executable: "/usr/bin/krakl-agent"))
+        #expect(!BackendSelection.isolatedByDefault(library: "/usr/bin/libBackendX11.so", executable: "/usr/bin/krakl-agent"))
+        let ours = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
+        let inTree = try BackendSelection(registryPath: ours, name: "file", overrides: [])
+        #expect(!inTree.isolated && inTree.library != nil)
+        #expect(try BackendSelection(registryPath: ours, name: "file", overrides: [], isolate: true).library == nil)
+        let (_, plugins) = try registry()
+        let foreign = try BackendSelection(registryPath: plugins, name: nil, overrides: [])
+        #expect(foreign.isolated && foreign.library == nil)
+        #expect(try !BackendSelection(registryPath: plugins, name: nil, overrides: [], isolate: false).isolated)
+        let (_, pinned) = try registry(isolate: "false")
+        #expect(try !BackendSelection(registryPath: pinned, name: nil, overrides: []).isolated)
+        // The agent: a constructor that exits takes only the child down, with no flag and no field.
+        let exited = try Harness.agent(["--plugins", plugins, "--seconds", "1", "-q"], environment: ["KRAKL_FIXTURE_CONSTRUCTOR": "exit"])
+        #expect(exited.status == 24, "exit \(exited.status): \(exited.stderr)")
+    }
+
+    /// Frames the host cannot use (damage outside the frame, an unknown format, a short stride)
+    /// are judged by the agent's own frame gate either way: same exit status, same counts, same
+    /// first message (a short stride reads as a NULL plane isolated: its pixels are never copied).
+    @Test func invalidFramesAreJudgedTheSameIsolated() throws {
+        try requireHost()
+        let dir = try Harness.temporaryDirectory()
+        for define in ["-DBAD_DAMAGE", "-DBAD_FORMAT", "-DBAD_STRIDE"] {
+            _ = try Harness.compileBackend(Harness.repoRoot + "/Tests/Fixtures/fixture_backend.c", into: dir, name: "fixture", defines: [define])
+            try "{\"version\": 1, \"default\": \"fixture\", \"backends\": {\"fixture\": {\"library\": \"libfixture.so\"}}}"
+                .write(toFile: dir + "/plugins.json", atomically: true, encoding: .utf8)
+            let run = ["--plugins", dir + "/plugins.json", "--seconds", "1", "--no-record", "-q"]
+            let inProcess = try Harness.agent(run + ["--no-isolate"]), isolated = try Harness.agent(run + ["--isolate"])
+            #expect(inProcess.status == isolated.status, "\(define): exit \(inProcess.status) / \(isolated.status)")
+            func dropped(_ text: String) -> Bool { text.contains("invalid frames from the backend") }
+            #expect(dropped(inProcess.stdout) && dropped(isolated.stdout), "\(define): \(inProcess.stdout) / \(isolated.stdout)")
+            if define != "-DBAD_STRIDE" {
+                #expect(inProcess.stderr == isolated.stderr, "\(define): \(inProcess.stderr) / \(isolated.stderr)")
+            }
+        }
+    }
+
     @Test func isolateInThePluginsFileMustBeABoolean() throws {
         #expect(throws: HostError.registryMalformed(path: "p.json", line: 1, column: 82, message: "\"isolate\" must be true or false")) {
             _ = try PluginRegistry.parse("{\"version\": 1, \"default\": \"a\", \"backends\": {\"a\": {\"library\": \"/x.so\", \"isolate\": \"yes\"}}}", path: "p.json")

@@ -63,6 +63,12 @@ public struct FrameMessage: Sendable {
     public var dropped: UInt32
     /// Empty: the whole frame may have changed.
     public var damage: [krakl_rect]
+    /// The backend's damage was wrong (outside the frame, NULL with a count): `damage` is what it
+    /// gave, unchecked, for the sink's frame gate to judge as in the agent's process; with
+    /// `damageNull`, the backend gave `damageNullCount` rectangles at a NULL pointer.
+    public var damageUnchecked = false
+    public var damageNull = false
+    public var damageNullCount: UInt32 = 0
     public var cursor: Cursor?
 
     public init(generation: UInt32, slot: UInt32, layout: SlotLayout, timestamp: UInt64, sequence: UInt64,
@@ -90,6 +96,8 @@ public struct FrameMessage: Sendable {
         w.u64(timestamp)
         w.u64(sequence)
         w.u32(dropped)
+        w.u32((damageUnchecked ? 1 : 0) | (damageNull ? 2 : 0))
+        w.u32(damageNullCount)
         w.u32(UInt32(damage.count))
         for r in damage { [r.x, r.y, r.width, r.height].forEach { w.i32($0) } }
         if let c = cursor {
@@ -120,6 +128,11 @@ public struct FrameMessage: Sendable {
         timestamp = try r.u64()
         sequence = try r.u64()
         dropped = try r.u32()
+        let flags = try r.u32()
+        guard flags <= 3 else { throw WireError("damage flags \(flags) in a frame message") }
+        damageUnchecked = flags & 1 != 0
+        damageNull = flags & 2 != 0
+        damageNullCount = try r.u32()
         let count = Int(try r.u32())
         guard count <= WireLimits.maximumRects else { throw WireError("\(count) damage rectangles in a frame message (at most \(WireLimits.maximumRects))") }
         damage = []

@@ -412,10 +412,7 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
             }
             guard accepted else { throw WireError("more than 4096 sources") }
         case .invalidFrame:
-            let problem = try r.text()
-            try r.finish()
-            let first = state.withLock { () -> Bool in invalid += 1; return invalid == 1 }
-            if first { logger(backendName, .error, "dropped an invalid frame (the backend is misbehaving): \(problem)") }
+            deliverInvalid(try InvalidFrame(reading: &r))
         case .create, .start, .stop, .destroy, .list, .release:
             throw WireError("a \(r.kind) message from the child")
         }
@@ -481,18 +478,23 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
             planePointers[index] = UnsafePointer((slotBase + Int(offset)).assumingMemoryBound(to: UInt8.self))
             strides[index] = UInt32(stride)
         }
-        withUnsafeMutableBytes(of: &value.plane) { $0.bindMemory(to: UnsafePointer<UInt8>?.self).update(from: planePointers) }
-        withUnsafeMutableBytes(of: &value.stride) { $0.bindMemory(to: UInt32.self).update(from: strides) }
+        _ = withUnsafeMutableBytes(of: &value.plane) { $0.bindMemory(to: UnsafePointer<UInt8>?.self).update(from: planePointers) }
+        _ = withUnsafeMutableBytes(of: &value.stride) { $0.bindMemory(to: UInt32.self).update(from: strides) }
         value.timestamp_ns = m.timestamp
         value.sequence = m.sequence
         for (index, r) in m.damage.enumerated() {
+            rects[index] = r
+            if m.damageUnchecked { continue }   // the backend's own wrong damage, for the sink's gate
             guard r.x >= 0, r.y >= 0, r.width > 0, r.height > 0, Int(r.x) + Int(r.width) <= width, Int(r.y) + Int(r.height) <= height else {
                 throw WireError("damage (\(r.x),\(r.y) \(r.width)x\(r.height)) outside the \(width)x\(height) frame")
             }
-            rects[index] = r
         }
         value.damage_count = UInt32(m.damage.count)
         value.damage = m.damage.isEmpty ? nil : UnsafePointer(rects)
+        if m.damageNull {
+            value.damage_count = m.damageNullCount
+            value.damage = nil
+        }
         if let c = m.cursor {
             var pixels: UnsafePointer<UInt8>?
             if let offset = c.pixelsOffset {
@@ -525,6 +527,31 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
         w.u32(m.slot)
         w.u32(m.generation)
         socket.send(w)
+    }
+
+    /// Rebuilds the header of a frame whose pixels the child could not copy, with every plane
+    /// NULL, and hands it to the sink, whose gate rejects, logs and counts it as in the agent's
+    /// process. Only a header that fails the same checks here reaches the sink.
+    private func deliverInvalid(_ m: InvalidFrame) {
+        state.withLock { invalid += 1 }
+        var value = krakl_frame()
+        value.struct_size = m.structSize
+        value.format = m.format
+        value.width = m.width
+        value.height = m.height
+        value.plane_count = m.planeCount
+        // Every plane NULL: whatever a frame gate forgives, it cannot use pixels at NULL.
+        value.plane = (nil, nil, nil, nil)
+        _ = withUnsafeMutableBytes(of: &value.stride) { $0.bindMemory(to: UInt32.self).update(from: m.strides.prefix(Int(KRAKL_MAX_PLANES))) }
+        value.timestamp_ns = m.timestamp
+        value.sequence = m.sequence
+        value.damage_count = 0
+        value.damage = nil
+        value.cursor = nil
+        frame.pointee = value
+        let pointer = UnsafePointer(frame)
+        guard FrameCheck.geometryProblem(pointer) != nil || FrameCheck.damageProblem(FrameInfo(pointer)) != nil else { return }
+        delivery.withLock { if delivering { sink?.frame(pointer) } }
     }
 
     /// The child is gone (or broke the protocol, then it is killed first): reap it, tell waiting
