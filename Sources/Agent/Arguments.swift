@@ -230,7 +230,8 @@ OPTIONS
       --isolate           Run the backend in a child process (krakl-backend-host): a crash,
                           exit or hang of the backend ends the source (exit 24 or 22 for a
                           run), never the agent. --no-isolate loads it into the agent. Default:
-                          the backend's "isolate" in plugins.json, else in the agent.
+                          the backend's "isolate" in plugins.json, else isolated for a library
+                          from elsewhere, in the agent for those next to krakl-agent.
       --frames N          Stop after N frames.
       --seconds S         Stop after S seconds.
       --once              (--join) Exit when the session ends, with its end reason's status.
