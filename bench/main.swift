@@ -33,6 +33,9 @@ var rtcMode = false
 var roomMode = false
 var scanMode = false
 var isolateMode = false
+var soakMode = false
+var soakMinutes = 60
+var soakIsolate = false
 var roundsGiven = false
 var joins = 10
 var scenesGiven = false
@@ -47,6 +50,9 @@ while let word = words.popFirst() {
     case "room": roomMode = true
     case "scan": scanMode = true
     case "isolate": isolateMode = true
+    case "soak": soakMode = true
+    case "--minutes": soakMinutes = max(1, Int(words.popFirst() ?? "") ?? soakMinutes)
+    case "--isolate": soakIsolate = true
     case "--joins": joins = max(1, Int(words.popFirst() ?? "") ?? joins)
     case "--rounds": rounds = max(1, Int(words.popFirst() ?? "") ?? rounds); roundsGiven = true
     case "--seconds": seconds = Double(words.popFirst() ?? "") ?? seconds
@@ -57,7 +63,7 @@ while let word = words.popFirst() {
         let parts = (words.popFirst() ?? "").split(separator: "x").compactMap { Int($0) }
         if parts.count == 2 { (width, height) = (parts[0], parts[1]) }
     default:
-        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT']|room [--joins N]|scan [--rounds N]|isolate [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
+        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT']|room [--joins N]|scan [--rounds N]|soak [--minutes N] [--isolate]|isolate [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
         exit(2)
     }
 }
@@ -159,6 +165,10 @@ if x11Mode {
 }
 if isolateMode {
     try runIsolateBench(seconds: seconds, rounds: roundsGiven ? rounds : 2)
+    exit(0)
+}
+if soakMode {
+    try runSoakBench(minutes: soakMinutes, isolate: soakIsolate)
     exit(0)
 }
 if scanMode {

@@ -78,7 +78,9 @@ struct Arguments {
                 timeout = s
             case "--record":
                 let path = try value(for: flag)
-                guard path.hasSuffix(".webm") || path.hasSuffix(".ivf") else { throw .usage("--record \(path): the file must end in .webm or .ivf") }
+                // The suffix picks the container, in any case (x.WEBM is a WebM file too).
+                let suffix = path.lowercased()
+                guard suffix.hasSuffix(".webm") || suffix.hasSuffix(".ivf") else { throw .usage("--record \(path): the file must end in .webm or .ivf") }
                 record = path
             case "--no-record": record = nil
             case "--codec":
@@ -248,17 +250,22 @@ ENCODER OPTIONS
       --codec vp8|vp9     Codec (default vp8).
       --bitrate KBPS      Target bitrate, CBR (default 2500).
       --max-size WxH      Scale down to fit within this (default 1920x1080).
-      --max-fps N         At most N encoded frames a second (default 30).
+      --max-fps N         At most N encoded frames a second (default 30), held over
+                          time; a frame that comes a little early is not delayed.
       --refresh S         Re-encode an unchanged screen every S seconds so late or
                           lossy receivers recover (default 1 when recording; 0 = off,
                           the default in a room, where receivers ask with PLI/NACK).
       --keyframe-interval S  A keyframe at least every S seconds (default 0: on
-                          request only; SIGUSR1 requests one).
+                          request only; SIGUSR1 requests one, at most one per 0.3 s).
       --encoder-threads N libvpx threads (default 0: 2 at 720p and up on 4+ cores, else 1).
       --dump-input FILE   Also write every encoded picture as raw I420 (for PSNR).
       --stats-json FILE   Write the run's numbers as JSON at the end.
       --frame-log FILE    Write one CSV line per encoded frame (time, bytes, keyframe,
-                          refresh, active-block share, encode ms) at the end.
+                          refresh, active-block share, encode ms) as it is encoded.
+                          Every output is opened (or its folder checked) before
+                          capture starts; one that cannot be written ends the run
+                          with status 23. --record may name a FIFO (mkfifo live.webm):
+                          WebM is then written as a live stream (no seeking needed).
   -v, --verbose           Show backends' info and debug log lines.
   -q, --quiet             No live status line; summary only.
   -h, --help              This text.      --version   The version.
@@ -272,6 +279,13 @@ X11 BACKEND OPTIONS (--backend x11)
   display=:N (default $DISPLAY)   monitor=NAME|INDEX (XRandR)   region=WxH+X+Y
   cursor=true|false   fps=1..240   shm=true|false   damage=true|false (force fallbacks)
 
+SIGNALS (recording run)
+  SIGINT (Ctrl-C), SIGTERM, SIGHUP (the terminal closed), SIGQUIT (Ctrl-\\) and
+  SIGPIPE end the run cleanly: the recording and every output are completed and
+  the summary printed, exit status 0. A closed stdout (krakl-agent | head) ends it
+  the same way. SIGUSR1 asks for a keyframe. (--join: SIGINT stops the session,
+  SIGTERM, SIGHUP and SIGQUIT quit.)
+
 EXIT STATUS
    0 done (stopped, frame/time limit reached, or the source ended)
    1 conformance: a check failed
@@ -282,7 +296,7 @@ EXIT STATUS
   10 backend ABI version mismatch or malformed table
   11 backend create() failed (other) 12 backend start() failed
   13 the source reported an error while capturing
-  14 encoding or writing the recording failed
+  14 encoding failed (libvpx)
   15 the backend could not list its sources
   backend create() failed because (from its errno):
   16 an option or input was rejected (EINVAL)
@@ -293,7 +307,8 @@ EXIT STATUS
   20 capture was not allowed: the sharing dialog was denied (EACCES, EPERM)
   21 nobody answered in time: the sharing dialog (ETIMEDOUT)
   22 the backend hung: a call into it overran its budget (watchdog)
-  23 an output (recording, --stats-json, --frame-log, --dump-input) could not be written
+  23 an output (recording, --stats-json, --frame-log, --dump-input) could not be
+     opened, written, flushed or closed (checked before capture; capture stops at once)
   24 the isolated backend's process crashed or exited
   25 the backend delivered no usable frame
   sharing into a room (--join … --once; docs/exit-codes.md):

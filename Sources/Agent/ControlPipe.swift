@@ -1,7 +1,8 @@
 import Glibc
 
-/// The main thread's one place to wait: signals (SIGINT, SIGTERM, SIGHUP) arrive as bytes on a
-/// pipe, written by an async-signal-safe handler, and the session's end as a byte too; `wait`
+/// The main thread's one place to wait, and the agent's one way to take signals: signals
+/// (SIGINT, SIGTERM, SIGHUP, SIGQUIT, and what `catchSignals` adds) arrive as bytes on a pipe, written
+/// by an async-signal-safe handler, and the session's end as a byte too; `wait`
 /// polls that pipe and, while idle, stdin. No libdispatch signal sources: they would start
 /// libdispatch's manager thread, which never ends, and an agent between sessions holds no
 /// thread but its main one.
@@ -23,12 +24,25 @@ final class ControlPipe {
         }
         readFD = ends[0]
         Self.writeFD = ends[1]
+        // SIGQUIT (Ctrl-\) is a quit like SIGTERM everywhere in the agent: caught, no crash report
+        // (the Swift runtime's backtracer would print "Program crashed" and the run would go on).
+        catchSignals([SIGINT, SIGTERM, SIGHUP, SIGQUIT])
+        signal(SIGPIPE, SIG_IGN)   // a closed stdout or socket is an error to handle, not a death
+    }
+
+    /// Main thread, before other threads start: `numbers` arrive through `wait` as `.signal` too
+    /// (the recording run adds SIGPIPE and SIGUSR1). A caught SIGPIPE still makes the
+    /// write that raised it fail with EPIPE, as an ignored one would.
+    func catchSignals(_ numbers: [Int32]) {
         var wanted = sigset_t()
         sigemptyset(&wanted)
-        for number in [SIGINT, SIGTERM, SIGHUP] {
+        for number in numbers {
             signal(number) { number in
+                // Async-signal-safe: one write(2), errno kept for the code the signal interrupted.
+                let saved = errno
                 var byte = UInt8(truncatingIfNeeded: number)
                 _ = write(ControlPipe.writeFD, &byte, 1)
+                errno = saved
             }
             sigaddset(&wanted, number)
         }
@@ -36,7 +50,6 @@ final class ControlPipe {
         // from a process whose libdispatch blocks them does so); blocked, the handler would never run.
         // Threads made later inherit this thread's mask.
         sigprocmask(SIG_UNBLOCK, &wanted, nil)
-        signal(SIGPIPE, SIG_IGN)   // a closed stdout or socket is an error to handle, not a death
     }
 
     /// Any thread: wakes `wait` with `.sessionEnded`.

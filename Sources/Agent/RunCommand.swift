@@ -11,10 +11,11 @@ final class CaptureRun: FrameSink, @unchecked Sendable {
     let frameLimit: Int?
     let logger: BackendLogger
     let backend: String
-    private let condition = NSCondition()
-    private var finishReason: String?
+    private let lock = NSLock()
+    private var reason: String?
+    private var closed = false
     private(set) var sourceError: String?
-    private(set) var encoderError: String?
+    private(set) var encoderError: EncoderError?
     /// Set before start(); receives every checked frame.
     var pipeline: EncoderPipeline?
 
@@ -27,15 +28,16 @@ final class CaptureRun: FrameSink, @unchecked Sendable {
         self.logger = logger
     }
 
+    /// Any thread, once: the encoder or one of its outputs failed; the run stops now.
     func encoderFailed(_ error: EncoderError) {
-        condition.lock()
-        encoderError = error.message
-        condition.unlock()
-        finish("the encoder failed")
+        lock.withLock { if encoderError == nil { encoderError = error } }
+        finish(error.output.map { "writing \($0.path) failed" } ?? "the encoder failed")
     }
 
     func frame(_ pointer: UnsafePointer<krakl_frame>) {
         let received = DispatchTime.now().uptimeNanoseconds
+        // After the run's stop (a backend that overran stop() may still call) nothing is taken.
+        guard !lock.withLock({ closed }) else { return }
         guard let info = gate.admit(pointer) else {
             statistics.recordInvalid()
             return
@@ -52,28 +54,39 @@ final class CaptureRun: FrameSink, @unchecked Sendable {
         case .formatChanged:
             logger(backend, .info, "format changed to \(FrameCheck.formatName(event.format)) \(event.width)x\(event.height)")
         case .error:
-            condition.lock()
-            sourceError = "\(event.message ?? "unspecified error") (\(errnoName(event.error)))"
-            condition.unlock()
+            lock.withLock { sourceError = "\(event.message ?? "unspecified error") (\(errnoName(event.error)))" }
             logger(backend, .error, event.message ?? "error \(event.error)")
         case .unknown(let type):
             logger(backend, .debug, "ignored unknown event type \(type)")
         }
     }
 
+    /// Any thread: the run should end (the first reason given is kept); wakes the main thread.
     func finish(_ reason: String) {
-        condition.lock()
-        if finishReason == nil { finishReason = reason }
-        condition.broadcast()
-        condition.unlock()
+        let first: Bool = lock.withLock {
+            guard self.reason == nil else { return false }
+            self.reason = reason
+            return true
+        }
+        // Once: frames after --frames still arrive until stop(), and each need not write a byte.
+        if first { ControlPipe.wake() }
     }
 
-    /// Waits until the run finishes or `deadline`; returns the reason, or nil on timeout.
-    func wait(until deadline: Date) -> String? {
-        condition.lock()
-        defer { condition.unlock() }
-        _ = condition.wait(while: { finishReason == nil }, until: deadline)
-        return finishReason
+    var finishReason: String? { lock.withLock { reason } }
+
+    /// After the source's stop: later frames are dropped unseen.
+    func close() { lock.withLock { closed = true } }
+}
+
+/// Why a signal ended the run (docs/exit-codes.md: each ends it like SIGTERM, exit 0).
+func signalReason(_ number: Int32) -> String {
+    switch number {
+    case SIGINT: return "interrupted (Ctrl-C)"
+    case SIGHUP: return "hung up (SIGHUP: the terminal closed)"
+    case SIGQUIT: return "quit (SIGQUIT)"
+    case SIGPIPE: return "a reader closed its pipe (SIGPIPE)"
+    case SIGTERM: return "terminated (SIGTERM)"
+    default: return "signal \(number)"
     }
 }
 
@@ -83,39 +96,61 @@ func selectedBackend(_ arguments: Arguments) throws(HostError) -> BackendSelecti
     try BackendSelection(registryPath: arguments.plugins, name: arguments.backend, overrides: arguments.options, isolate: arguments.isolate)
 }
 
+extension EncoderError {
+    /// An output's failure is the agent's exit 23; anything else the encoder's 14.
+    var hostError: HostError {
+        if let output { return .outputFailed(path: output.path, reason: output.reason) }
+        return .encoderFailed(message)
+    }
+}
+
+/// The recording is created at the first frame (its header needs the size), so its place is
+/// checked now: a missing folder or a read-only file fails the run before anything is captured.
+func checkRecordingPath(_ path: String) throws(HostError) {
+    var info = stat()
+    if stat(path, &info) == 0 {
+        if (info.st_mode & S_IFMT) == S_IFDIR { throw .outputFailed(path: path, reason: "it is a folder") }
+        if access(path, W_OK) != 0 { throw .outputFailed(path: path, reason: String(cString: strerror(errno))) }
+        return
+    }
+    let folder = (path as NSString).deletingLastPathComponent
+    if access(folder.isEmpty ? "." : folder, W_OK) != 0 {
+        throw .outputFailed(path: path, reason: "its folder \(folder.isEmpty ? "." : folder): \(String(cString: strerror(errno)))")
+    }
+}
+
 /// The main job until a publisher exists: capture from the chosen backend
 /// and show what arrives. Returns the exit status.
+///
+/// Signals (through ControlPipe, the agent's one signal mechanism): SIGINT, SIGTERM, SIGHUP,
+/// SIGQUIT and SIGPIPE each end the run cleanly (stop, destroy, recording and outputs
+/// completed, summary); SIGUSR1 asks for a keyframe. A closed stdout (`krakl-agent | head`)
+/// ends the run the same way, since nobody reads the status any more; the summary is then not
+/// printed (there is nowhere to print it) but the recording is complete.
 func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(HostError) -> Int32 {
     let selection = try selectedBackend(arguments)
     let (entry, options) = (selection.entry, selection.options)
+    let control = ControlPipe.shared
+    control.catchSignals([SIGPIPE, SIGUSR1])
     let run = CaptureRun(backend: entry.name, frameLimit: arguments.frames, logger: logger)
-    if let record = arguments.record {
-        do throws(EncoderError) {
-            run.pipeline = try EncoderPipeline(settings: arguments.encoder, dumpInput: arguments.dumpInput, output: { codec, width, height throws(EncoderError) in
-                if record.hasSuffix(".ivf") { return try IVFWriter(path: record, codec: codec, width: width, height: height) }
+
+    // Every output is opened (or its place checked) before the backend is created.
+    let statsFile: OutputFile?
+    let frameLog: FrameLog?
+    if let record = arguments.record { try checkRecordingPath(record) }
+    do throws(EncoderError) {
+        statsFile = try arguments.statsJSON.map { (path) throws(EncoderError) in try OutputFile(path: path) }
+        frameLog = try arguments.frameLog.map { (path) throws(EncoderError) in try FrameLog(path: path) }
+        if let record = arguments.record {
+            run.pipeline = try EncoderPipeline(settings: arguments.encoder, dumpInput: arguments.dumpInput, frameLog: frameLog, output: { codec, width, height throws(EncoderError) in
+                if record.lowercased().hasSuffix(".ivf") { return try IVFWriter(path: record, codec: codec, width: width, height: height) }
                 return try WebMWriter(path: record, codec: codec, width: width, height: height)
-            }, onFailure: { run.encoderFailed($0) })
-        } catch {
-            throw .encoderFailed(error.message)
+            }, onFailure: { run.encoderFailed($0) }, onWarning: { logger(entry.name, .warning, $0) })
         }
+    } catch {
+        throw error.hostError
     }
     let source: any CaptureSource = try selection.makeSource(sink: run, logger: logger)
-
-    // Ctrl-C and SIGTERM stop the run cleanly (stop, destroy, summary).
-    var signalSources: [DispatchSourceSignal] = []
-    for number in [SIGINT, SIGTERM, SIGUSR1] {
-        signal(number, SIG_IGN)
-        let handler = DispatchSource.makeSignalSource(signal: number, queue: .global())
-        handler.setEventHandler {
-            switch number {
-            case SIGUSR1: run.pipeline?.requestKeyframe()
-            case SIGINT: run.finish("interrupted (Ctrl-C)")
-            default: run.finish("terminated (SIGTERM)")
-            }
-        }
-        handler.resume()
-        signalSources.append(handler)
-    }
 
     let optionText = options.members.map { "\($0.key)=\($0.value.optionText)" }.joined(separator: " ")
     print("krakl-agent: capturing from \(entry.name) [\(optionText)]; Ctrl-C stops")
@@ -131,63 +166,103 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
         throw error
     }
     let isTerminal = isatty(STDOUT_FILENO) == 1
-    let end = arguments.seconds.map { Date().addingTimeInterval($0) } ?? .distantFuture
-    var reason: String?
+    let second: UInt64 = 1_000_000_000
+    let begun = MonotonicClock.nanoseconds()
+    let end = arguments.seconds.map { begun + UInt64($0 * 1e9) }
+    var nextTick = begun + second
+    var printing = !arguments.quiet
     var steadyRSSKB = 0   // highest VmRSS sampled once a second after the first second
     var ticks = 0
-    while reason == nil {
-        let tick = min(end, Date().addingTimeInterval(1))
-        reason = run.wait(until: tick)
-        if reason == nil && Date() >= end { reason = "\(arguments.seconds!) seconds elapsed" }
-        ticks += 1
-        if ticks > 1 { steadyRSSKB = max(steadyRSSKB, currentRSSKB()) }
-        if !arguments.quiet && reason == nil {
-            var line = statusLine(run.statistics.snapshot(window: true), total: run.statistics.frameCount)
-            if let pipeline = run.pipeline { line += " | " + encoderStatus(pipeline.statistics.summary(window: true)) }
-            if isTerminal { print("\r\u{1B}[K" + line, terminator: "") ; fflush(stdout) } else { print(line) }
+    while run.finishReason == nil {
+        let now = MonotonicClock.nanoseconds()
+        if let end, now >= end {
+            run.finish("\(arguments.seconds!) seconds elapsed")
+            break
+        }
+        if now >= nextTick {
+            nextTick = max(nextTick + second, now + second / 2)
+            ticks += 1
+            if ticks > 1 { steadyRSSKB = max(steadyRSSKB, currentRSSKB()) }
+            if printing {
+                var line = statusLine(run.statistics.snapshot(window: true), total: run.statistics.frameCount)
+                if let pipeline = run.pipeline { line += " | " + encoderStatus(pipeline.statistics.summary(window: true)) }
+                if isTerminal { print("\r\u{1B}[K" + line, terminator: "") } else { print(line) }
+                fflush(stdout)
+                // EPIPE (the reader left) or EIO (the terminal is gone): nobody sees the status any more.
+                if ferror(stdout) != 0 {
+                    printing = false
+                    run.finish("stdout was closed")
+                }
+            }
+            continue
+        }
+        let deadline = min(nextTick, end ?? .max)
+        switch control.wait(timeout: Double(deadline - now) / 1e9) {
+        case .signal(SIGUSR1): run.pipeline?.requestKeyframe()
+        case .signal(let number): run.finish(signalReason(number))
+        case .sessionEnded, .input, .timeout: break
         }
     }
-    if isTerminal && !arguments.quiet { print("") }
-    // A backend that crashed (isolated) or hung ends the run with its status, after the outputs are finalized.
+    let reason = run.finishReason ?? "stopped"
+    if isTerminal && printing { print("") }
+
+    // The end runs whatever happened: a source that hung in stop() or destroy() (the watchdog
+    // gives up on it) still gets every output completed and the summary printed.
     var sourceFailure: HostError?
-    do throws(HostError) {
-        try source.stop()
-        try source.destroy()
-    } catch {
-        sourceFailure = error
-    }
+    do { try source.stop() } catch { sourceFailure = error as? HostError }
+    do { try source.destroy() } catch { if sourceFailure == nil { sourceFailure = error as? HostError } }
+    run.close()
     run.pipeline?.finish()
-    signalSources.forEach { $0.cancel() }
+    if run.pipeline == nil {
+        do throws(EncoderError) { try frameLog?.close() } catch { run.encoderFailed(error) }
+    }
 
     let summary = run.statistics.snapshot()
-    print("krakl-agent: stopped: \(reason!)")
+    print("krakl-agent: stopped: \(reason)")
     print(String(format: "summary: %d frames in %.1f s (%.1f fps), %@, damage %.1f%% of the frame on average",
                  summary.frames, summary.seconds, summary.fps, summary.lastSize.isEmpty ? "no frames" : summary.lastSize,
                  summary.damageShareMean * 100))
     print(String(format: "delivery latency (capture timestamp to host): p50 %.3f ms, p99 %.3f ms, max %.3f ms",
                  summary.latencyMs.p50, summary.latencyMs.p99, summary.latencyMs.max))
     if summary.invalidFrames > 0 { print("dropped \(summary.invalidFrames) invalid frames from the backend") }
-    if let pipeline = run.pipeline, let record = arguments.record {
-        let e = pipeline.statistics.summary()
+    let encoded = run.pipeline?.statistics.summary()
+    if let pipeline = run.pipeline, let e = encoded, let record = arguments.record {
         print(String(format: "encoded: %d frames (%d keyframes, %d refreshes), %.0f kbit/s, encode p50 %.2f ms p99 %.2f ms, active blocks %.1f%%, %d captured frames merged into later ones, %d dropped by rate control",
                      e.frames, e.keyframes, e.refreshFrames, e.bitrateKbps, e.encodeMs.p50, e.encodeMs.p99, e.activeShareMean * 100, e.skippedFrames, e.droppedFrames))
-        print(String(format: "encoder path CPU: %.2f s (conversion on the capture thread + encoder thread); recording: %@", e.cpuSeconds, record))
+        if e.correctedTimestamps > 0 { print("corrected \(e.correctedTimestamps) backend timestamps (stepped back, jumped or stood still)") }
+        if e.coalescedKeyframeRequests > 0 { print("merged \(e.coalescedKeyframeRequests) keyframe requests into earlier ones (at most one keyframe per \(pipeline.settings.keyframeRequestSpacing) s)") }
+        let written = pipeline.outputStarted ? record : "none (no frame was encoded)"
+        print(String(format: "encoder path CPU: %.2f s (conversion on the capture thread + encoder thread); recording: %@", e.cpuSeconds, written))
     }
-    if let path = arguments.frameLog, let pipeline = run.pipeline { writeFrameLog(path, pipeline.statistics.allFrames) }
-    if let path = arguments.statsJSON { writeStatistics(path, capture: summary, encoder: run.pipeline?.statistics.summary(), steadyRSSKB: steadyRSSKB) }
-    if let sourceFailure {
-        fputs("krakl-agent: \(sourceFailure.description)\n", stderr)
-        return sourceFailure.exitStatus
+    var statsFailure: HostError?
+    if let statsFile {
+        do throws(EncoderError) {
+            try writeStatistics(statsFile, capture: summary, encoder: encoded, steadyRSSKB: steadyRSSKB)
+        } catch {
+            statsFailure = error.hostError
+        }
     }
+
+    // Every failure is said; the exit status is the first of: the backend hung (22), an output
+    // failed (23), the encoder failed (14), no usable frame (25), the source reported an error (13).
+    var failures: [HostError] = []
+    if let sourceFailure { failures.append(sourceFailure) }
     if let error = run.encoderError {
-        fputs("krakl-agent: encoding failed: \(error)\n", stderr)
-        return 14
+        failures.append(error.hostError)
+        if error.output != nil { fputs("krakl-agent: capturing stopped when writing failed; what was written before that is complete\n", stderr) }
     }
+    if let statsFailure { failures.append(statsFailure) }
+    if summary.frames == 0 && summary.invalidFrames > 0 {
+        failures.append(.noValidFrames(backend: entry.name, invalid: summary.invalidFrames))
+    }
+    for failure in failures { fputs("krakl-agent: \(failure.description)\n", stderr) }
     if let error = run.sourceError {
         fputs("krakl-agent: the source reported an error: \(error)\n", stderr)
-        return 13
     }
-    return 0
+    let order: [Int32] = [22, 23, 14, 25]
+    for status in order where failures.contains(where: { $0.exitStatus == status }) { return status }
+    if let first = failures.first { return first.exitStatus }
+    return run.sourceError == nil ? 0 : 13
 }
 
 func statusLine(_ shot: CaptureStatistics.Snapshot, total: Int) -> String {
@@ -199,11 +274,12 @@ func encoderStatus(_ e: EncoderStatistics.Summary) -> String {
     String(format: "enc %5.0f kbit/s p50 %.1f ms | active %4.1f%%", e.bitrateKbps, e.encodeMs.p50, e.activeShareMean * 100)
 }
 
-/// The run's numbers for scripts (bench/, tests) to read.
-func writeStatistics(_ path: String, capture: CaptureStatistics.Snapshot, encoder: EncoderStatistics.Summary?, steadyRSSKB: Int) {
+/// The run's numbers for scripts (bench/, tests) to read, into the file opened before capture.
+func writeStatistics(_ file: OutputFile, capture: CaptureStatistics.Snapshot, encoder: EncoderStatistics.Summary?, steadyRSSKB: Int) throws(EncoderError) {
     var object: [String: Any] = [
         "captured_frames": capture.frames, "capture_seconds": capture.seconds, "damage_share": capture.damageShareMean,
         "delivery_latency_ms_p50": capture.latencyMs.p50, "delivery_latency_ms_p99": capture.latencyMs.p99,
+        "invalid_frames": capture.invalidFrames,
     ]
     if let e = encoder {
         object["encoded_frames"] = e.frames
@@ -218,6 +294,8 @@ func writeStatistics(_ path: String, capture: CaptureStatistics.Snapshot, encode
         object["active_share"] = e.activeShareMean
         object["skipped_frames"] = e.skippedFrames
         object["dropped_frames"] = e.droppedFrames
+        object["corrected_timestamps"] = e.correctedTimestamps
+        object["coalesced_keyframe_requests"] = e.coalescedKeyframeRequests
         object["encoder_cpu_seconds"] = e.cpuSeconds
     }
     var usage = rusage()
@@ -227,20 +305,9 @@ func writeStatistics(_ path: String, capture: CaptureStatistics.Snapshot, encode
     let zeroFill = krakl_zero_fill_read_stats()
     object["zero_fill_released_bytes"] = zeroFill.bytes
     object["process_cpu_seconds"] = Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
-    if let data = try? JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys]) {
-        _ = FileManager.default.createFile(atPath: path, contents: data)
-    }
-}
-
-/// Per-frame numbers as CSV, one line per encoded frame.
-func writeFrameLog(_ path: String, _ frames: [EncoderStatistics.Frame]) {
-    let start = frames.first?.timestampNs ?? 0
-    var text = "time_ms,bytes,keyframe,refresh,active_share,encode_ms\n"
-    for f in frames {
-        text += String(format: "%.1f,%d,%d,%d,%.4f,%.3f\n", Double(f.timestampNs - start) / 1e6, f.bytes, f.keyframe ? 1 : 0,
-                       f.refresh ? 1 : 0, f.activeShare, Double(f.encodeNs) / 1e6)
-    }
-    _ = FileManager.default.createFile(atPath: path, contents: Data(text.utf8))
+    let data = (try? JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys])) ?? Data("{}".utf8)
+    try file.write([UInt8](data))
+    try file.close()
 }
 
 /// VmRSS of this process, kB.

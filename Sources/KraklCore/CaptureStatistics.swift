@@ -4,6 +4,9 @@ import KraklBackendABI
 /// Live numbers for a capture run: frame rate, how much of each frame the
 /// damage covers, and how long a frame took from its capture timestamp to
 /// reaching the host. Fed from the capture thread, read from the main one.
+/// Fixed-size: running sums and latency histograms (LogHistogram), one for
+/// the whole run and one for the status line's window, so a run of days or a
+/// backend flooding frames costs no more memory than a short run.
 public final class CaptureStatistics: @unchecked Sendable {
     public struct Snapshot {
         public var frames = 0
@@ -15,50 +18,66 @@ public final class CaptureStatistics: @unchecked Sendable {
         public var fps: Double { seconds > 0 ? Double(frames) / seconds : 0 }
     }
 
+    /// Sums over a span of frames.
+    private struct Span {
+        var frames = 0
+        var damageShareSum = 0.0
+        var latencies = LogHistogram()
+
+        mutating func add(damageShare: Double, latencyNs: UInt64) {
+            frames += 1
+            damageShareSum += damageShare
+            latencies.add(latencyNs)
+        }
+    }
+
     private let lock = PThreadLock()
     private let started = DispatchTime.now().uptimeNanoseconds
-    private var frames = 0
+    private var total = Span()
+    private var window = Span()
     private var invalidFrames = 0
-    private var damageShares: [Double] = []
-    private var latenciesNs: [UInt64] = []
     private var lastSize = ""
-    private var windowStart = 0
     private var windowStartNs = DispatchTime.now().uptimeNanoseconds
 
     public init() {}
 
     /// Records one delivered frame that passed FrameCheck.
     public func record(_ frame: FrameInfo, receivedNs: UInt64) {
+        // A timestamp from the future (a backend on another clock) counts as no latency, never as a trap.
         let latency = receivedNs > frame.raw.timestamp_ns ? receivedNs - frame.raw.timestamp_ns : 0
+        let size = lastSizeText(frame)
         lock.withLock {
-            frames += 1
-            damageShares.append(frame.damageShare)
-            latenciesNs.append(latency)
-            lastSize = "\(FrameCheck.formatName(frame.format)) \(frame.width)x\(frame.height)"
+            total.add(damageShare: frame.damageShare, latencyNs: latency)
+            window.add(damageShare: frame.damageShare, latencyNs: latency)
+            if lastSize != size { lastSize = size }
         }
     }
 
+    private func lastSizeText(_ frame: FrameInfo) -> String { "\(FrameCheck.formatName(frame.format)) \(frame.width)x\(frame.height)" }
+
     public func recordInvalid() { lock.withLock { invalidFrames += 1 } }
 
-    public var frameCount: Int { lock.withLock { frames } }
+    public var frameCount: Int { lock.withLock { total.frames } }
+    public var invalidCount: Int { lock.withLock { invalidFrames } }
 
     /// Numbers over the whole run, or (`window: true`) over the frames since
     /// the previous windowed snapshot, for the once-a-second status line.
-    public func snapshot(window: Bool = false) -> Snapshot {
+    public func snapshot(window windowed: Bool = false) -> Snapshot {
         lock.withLock {
             let now = DispatchTime.now().uptimeNanoseconds
-            let from = window ? windowStart : 0
-            let slice = latenciesNs[from...].sorted()
+            let span = windowed ? window : total
             var shot = Snapshot()
-            shot.frames = frames - from
+            shot.frames = span.frames
             shot.invalidFrames = invalidFrames
-            shot.seconds = Double(now - (window ? windowStartNs : started)) / 1e9
-            shot.damageShareMean = shot.frames > 0 ? damageShares[from...].reduce(0, +) / Double(shot.frames) : 0
-            func percentile(_ p: Double) -> Double { slice.nearestRank(p).map { Double($0) / 1e6 } ?? 0 }
-            shot.latencyMs = (percentile(0.5), percentile(0.99), Double(slice.last ?? 0) / 1e6)
+            let from = windowed ? windowStartNs : started
+            shot.seconds = Double(now > from ? now - from : 0) / 1e9
+            shot.damageShareMean = span.frames > 0 ? span.damageShareSum / Double(span.frames) : 0
+            func ms(_ ns: UInt64?) -> Double { Double(ns ?? 0) / 1e6 }
+            shot.latencyMs = (ms(span.latencies.percentile(0.5)), ms(span.latencies.percentile(0.99)),
+                              span.frames > 0 ? ms(span.latencies.maximum) : 0)
             shot.lastSize = lastSize
-            if window {
-                windowStart = frames
+            if windowed {
+                window = Span()
                 windowStartNs = now
             }
             return shot

@@ -11,6 +11,10 @@ import KraklCore
 /// that arrives before the previous one was taken overwrites it (latest
 /// wins) and its damage merges in (counted as skipped). Capture never waits
 /// for an encode, only for the short copy out of the slot.
+///
+/// Backend timestamps pass a PresentationClock on the way in, so the outputs
+/// only ever see increasing times; keyframe requests are held to one per
+/// `settings.keyframeRequestSpacing` (FrameRateCap holds frames to `--max-fps`).
 public final class EncoderPipeline: @unchecked Sendable {
     public let settings: EncoderSettings
     public let statistics = EncoderStatistics()
@@ -31,29 +35,41 @@ public final class EncoderPipeline: @unchecked Sendable {
     private var requestedBitrate: Int?
     private var stopping = false
     private var started = false
-    private var inputDump: UnsafeMutablePointer<FILE>?
+    private var clock = PresentationClock()
+    private var warnedAboutTimestamps = false
+    private var outputMade = false
+    private var failed = false
+    private let inputDump: OutputFile?
+    private let frameLog: FrameLog?
+    private let onWarning: (String) -> Void
     /// Frames a rolling refresh band takes to sweep the picture (0.5 s at 30 fps).
     static let refreshSweep = 15
 
     /// - Parameters:
     ///   - dumpInput: a file to receive every encoded picture as raw I420
-    ///     (for PSNR checks against the decoded output).
-    ///   - onFailure: called once, on the encoder thread, if encoding fails.
-    public init(settings: EncoderSettings, dumpInput: String? = nil, output: @escaping OutputFactory,
-                onFailure: @escaping (EncoderError) -> Void) throws(EncoderError) {
+    ///     (for PSNR checks against the decoded output); opened here.
+    ///   - frameLog: receives a row per encoded frame as it is encoded; the pipeline closes it.
+    ///   - onFailure: called once, on the encoder thread, if encoding or an output fails.
+    ///   - onWarning: called once, the first time a backend timestamp had to be corrected.
+    public init(settings: EncoderSettings, dumpInput: String? = nil, frameLog: FrameLog? = nil, output: @escaping OutputFactory,
+                onFailure: @escaping (EncoderError) -> Void, onWarning: @escaping (String) -> Void = { _ in }) throws(EncoderError) {
         guard settings.maximumFps > 0, settings.maximumSize.width >= 16, settings.maximumSize.height >= 16 else {
             throw EncoderError("the frame-rate cap and maximum size must be positive (at least 16×16)")
         }
         self.settings = settings
         makeOutput = output
         self.onFailure = onFailure
-        if let dumpInput {
-            guard let file = fopen(dumpInput, "wb") else { throw EncoderError("cannot write \(dumpInput): \(String(cString: strerror(errno)))") }
-            inputDump = file
-        }
+        self.onWarning = onWarning
+        self.frameLog = frameLog
+        inputDump = try dumpInput.map { (path) throws(EncoderError) in try OutputFile(path: path) }
     }
 
-    deinit { if let inputDump { fclose(inputDump) } }
+    /// Whether the output exists (it is made at the first picture, when its size is known).
+    public var outputStarted: Bool {
+        condition.lock()
+        defer { condition.unlock() }
+        return outputMade
+    }
 
     /// Starts the encoder thread.
     public func start() {
@@ -73,7 +89,19 @@ public final class EncoderPipeline: @unchecked Sendable {
     public func submit(_ frame: FrameInfo) {
         let cpuStart = threadCpuNanoseconds()
         let size = outputSize(width: frame.width, height: frame.height, maximum: settings.maximumSize)
+        let arrived = MonotonicClock.nanoseconds()
         condition.lock()
+        // After finish() nothing more is encoded (a backend that overran stop() may still deliver).
+        guard !stopping else {
+            condition.unlock()
+            return
+        }
+        let (time, problem) = clock.stamp(capture: frame.raw.timestamp_ns, hostNs: arrived)
+        var warning: String?
+        if let problem {
+            if !warnedAboutTimestamps { warning = problem }
+            warnedAboutTimestamps = true
+        }
         if staging?.width != size.width || staging?.height != size.height {
             staging = I420Image(width: size.width, height: size.height)
             pendingDamage.addWhole()
@@ -84,19 +112,27 @@ public final class EncoderPipeline: @unchecked Sendable {
         } else {
             pendingDamage.addWhole()
         }
-        pendingTimestamp = frame.raw.timestamp_ns
+        pendingTimestamp = time
         pending = true
         condition.signal()
         condition.unlock()
+        if problem != nil { statistics.recordCorrectedTimestamp() }
+        if let warning {
+            onWarning("\(warning); the recording uses the host's clock from there (later corrections are counted in the summary, not logged)")
+        }
         statistics.recordCapture(conversionCpuNs: threadCpuNanoseconds() - cpuStart, skippedPrevious: skipped)
     }
 
-    /// Any thread: the next encoded frame is a keyframe.
+    /// Any thread: a keyframe soon. At most one per `settings.keyframeRequestSpacing`: a request
+    /// within that time of the last keyframe is served when the spacing has passed, and requests
+    /// that arrive while one is waiting merge into it.
     public func requestKeyframe() {
         condition.lock()
+        let merged = keyframeRequested
         keyframeRequested = true
         condition.signal()
         condition.unlock()
+        if merged { statistics.recordCoalescedKeyframeRequest() }
     }
 
     /// A keyframe libvpx dropped is asked for again.
@@ -119,9 +155,32 @@ public final class EncoderPipeline: @unchecked Sendable {
         condition.lock()
         stopping = true
         let wasStarted = started
+        started = true  // never starts after this
         condition.signal()
         condition.unlock()
-        if wasStarted { finished.wait() }
+        if wasStarted {
+            finished.wait()
+        } else {
+            closeLogs()
+        }
+    }
+
+    /// Reports the first failure only: one failing disk fails every later write too.
+    private func fail(_ error: EncoderError) {
+        condition.lock()
+        let first = !failed
+        failed = true
+        condition.unlock()
+        if first { onFailure(error) }
+    }
+
+    private func closeLogs() {
+        do throws(EncoderError) {
+            try inputDump?.close()
+            try frameLog?.close()
+        } catch {
+            fail(error)
+        }
     }
 
     // MARK: encoder thread
@@ -140,10 +199,9 @@ public final class EncoderPipeline: @unchecked Sendable {
         var output: EncodedFrameSink?
         var picture: I420Image?
         var lastEncodeNs: UInt64 = 0
-        var lastCaptureNs: UInt64 = 0 // capture time of the last picture encoded
-        var lastKeyframeNs: UInt64 = 0
+        var cap = FrameRateCap(interval: UInt64(1e9 / settings.maximumFps))
+        var lastKeyframeNs: UInt64?
         var lastPts: Int64 = -1
-        let minimumInterval = UInt64(1e9 / settings.maximumFps)
         let refreshNs = UInt64(settings.refreshInterval * 1e9)
         let keyframeNs = UInt64(settings.keyframeInterval * 1e9)
 
@@ -151,8 +209,8 @@ public final class EncoderPipeline: @unchecked Sendable {
         var carried = DamageAccumulator()
         var refreshRow = 0
         loop: while true {
-            guard var work = takeWork(picture: &picture, lastEncodeNs: lastEncodeNs, lastCaptureNs: lastCaptureNs,
-                                      minimumInterval: minimumInterval, refreshNs: refreshNs) else { break }
+            guard var work = takeWork(picture: &picture, lastEncodeNs: lastEncodeNs, cap: &cap, lastKeyframeNs: lastKeyframeNs,
+                                      refreshNs: refreshNs) else { break }
             work.damage.merge(carried)
             carried.clear()
             let now = MonotonicClock.nanoseconds()
@@ -161,12 +219,17 @@ public final class EncoderPipeline: @unchecked Sendable {
                 if let size = work.newSize {
                     encoder = try VpxEncoder(codec: settings.codec, width: size.0, height: size.1, bitrateKbps: settings.bitrateKbps,
                                              fps: settings.maximumFps, threads: settings.threads)
-                    if output == nil { output = try makeOutput(settings.codec, size.0, size.1) }
+                    if output == nil {
+                        output = try makeOutput(settings.codec, size.0, size.1)
+                        condition.lock()
+                        outputMade = true
+                        condition.unlock()
+                    }
                     work.keyframe = true
                 }
                 guard let encoder, let output else { continue }
                 if let bitrate = work.bitrate { try encoder.setBitrate(kbps: bitrate) }
-                if keyframeNs > 0 && now - lastKeyframeNs >= keyframeNs { work.keyframe = true }
+                if keyframeNs > 0 && now - (lastKeyframeNs ?? 0) >= keyframeNs { work.keyframe = true }
 
                 // libvpx budgets each frame by the pts step from the previous one
                 // (it derives the frame rate from it). Real capture times would
@@ -207,66 +270,55 @@ public final class EncoderPipeline: @unchecked Sendable {
                 if let inputDump {
                     var bytes: [UInt8] = []
                     image.appendPacked(to: &bytes)
-                    fwrite(bytes, 1, bytes.count, inputDump)
+                    try inputDump.write(bytes)
                 }
                 for packet in packets {
                     try output.write(EncodedFrame(data: packet.data, keyframe: packet.keyframe, timestampNs: work.timestampNs,
                                                   width: image.width, height: image.height, codec: settings.codec))
                     if packet.keyframe { lastKeyframeNs = now }
-                    statistics.record(.init(bytes: packet.data.count, keyframe: packet.keyframe, refresh: work.refresh,
-                                            activeShare: share, encodeNs: encodeNs, timestampNs: work.timestampNs))
+                    let row = EncoderStatistics.Frame(bytes: packet.data.count, keyframe: packet.keyframe, refresh: work.refresh,
+                                                      activeShare: share, encodeNs: encodeNs, timestampNs: work.timestampNs)
+                    statistics.record(row)
+                    try frameLog?.append(row)
                 }
                 lastEncodeNs = now
-                if !work.refresh { lastCaptureNs = work.timestampNs }
             } catch {
-                onFailure(error)
+                fail(error)
                 break loop
             }
         }
         statistics.setEncoderCpu(threadCpuNanoseconds())
-        if let inputDump { fflush(inputDump) }
+        // What was recorded before a failure is completed too (best effort: the first error is the one reported).
         do throws(EncoderError) {
             try output?.finish()
         } catch {
-            onFailure(error)
+            fail(error)
         }
-    }
-
-    /// Whether the frame-rate cap lets a frame be encoded now: an interval since the last encode
-    /// began, or (for a pending capture) an interval, less a quarter of slack, between its capture
-    /// and that of the last picture encoded.
-    ///
-    /// Judged on take times alone, a frame that arrives a little early (capture jitter, or the
-    /// previous take ran late) waits for the cap, every later frame inherits that wait, and
-    /// nothing wins it back: measured at 30 fps from a 30 fps source, capture → encoded drifted
-    /// to 24 ms for a 5 ms encode (4.5 ms with this rule). The slack lets a source at the cap
-    /// through at once while a faster one is still held to it.
-    static func frameRateCapAllows(now: UInt64, lastEncodeNs: UInt64, lastCaptureNs: UInt64, pendingCaptureNs: UInt64?,
-                                   interval: UInt64) -> Bool {
-        if now >= lastEncodeNs + interval { return true }
-        // Backends' timestamps are theirs: compared without arithmetic that could overflow on a bogus one.
-        guard let capture = pendingCaptureNs, capture > lastCaptureNs else { return false }
-        return capture - lastCaptureNs >= interval - interval / 4
+        closeLogs()
     }
 
     /// Waits for something to encode and takes it out of the slot; nil when stopping.
-    private func takeWork(picture: inout I420Image?, lastEncodeNs: UInt64, lastCaptureNs: UInt64, minimumInterval: UInt64,
+    private func takeWork(picture: inout I420Image?, lastEncodeNs: UInt64, cap: inout FrameRateCap, lastKeyframeNs: UInt64?,
                           refreshNs: UInt64) -> Work? {
         condition.lock()
         defer { condition.unlock() }
+        let keyframeSpacing = UInt64(settings.keyframeRequestSpacing * 1e9)
+        var keyframeNow = false
         while true {
             // Stopping drains the slot: the last captured picture is encoded too.
             if stopping && !pending { return nil }
             let now = MonotonicClock.nanoseconds()
-            let capOpen = Self.frameRateCapAllows(now: now, lastEncodeNs: lastEncodeNs, lastCaptureNs: lastCaptureNs,
-                                                  pendingCaptureNs: pending ? pendingTimestamp : nil, interval: minimumInterval)
+            let capOpen = cap.allows(now: now)
+            let keyframeOpensAt = lastKeyframeNs.map { $0 &+ keyframeSpacing } ?? 0
+            keyframeNow = keyframeRequested && now >= keyframeOpensAt
             let refreshDue = picture != nil && refreshNs > 0 && now >= lastEncodeNs + refreshNs
-            if (pending && (capOpen || stopping)) || (keyframeRequested && (pending || picture != nil) && capOpen) || refreshDue { break }
-            // Sleep until the cap opens (something is pending) or a refresh is due.
-            // A keyframe request before the first capture has nothing to encode
-            // yet: it waits, untimed, for that capture like everything else.
+            if (pending && (capOpen || stopping)) || (keyframeNow && (pending || picture != nil) && capOpen) || refreshDue { break }
+            // Sleep until the cap opens (something is pending), a held keyframe request may be
+            // served, or a refresh is due. A keyframe request before the first capture has
+            // nothing to encode yet: it waits, untimed, for that capture like everything else.
             var wake: UInt64?
-            if pending || (keyframeRequested && picture != nil) { wake = lastEncodeNs + minimumInterval }
+            if pending { wake = cap.opensAt() }
+            if keyframeRequested && picture != nil { wake = min(wake ?? .max, max(cap.opensAt(), keyframeOpensAt)) }
             if picture != nil && refreshNs > 0 { wake = min(wake ?? .max, lastEncodeNs + refreshNs) }
             if let wake {
                 _ = condition.wait(until: Date(timeIntervalSinceNow: Double(wake > now ? wake - now : 0) / 1e9))
@@ -274,11 +326,13 @@ public final class EncoderPipeline: @unchecked Sendable {
                 condition.wait()
             }
         }
+        cap.take(now: MonotonicClock.nanoseconds())
         var work = Work()
         work.bitrate = requestedBitrate
         requestedBitrate = nil
-        work.keyframe = keyframeRequested
-        keyframeRequested = false
+        // A request still inside the spacing stays pending: this picture goes out as a delta frame.
+        work.keyframe = keyframeNow
+        if keyframeNow { keyframeRequested = false }
         if pending, let staging {
             if picture?.width != staging.width || picture?.height != staging.height {
                 picture = I420Image(width: staging.width, height: staging.height)
@@ -297,7 +351,7 @@ public final class EncoderPipeline: @unchecked Sendable {
         } else {
             // Nothing new: refresh (or a requested keyframe of) the current picture.
             work.damage.addWhole()
-            work.timestampNs = MonotonicClock.nanoseconds()
+            work.timestampNs = clock.stamp(hostNs: MonotonicClock.nanoseconds())
             work.refresh = !work.keyframe
         }
         return work

@@ -15,6 +15,12 @@ public struct EncoderSettings: Sendable {
     public var refreshInterval = 1.0
     /// A keyframe at least this often (seconds); 0: only when requested.
     public var keyframeInterval = 0.0
+    /// Requested keyframes (SIGUSR1, a viewer's PLI or FIR) at most this often (seconds); requests
+    /// in between merge into the next one. A keyframe costs about ten delta frames: answered one
+    /// for one, 8,000 requests made 154 of 183 frames keyframes (3.7 Mbit/s against 2.5). 0.3 s is
+    /// the publisher's own PLI coalescing interval, so a viewer who lost a picture still has one
+    /// within about a third of a second.
+    public var keyframeRequestSpacing = 0.3
     /// Encoder threads; 0 chooses by picture size and cores.
     public var threads = 0
 

@@ -1,7 +1,9 @@
 import Foundation
 import KraklCore
 
-/// What the encoder did, per frame and in total; read from any thread.
+/// What the encoder did, in total and per status-line window; read from any thread.
+/// Fixed-size (running sums, an encode-time histogram): per-frame rows go to the frame log as
+/// they happen (FrameLog), not into memory.
 public final class EncoderStatistics: @unchecked Sendable {
     public struct Frame: Sendable {
         public let bytes: Int
@@ -10,6 +12,7 @@ public final class EncoderStatistics: @unchecked Sendable {
         /// Share of 16×16 blocks the active map marked as changed (1 for full frames).
         public let activeShare: Double
         public let encodeNs: UInt64
+        /// Presentation time (PresentationClock): increases from frame to frame.
         public let timestampNs: UInt64
     }
 
@@ -26,20 +29,55 @@ public final class EncoderStatistics: @unchecked Sendable {
         public var skippedFrames = 0
         /// Pictures libvpx dropped to hold the bitrate.
         public var droppedFrames = 0
+        /// Backend timestamps the PresentationClock replaced (stepped back, jumped, stood still).
+        public var correctedTimestamps = 0
+        /// Keyframe requests that found a keyframe less than the minimum spacing ago and were
+        /// merged into the next allowed one.
+        public var coalescedKeyframeRequests = 0
         /// CPU time of the encoder path: conversion on the capture thread plus the encoder thread.
         public var cpuSeconds = 0.0
     }
 
+    /// Sums over a span of frames.
+    private struct Span {
+        var frames = 0
+        var keyframes = 0
+        var refreshFrames = 0
+        var bytes = 0
+        var activeShareSum = 0.0
+        var firstTimestamp: UInt64 = 0
+        var lastTimestamp: UInt64 = 0
+        var encodeTimes = LogHistogram()
+
+        mutating func add(_ frame: Frame) {
+            if frames == 0 { firstTimestamp = frame.timestampNs }
+            lastTimestamp = max(lastTimestamp, frame.timestampNs)
+            frames += 1
+            if frame.keyframe { keyframes += 1 }
+            if frame.refresh { refreshFrames += 1 }
+            bytes += frame.bytes
+            activeShareSum += frame.activeShare
+            encodeTimes.add(frame.encodeNs)
+        }
+    }
+
     private let lock = NSLock()
-    private var frames: [Frame] = []
-    private var windowStart = 0
+    private var total = Span()
+    private var window = Span()
     private(set) var captured = 0
     private(set) var skipped = 0
     private var dropped = 0
+    private var corrected = 0
+    private var coalesced = 0
     private var conversionCpuNs: UInt64 = 0
     private var encoderCpuNs: UInt64 = 0
 
-    func record(_ frame: Frame) { lock.withLock { frames.append(frame) } }
+    func record(_ frame: Frame) {
+        lock.withLock {
+            total.add(frame)
+            window.add(frame)
+        }
+    }
     func recordCapture(conversionCpuNs ns: UInt64, skippedPrevious: Bool) {
         lock.withLock {
             captured += 1
@@ -48,35 +86,36 @@ public final class EncoderStatistics: @unchecked Sendable {
         }
     }
     func recordDrop() { lock.withLock { dropped += 1 } }
+    func recordCorrectedTimestamp() { lock.withLock { corrected += 1 } }
+    func recordCoalescedKeyframeRequest() { lock.withLock { coalesced += 1 } }
     func setEncoderCpu(_ ns: UInt64) { lock.withLock { encoderCpuNs = ns } }
-
-    public var allFrames: [Frame] { lock.withLock { frames } }
 
     /// Totals over the run, or (`window: true`) over the frames since the
     /// previous windowed summary.
-    public func summary(window: Bool = false) -> Summary {
+    public func summary(window windowed: Bool = false) -> Summary {
         lock.withLock {
-            let from = window ? windowStart : 0
-            let slice = frames[from...]
-            if window { windowStart = frames.count }
+            let span = windowed ? window : total
+            if windowed { window = Span() }
             var s = Summary()
-            s.frames = slice.count
-            s.keyframes = slice.filter(\.keyframe).count
-            s.refreshFrames = slice.filter(\.refresh).count
-            s.bytes = slice.reduce(0) { $0 + $1.bytes }
-            if let first = slice.first, let last = slice.last, slice.count > 1 {
+            s.frames = span.frames
+            s.keyframes = span.keyframes
+            s.refreshFrames = span.refreshFrames
+            s.bytes = span.bytes
+            if span.frames > 1 && span.lastTimestamp > span.firstTimestamp {
                 // Span of the frames plus one mean interval, so N frames at 30 fps count N/30 s.
-                let span = Double(last.timestampNs - first.timestampNs) / 1e9
-                s.seconds = span * Double(slice.count) / Double(slice.count - 1)
+                let seconds = Double(span.lastTimestamp - span.firstTimestamp) / 1e9
+                s.seconds = seconds * Double(span.frames) / Double(span.frames - 1)
             }
             s.bitrateKbps = s.seconds > 0 ? Double(s.bytes) * 8 / s.seconds / 1000 : 0
-            let times = slice.map(\.encodeNs).sorted()
-            func percentile(_ p: Double) -> Double { times.nearestRank(p).map { Double($0) / 1e6 } ?? 0 }
-            s.encodeMs = (percentile(0.5), percentile(0.99), Double(times.last ?? 0) / 1e6)
-            s.activeShareMean = slice.isEmpty ? 0 : slice.reduce(0) { $0 + $1.activeShare } / Double(slice.count)
+            func ms(_ ns: UInt64?) -> Double { Double(ns ?? 0) / 1e6 }
+            s.encodeMs = (ms(span.encodeTimes.percentile(0.5)), ms(span.encodeTimes.percentile(0.99)),
+                          span.frames > 0 ? ms(span.encodeTimes.maximum) : 0)
+            s.activeShareMean = span.frames > 0 ? span.activeShareSum / Double(span.frames) : 0
             s.capturedFrames = captured
             s.skippedFrames = skipped
             s.droppedFrames = dropped
+            s.correctedTimestamps = corrected
+            s.coalescedKeyframeRequests = coalesced
             s.cpuSeconds = Double(conversionCpuNs + encoderCpuNs) / 1e9
             return s
         }

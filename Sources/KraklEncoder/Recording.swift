@@ -9,48 +9,23 @@ public protocol EncodedFrameSink: AnyObject {
     func finish() throws(EncoderError)
 }
 
-/// A file written with stdio, with the seek-back patching both containers
-/// need for sizes and counts known only at the end.
-final class OutputFile {
-    let path: String
-    private let file: UnsafeMutablePointer<FILE>
-
-    init(path: String) throws(EncoderError) {
-        guard let file = fopen(path, "w+b") else {
-            throw EncoderError("cannot write \(path): \(String(cString: strerror(errno)))")
-        }
-        self.path = path
-        self.file = file
-    }
-
-    deinit { fclose(file) }
-
-    var position: Int { ftell(file) }
-
-    func write(_ bytes: [UInt8]) throws(EncoderError) {
-        guard bytes.isEmpty || fwrite(bytes, 1, bytes.count, file) == bytes.count else {
-            throw EncoderError("writing \(path) failed: \(String(cString: strerror(errno)))")
-        }
-    }
-
-    /// Overwrites bytes at `offset` and returns to the end.
-    func patch(_ bytes: [UInt8], at offset: Int) throws(EncoderError) {
-        fseek(file, offset, SEEK_SET)
-        try write(bytes)
-        fseek(file, 0, SEEK_END)
-    }
-
-    func close() throws(EncoderError) {
-        guard fflush(file) == 0 else { throw EncoderError("writing \(path) failed: \(String(cString: strerror(errno)))") }
-    }
+/// Milliseconds from `start` to `timestamp`, never below `floor` (the previous frame's), so a
+/// container's timecodes only go forward whatever timestamps arrive. The pipeline already hands
+/// out increasing times (PresentationClock); this keeps a writer from trapping if it is fed
+/// directly.
+func forwardMilliseconds(_ timestamp: UInt64, since start: UInt64, floor: UInt64) -> UInt64 {
+    max(floor, timestamp > start ? (timestamp - start) / 1_000_000 : 0)
 }
 
 /// IVF: the minimal container of libvpx's own tools (32-byte file header,
-/// 12-byte frame headers), handy for `ffmpeg -i x.ivf` and vpxdec.
+/// 12-byte frame headers), handy for `ffmpeg -i x.ivf` and vpxdec. The frame
+/// count in the header is patched at the end; on a pipe it stays 0, which
+/// readers take as "unknown".
 public final class IVFWriter: EncodedFrameSink {
     private let file: OutputFile
     private var frames = 0
     private var firstTimestamp: UInt64?
+    private var lastMs: UInt64 = 0
 
     public init(path: String, codec: VideoCodec, width: Int, height: Int) throws(EncoderError) {
         file = try OutputFile(path: path)
@@ -62,12 +37,15 @@ public final class IVFWriter: EncodedFrameSink {
     public func write(_ frame: EncodedFrame) throws(EncoderError) {
         let start = firstTimestamp ?? frame.timestampNs
         firstTimestamp = start
-        try file.write(le(UInt64(frame.data.count), 4) + le((frame.timestampNs - start) / 1_000_000, 8) + frame.data)
+        lastMs = forwardMilliseconds(frame.timestampNs, since: start, floor: lastMs)
+        try file.write(le(UInt64(frame.data.count), 4) + le(lastMs, 8) + frame.data)
+        // Each frame leaves stdio at once: a live reader (a FIFO) gets it now, and a full disk says so at this frame.
+        try file.flush()
         frames += 1
     }
 
     public func finish() throws(EncoderError) {
-        try file.patch(le(UInt64(frames), 4), at: 24)
+        if file.isSeekable { try file.patch(le(UInt64(frames), 4), at: 24) }
         try file.close()
     }
 }

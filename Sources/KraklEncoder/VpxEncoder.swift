@@ -9,7 +9,22 @@ extension VideoCodec {
 /// A failure to set up or run the encoder, said so a person can act on it.
 public struct EncoderError: Error, CustomStringConvertible {
     public let message: String
-    public init(_ message: String) { self.message = message }
+    /// Set when an output (recording, frame log, input dump) could not be opened, written,
+    /// flushed or closed: the agent reports those as an output failure (exit 23), not as a
+    /// failure of the encoder.
+    public let output: (path: String, reason: String)?
+
+    public init(_ message: String) {
+        self.message = message
+        output = nil
+    }
+
+    /// Writing `path` failed; `reason` says how ("No space left on device").
+    public init(path: String, reason: String) {
+        message = "cannot write \(path): \(reason)"
+        output = (path, reason)
+    }
+
     public var description: String { message }
 }
 
@@ -17,7 +32,8 @@ public struct EncoderError: Error, CustomStringConvertible {
 public struct EncodedFrame: Sendable {
     public var data: [UInt8]
     public var keyframe: Bool
-    /// Presentation time: the capture timestamp (CLOCK_MONOTONIC ns) of the newest frame in it.
+    /// Presentation time (CLOCK_MONOTONIC ns): the capture timestamp of the newest frame in it, as
+    /// the pipeline's PresentationClock vouched for it (always increasing from frame to frame).
     public var timestampNs: UInt64
     public var width: Int
     public var height: Int

@@ -33,7 +33,10 @@
  *   end              SOURCE_ENDED after after_ms
  *   after-destroy    a thread left behind by destroy() calls host->log and host->frame
  *   list-crash       list_sources() dereferences NULL
+ *   all-invalid      every frame has a NULL plane pointer (the host drops each one)
  *   random           one of the run-time behaviours above, chosen from "seed"
+ *   random-safe      the same, without the ones that kill the process
+ *                    (crash-*, abort-thread), for runs without isolation
  *
  * The environment variable KRAKL_FIXTURE_CONSTRUCTOR=exit|crash makes the
  * library's constructor exit(4) / SIGSEGV at dlopen (a plugin that takes
@@ -58,6 +61,13 @@ static const char *const random_pool[] = {
     "start-positive", "stop-positive", "crash-start", "crash-thread", "abort-thread",
     "partial-first", "after-stop", "size-change", "format-no-frame", "two-threads",
     "flood", "escape-log", "error-event", "end", "after-destroy", "hang-start",
+};
+/* The first entries of random_pool that do not kill the process. */
+static const char *const safe_pool[] = {
+    "none", "ts-back", "ts-ahead", "ts-constant", "hang-stop", "hang-destroy", "slow-stop",
+    "start-positive", "stop-positive", "partial-first", "after-stop", "size-change",
+    "format-no-frame", "two-threads", "flood", "escape-log", "error-event", "end",
+    "after-destroy", "hang-start",
 };
 
 struct krakl_source {
@@ -124,6 +134,7 @@ static void send_frame(struct krakl_source *s, int width, int height, uint64_t s
     f.plane[0] = s->pixels;
     f.timestamp_ns = stamp;
     f.sequence = s->sequence++;
+    if (is(s, "all-invalid")) f.plane[0] = NULL;
     int first = s->frames_since_start == 0;
     if (!first || partial_first) {
         f.damage_count = 2;
@@ -282,11 +293,14 @@ static int fixture_create(const char *options_json, const krakl_host *host, krak
         free(s);
         return -EINVAL;
     }
-    if (is(s, "random")) {
+    if (is(s, "random") || is(s, "random-safe")) {
         unsigned seed = (unsigned)option_long(host, "seed", 1);
         srand(seed);
-        snprintf(s->mode, sizeof s->mode, "%s", random_pool[rand() % (int)(sizeof random_pool / sizeof *random_pool)]);
-        s->after_ms = rand() % 1500;
+        if (is(s, "random"))
+            snprintf(s->mode, sizeof s->mode, "%s", random_pool[rand() % (int)(sizeof random_pool / sizeof *random_pool)]);
+        else
+            snprintf(s->mode, sizeof s->mode, "%s", safe_pool[rand() % (int)(sizeof safe_pool / sizeof *safe_pool)]);
+        s->after_ms = rand() % 1000;
         char line[96];
         snprintf(line, sizeof line, "random misbehaviour %s after %ld ms", s->mode, s->after_ms);
         host->log(host->host_data, KRAKL_LOG_INFO, line);
