@@ -12,7 +12,8 @@ public struct IsolationSettings: Sendable {
     public var loadBudget = 10.0
     /// Long: create() may wait for a person to answer the sharing dialog.
     public var createBudget = 120.0
-    public var startBudget = 10.0
+    /// start() returns at once (the header); 2 s also keeps a signal during a hang from waiting long.
+    public var startBudget = 2.0
     /// The header's one second for stop(), plus half a second for the messages around it.
     public var stopBudget = 1.5
     public var destroyBudget = 2.0
