@@ -249,8 +249,8 @@ func makeRawStream(scene: String, path: String) throws {
     let source = try BackendSource(library: library, backendName: "file", options: options, sink: writer, logger: { _, _, _ in })
     try source.start()
     _ = writer.done.wait(timeout: .now() + seconds + 2)
-    source.stop()
-    source.destroy()
+    try source.stop()
+    try source.destroy()
     writer.finish()
 }
 

@@ -3,19 +3,25 @@ import KraklCore
 
 /// `krakl-agent backends`: every registry entry and whether it loads.
 /// Loading runs only the entry symbol, never create(): a backend's create
-/// may open a display or ask the person for permission.
+/// may open a display or ask the person for permission. Each library is
+/// loaded in a child process (BackendProbe), so one whose constructor
+/// exits or crashes is reported and the list goes on.
 func listBackends(_ registry: PluginRegistry) {
     print("Backends in \(registry.path) (default: \(registry.defaultBackend))")
     let width = registry.backends.map(\.name.count).max() ?? 4
     for entry in registry.backends {
         let name = entry.name.padding(toLength: width, withPad: " ", startingAt: 0)
-        do throws(HostError) {
-            let library = try BackendLibrary.load(path: entry.library, backend: entry.name)
-            print("  \(name)  loads    ABI \(library.abiMajor).\(library.abiMinor)  \(entry.library)")
-            print("  \(String(repeating: " ", count: width))  \(library.description.isEmpty ? entry.description : library.description)")
-        } catch {
-            print("  \(name)  FAILS    \(error.description)")
-            if !entry.description.isEmpty { print("  \(String(repeating: " ", count: width))  \(entry.description)") }
+        let description = BackendText.sanitized(entry.description)
+        let outcome = access(entry.library, F_OK) == 0
+            ? BackendProbe.probe(path: entry.library)
+            : .fails(HostError.libraryMissing(backend: entry.name, path: entry.library).description)
+        switch outcome {
+        case .loads(let abi, let libraryDescription):
+            print("  \(name)  loads    ABI \(abi)  \(entry.library)")
+            print("  \(String(repeating: " ", count: width))  \(libraryDescription.isEmpty ? description : libraryDescription)")
+        case .fails(let reason):
+            print("  \(name)  FAILS    \(reason)")
+            if !description.isEmpty { print("  \(String(repeating: " ", count: width))  \(description)") }
         }
     }
 }

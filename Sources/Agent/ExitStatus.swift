@@ -36,14 +36,15 @@ extension HostError {
     /// a script can tell "fix the options" from "start the service" from
     /// "the person said no" for any backend, in-tree or not.
     static func createStatus(_ code: Int32) -> Int32 {
-        switch -code {
-        case EINVAL: return 16                              // an option or input the backend rejected
-        case ENODEV, ENOENT: return 17                      // what to capture is not there (display, monitor, node, file)
-        case EOPNOTSUPP, ENOSYS: return 18                  // the system lacks what the backend needs (no portal, unsupported format)
-        case ECONNREFUSED, ENXIO, EHOSTDOWN: return 19      // a service it needs is not running (PipeWire, the session bus)
-        case EACCES, EPERM: return 20                       // capture was not allowed (the portal dialog was denied)
-        case ETIMEDOUT: return 21                           // nobody answered in time (the portal dialog)
-        default: return 11
+        // Matched as negative values: negating the backend's code would trap on INT32_MIN.
+        switch code {
+        case -EINVAL: return 16                                // an option or input the backend rejected
+        case -ENODEV, -ENOENT: return 17                       // what to capture is not there (display, monitor, node, file)
+        case -EOPNOTSUPP, -ENOSYS: return 18                   // the system lacks what the backend needs (no portal, unsupported format)
+        case -ECONNREFUSED, -ENXIO, -EHOSTDOWN: return 19      // a service it needs is not running (PipeWire, the session bus)
+        case -EACCES, -EPERM: return 20                        // capture was not allowed (the portal dialog was denied)
+        case -ETIMEDOUT: return 21                             // nobody answered in time (the portal dialog)
+        default: return 11                                     // any other errno, or a value the ABI does not define
         }
     }
 }

@@ -209,8 +209,8 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     // The end runs whatever happened: a source that hung in stop() or destroy() (the watchdog
     // gives up on it) still gets every output completed and the summary printed.
     var sourceFailure: HostError?
-    do { try source.stop() } catch { sourceFailure = error as? HostError }
-    do { try source.destroy() } catch { if sourceFailure == nil { sourceFailure = error as? HostError } }
+    do throws(HostError) { try source.stop() } catch { sourceFailure = error }
+    do throws(HostError) { try source.destroy() } catch { if sourceFailure == nil { sourceFailure = error } }
     run.close()
     run.pipeline?.finish()
     if run.pipeline == nil {

@@ -73,10 +73,7 @@ func runScreenScan(_ arguments: Arguments, logger: @escaping BackendLogger) thro
     let source: any CaptureSource = try selection.makeSource(sink: capture, logger: logger)
     let control = ControlPipe.shared
     try source.start()
-    defer {
-        try? source.stop()
-        try? source.destroy()
-    }
+    defer { try? source.destroy() }   // a hung stop or destroy is given up after its budget
     let scanner = QRScanner()
     let isTerminal = isatty(STDOUT_FILENO) == 1
     let started = MonotonicClock.milliseconds()

@@ -11,6 +11,11 @@ func fail(_ error: HostError) -> Never {
     exit(error.exitStatus)
 }
 
+// The child `krakl-agent backends` loads each library in (BackendProbe); not a user command.
+if CommandLine.arguments.count == 3 && CommandLine.arguments[1] == BackendProbe.subcommand {
+    exit(BackendProbe.runChild(path: CommandLine.arguments[2]))
+}
+
 let arguments: Arguments
 do throws(HostError) {
     arguments = try Arguments(Array(CommandLine.arguments.dropFirst()))

@@ -46,7 +46,10 @@ final class ChildHost: @unchecked Sendable {
     private let commands = NSCondition()
     private var queue: [(kind: WireKind, text: String)] = []
 
-    init(socket: WireSocket, backend: String, slots: Int, waitMilliseconds: Int) {
+    let budgets: CallBudgets
+
+    init(socket: WireSocket, backend: String, slots: Int, waitMilliseconds: Int, budgets: CallBudgets) {
+        self.budgets = budgets
         self.socket = socket
         self.backend = backend
         ring = FrameRingWriter(socket: socket, slotCount: slots, waitMilliseconds: waitMilliseconds)
@@ -138,17 +141,29 @@ final class ChildHost: @unchecked Sendable {
         socket.send(w)
     }
 
+    /// The in-process watchdog in this process gave up on a call (BackendSource's budgets): the
+    /// agent kills this process and reports the hang.
+    private func replyHung(_ call: WireKind, _ error: HostError) {
+        guard case .backendHung(_, _, let budget) = error else { return reply(call, ok: false, code: -EINVAL, message: error.description) }
+        var w = WireWriter(.reply)
+        w.u32(call.rawValue)
+        w.u32(2)
+        w.i32(Int32(clamping: Int(budget * 1000)))
+        w.text(error.description)
+        socket.send(w)
+    }
+
     private func perform(_ kind: WireKind, _ text: String) {
         guard let library else { return }
         switch kind {
         case .create:
             guard source == nil else { return reply(.create, ok: false, code: -EBUSY, message: "already created") }
             do throws(HostError) {
-                source = try BackendSource(library: library, backendName: backend, optionsText: text, sink: sink, logger: logger)
+                source = try BackendSource(library: library, backendName: backend, optionsText: text, sink: sink, logger: logger, budgets: budgets)
                 reply(.create, ok: true, code: 0, message: "")
             } catch {
                 if case .createFailed(_, let code, let message) = error { reply(.create, ok: false, code: code, message: message) }
-                else { reply(.create, ok: false, code: -EINVAL, message: error.description) }
+                else { replyHung(.create, error) }
             }
         case .start:
             guard let source else { return reply(.start, ok: false, code: -EINVAL, message: "not created") }
@@ -157,14 +172,22 @@ final class ChildHost: @unchecked Sendable {
                 reply(.start, ok: true, code: 0, message: "")
             } catch {
                 if case .startFailed(_, let code, let message) = error { reply(.start, ok: false, code: code, message: message) }
-                else { reply(.start, ok: false, code: -EINVAL, message: error.description) }
+                else { replyHung(.start, error) }
             }
         case .stop:
-            let status = source?.stop() ?? 0
-            reply(.stop, ok: true, code: status, message: "")
+            do throws(HostError) {
+                try source?.stop()
+                reply(.stop, ok: true, code: 0, message: "")
+            } catch {
+                replyHung(.stop, error)
+            }
         case .destroy:
-            source?.destroy()
-            reply(.destroy, ok: true, code: 0, message: "")
+            do throws(HostError) {
+                try source?.destroy()
+                reply(.destroy, ok: true, code: 0, message: "")
+            } catch {
+                replyHung(.destroy, error)
+            }
             // Threads the backend left behind die with the process; nothing runs its atexit handlers.
             _exit(0)
         case .list:

@@ -30,8 +30,9 @@ public final class BackendLibrary: @unchecked Sendable {
         self.declaredSize = declaredSize
         abiMajor = Int(table.abi_version >> 16)
         abiMinor = Int(table.abi_version & 0xFFFF)
-        name = table.name.map { String(cString: $0) } ?? ""
-        description = table.description.map { String(cString: $0) } ?? ""
+        // Shown to people (`backends`, conformance, log prefixes): sanitized like all backend text.
+        name = BackendText.read(table.name) ?? ""
+        description = BackendText.read(table.description) ?? ""
     }
 
     /// dlopen()s `path` (RTLD_NOW | RTLD_LOCAL: unresolved symbols fail
@@ -86,6 +87,17 @@ final class PThreadLock: @unchecked Sendable {
     }
     func lock() { pthread_mutex_lock(mutex) }
     func unlock() { pthread_mutex_unlock(mutex) }
+    /// Takes the lock only when it is free; true when taken.
+    func tryLock() -> Bool { pthread_mutex_trylock(mutex) == 0 }
+    /// Takes the lock unless it stays held for `seconds`; true when taken.
+    func lock(within seconds: Double) -> Bool {
+        var deadline = timespec()
+        clock_gettime(CLOCK_REALTIME, &deadline)
+        let nanoseconds = Int(deadline.tv_nsec) + Int(seconds * 1e9)
+        deadline.tv_sec += nanoseconds / 1_000_000_000
+        deadline.tv_nsec = nanoseconds % 1_000_000_000
+        return pthread_mutex_timedlock(mutex, &deadline) == 0
+    }
     func withLock<T>(_ body: () throws -> T) rethrows -> T {
         lock()
         defer { unlock() }

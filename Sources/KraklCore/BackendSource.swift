@@ -36,207 +36,165 @@ public func stderrLogger(maximum: LogLevel) -> BackendLogger {
     }
 }
 
-/// One created backend source: owns the `krakl_host` handed to the
-/// backend, the option strings it may read, and the create/start/stop/
-/// destroy sequence. Deinit stops and destroys it.
-public final class BackendSource {
+/// One created backend source, loaded into this process: owns the `krakl_host` handed to the
+/// backend (through a HostContext), the control thread every call into the backend runs on, and
+/// the create/start/stop/destroy sequence. Each call has a budget (CallBudgets); a call that
+/// overruns throws `.backendHung`, and the source is dead from then on: later calls throw the
+/// same error, its callbacks are dropped, and destroy() is never called while stop() still runs.
+/// Deinit stops and destroys it, blocking at most the stop and destroy budgets.
+public final class BackendSource: CaptureSource {
     public let library: BackendLibrary
     public let backendName: String
+    public let budgets: CallBudgets
     private let context: HostContext
+    private let calls: BackendCallThread
+    /// One control call at a time, whichever thread makes it.
+    private let control = PThreadLock()
     private var source: OpaquePointer?
-    public private(set) var isStarted = false
+    private var started = false
+    private var hung: HostError?
 
-    /// Calls the backend's create() with `options` (normally a JSON
-    /// object's text; conformance also passes bad text on purpose).
-    public init(library: BackendLibrary, backendName: String, optionsText: String,
-                sink: FrameSink?, logger: @escaping BackendLogger) throws(HostError) {
+    /// Calls the backend's create() with `options` (normally a JSON object's text; conformance also
+    /// passes bad text on purpose). `maximumFrameRate` caps what the host takes from the backend.
+    public init(library: BackendLibrary, backendName: String, optionsText: String, sink: FrameSink?,
+                logger: @escaping BackendLogger, budgets: CallBudgets = .standard,
+                maximumFrameRate: Double = FrameContract.defaultMaximumFrameRate) throws(HostError) {
         self.library = library
         self.backendName = backendName
-        context = HostContext(backend: backendName, optionsText: optionsText, sink: sink, logger: logger)
-        var created: OpaquePointer?
+        self.budgets = budgets
+        context = HostContext(backend: backendName, optionsText: optionsText, sink: sink, logger: logger,
+                              contract: FrameContract(backend: backendName, logger: logger, maximumFrameRate: maximumFrameRate))
+        calls = BackendCallThread(name: "krakl-ctl")
+        let create = library.table.create!
+        let host = UnsafePointer(context.host)
         context.capturingErrors = true
-        defer { context.capturingErrors = false }
-        let status = optionsText.withCString { library.table.create!($0, context.host, &created) }
-        guard status >= 0, let created else {
-            throw .createFailed(backend: backendName, code: status < 0 ? status : -EINVAL,
-                                message: context.takeLastError() ?? (status < 0 ? "the backend gave no reason" : "create() returned 0 but no source"))
+        let outcome = calls.call(budget: budgets.create) { () -> (status: Int32, created: OpaquePointer?) in
+            var created: OpaquePointer?
+            let status = optionsText.withCString { create($0, host, &created) }
+            return (status, created)
+        }
+        context.capturingErrors = false
+        guard let outcome else {
+            context.markDead()
+            calls.end()
+            throw .backendHung(backend: backendName, call: "create", budgetSeconds: budgets.create)
+        }
+        guard outcome.status == 0, let created = outcome.created else {
+            // A failed create() leaves nothing to destroy (also when it returned a value the ABI
+            // does not define: that is a failure too, krakl_backend.h "Return values").
+            let reason = context.takeLastError()
+            calls.end()
+            context.retire()
+            switch outcome.status {
+            case 0: throw .createFailed(backend: backendName, code: -EINVAL, message: reason ?? "create() returned 0 but no source")
+            case ..<0: throw .createFailed(backend: backendName, code: outcome.status, message: reason ?? "the backend gave no reason")
+            default: throw .createFailed(backend: backendName, code: outcome.status, message: reason ?? "create() failed")
+            }
         }
         source = created
+        context.contract?.created()
     }
 
-    public convenience init(library: BackendLibrary, backendName: String, options: JSONObject,
-                            sink: FrameSink?, logger: @escaping BackendLogger) throws(HostError) {
+    public convenience init(library: BackendLibrary, backendName: String, options: JSONObject, sink: FrameSink?,
+                            logger: @escaping BackendLogger, budgets: CallBudgets = .standard,
+                            maximumFrameRate: Double = FrameContract.defaultMaximumFrameRate) throws(HostError) {
         try self.init(library: library, backendName: backendName, optionsText: JSON.object(options).serialized,
-                      sink: sink, logger: logger)
+                      sink: sink, logger: logger, budgets: budgets, maximumFrameRate: maximumFrameRate)
     }
 
-    deinit { destroy() }
+    deinit { try? destroy() }
+
+    public var isStarted: Bool { control.withLock { started } }
+
+    /// Whether a call overran its budget (the source is dead).
+    public var hungError: HostError? { control.withLock { hung } }
+
+    /// The contract breaches the host repaired or dropped, per kind (for conformance and reports).
+    public var violations: [(kind: ContractViolation, count: Int, first: String)] { context.contract?.violations ?? [] }
 
     public func start() throws(HostError) {
-        guard let source, !isStarted else { return }
+        control.lock()
+        defer { control.unlock() }
+        if let hung { throw hung }
+        guard let source, !started else { return }
+        let start = library.table.start!
+        context.contract?.starting()
         _ = context.takeLastError()
         context.capturingErrors = true
-        defer { context.capturingErrors = false }
-        let status = library.table.start!(source)
-        guard status >= 0 else {
-            throw .startFailed(backend: backendName, code: status, message: context.takeLastError() ?? "the backend gave no reason")
+        let status = calls.call(budget: budgets.start) { start(source) }
+        context.capturingErrors = false
+        guard let status else { throw died(in: "start", budget: budgets.start) }
+        if status == 0 {
+            started = true
+            return
         }
-        isStarted = true
+        let reason = context.takeLastError()
+        // A start() that failed may have begun all the same (a positive value says nothing about
+        // it); stop() is safe on a source that did not start, so it is called to be sure.
+        let stop = library.table.stop!
+        if calls.call(budget: budgets.stop, { stop(source) }) == nil {
+            hung = .backendHung(backend: backendName, call: "stop", budgetSeconds: budgets.stop)
+            context.markDead()
+            calls.end()
+        }
+        context.contract?.stopped()
+        throw .startFailed(backend: backendName, code: status,
+                           message: reason ?? (status > 0 ? "start() failed" : "the backend gave no reason"))
     }
 
-    /// Returns the backend's stop() status.
-    @discardableResult
-    public func stop() -> Int32 {
-        guard let source, isStarted else { return 0 }
-        isStarted = false
-        return library.table.stop!(source)
+    public func stop() throws(HostError) {
+        control.lock()
+        defer { control.unlock() }
+        try stopLocked()
     }
 
-    public func destroy() {
+    private func stopLocked() throws(HostError) {
+        if let hung { throw hung }
+        guard let source, started else { return }
+        started = false
+        let stop = library.table.stop!
+        guard let status = calls.call(budget: budgets.stop, { stop(source) }) else {
+            throw died(in: "stop", budget: budgets.stop)
+        }
+        context.contract?.stopped()
+        context.drainDeliveries()
+        if status > 0 || status < -4095 {
+            context.contract?.note(.undefinedReturnValue, "stop() returned \(status), which the ABI does not define (0 or a negative errno)")
+        }
+    }
+
+    public func destroy() throws(HostError) {
+        control.lock()
+        defer { control.unlock() }
+        if let hung { throw hung }
         guard let source else { return }
-        stop()
-        library.table.destroy!(source)
+        try stopLocked()
+        let destroy = library.table.destroy!
+        guard calls.call(budget: budgets.destroy, { destroy(source); return true }) != nil else {
+            throw died(in: "destroy", budget: budgets.destroy)
+        }
         self.source = nil
-    }
-}
-
-/// The host side of one source, reached from C through `host_data`.
-/// Lives exactly as long as its BackendSource, which outlives destroy().
-final class HostContext {
-    let backend: String
-    let host: UnsafeMutablePointer<krakl_host>
-    weak var sink: FrameSink?
-    let logger: BackendLogger
-    /// Options parsed for host->option(); nil when the text is not valid JSON.
-    let parsed: Result<JSON, JSONParseError>
-    /// C strings handed out by host->option(), kept until destroy.
-    private var optionStrings: [String: UnsafeMutablePointer<CChar>] = [:]
-    /// What list_sources reported through source_found.
-    var found: [(name: String, description: String)] = []
-    private let lock = PThreadLock()
-    private var lastError: String?
-    /// While create() or start() runs, error lines are kept for the
-    /// HostError that reports the failure instead of printed twice.
-    var capturingErrors: Bool {
-        get { lock.withLock { _capturing } }
-        set { lock.withLock { _capturing = newValue } }
-    }
-    private var _capturing = false
-
-    init(backend: String, optionsText: String, sink: FrameSink?, logger: @escaping BackendLogger) {
-        self.backend = backend
-        self.sink = sink
-        self.logger = logger
-        var parser = JSONParser(optionsText)
-        parsed = Result { () throws(JSONParseError) -> JSON in try parser.parse() }
-        host = .allocate(capacity: 1)
-        var value = krakl_host()
-        value.struct_size = UInt32(MemoryLayout<krakl_host>.size)
-        value.abi_version = UInt32(KRAKL_ABI_MAJOR << 16 | KRAKL_ABI_MINOR)
-        value.host_data = nil
-        value.log = hostLog
-        value.frame = hostFrame
-        value.event = hostEvent
-        value.option = hostOption
-        value.check_options = hostCheckOptions
-        value.source_found = hostSourceFound
-        host.initialize(to: value)
-        host.pointee.host_data = Unmanaged.passUnretained(self).toOpaque()
+        calls.end()
+        context.retire()
+        reportViolations()
     }
 
-    deinit {
-        optionStrings.values.forEach { free($0) }
-        host.deallocate()
+    /// Marks the source dead after `call` overran; returns the error every later call throws.
+    private func died(in call: String, budget: Double) -> HostError {
+        let error = HostError.backendHung(backend: backendName, call: call, budgetSeconds: budget)
+        hung = error
+        context.markDead()
+        calls.end()
+        return error
     }
 
-    static func from(_ data: UnsafeMutableRawPointer?) -> HostContext {
-        Unmanaged<HostContext>.fromOpaque(data!).takeUnretainedValue()
+    /// One line at the end for breaches that went on after their first warning.
+    private func reportViolations() {
+        let repeated = violations.filter { $0.count > 1 }
+        guard !repeated.isEmpty else { return }
+        context.logger(backendName, .warning, "contract breaches repaired or dropped by the host: "
+                       + repeated.map { "\($0.kind.rawValue) \($0.count)x" }.joined(separator: ", "))
     }
-
-    func log(_ level: LogLevel, _ message: String) {
-        if level == .error {
-            let captured = lock.withLock { () -> Bool in
-                lastError = message
-                return _capturing
-            }
-            if captured { return }
-        }
-        logger(backend, level, message)
-    }
-
-    func takeLastError() -> String? {
-        lock.withLock {
-            defer { lastError = nil }
-            return lastError
-        }
-    }
-
-    func option(_ key: String) -> UnsafePointer<CChar>? {
-        guard case .success(.object(let object)) = parsed, let value = object[key] else { return nil }
-        return lock.withLock {
-            if let existing = optionStrings[key] { return UnsafePointer(existing) }
-            let copy = strdup(value.optionText)!
-            optionStrings[key] = copy
-            return UnsafePointer(copy)
-        }
-    }
-
-    func checkOptions(_ known: [String]) -> Int32 {
-        switch parsed {
-        case .failure(let error):
-            log(.error, "options are not valid JSON (\(error.line):\(error.column): \(error.message))")
-            return -EINVAL
-        case .success(.object(let object)):
-            for key in object.keys where !known.contains(key) {
-                log(.error, "unknown option \"\(key)\" for backend \(backend); known options: \(known.joined(separator: ", "))")
-                return -EINVAL
-            }
-            return 0
-        case .success(let other):
-            log(.error, "options must be a JSON object, not \(other.typeName)")
-            return -EINVAL
-        }
-    }
-}
-
-private let hostLog: @convention(c) (UnsafeMutableRawPointer?, Int32, UnsafePointer<CChar>?) -> Void = { data, level, message in
-    HostContext.from(data).log(LogLevel(rawValue: min(max(level, 0), 3))!, message.map { String(cString: $0) } ?? "(null)")
-}
-
-private let hostFrame: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<krakl_frame>?) -> Void = { data, frame in
-    guard let frame else { return }
-    HostContext.from(data).sink?.frame(frame)
-}
-
-private let hostEvent: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<krakl_event>?) -> Void = { data, raw in
-    guard let raw else { return }
-    // Size rule: read only what the backend wrote.
-    let event = copyBySizeRule(raw, declaredSize: Int(raw.pointee.struct_size), as: krakl_event.self)
-    let kind: SourceEvent.Kind
-    switch event.type {
-    case KRAKL_EVENT_SOURCE_ENDED.rawValue: kind = .sourceEnded
-    case KRAKL_EVENT_FORMAT_CHANGED.rawValue: kind = .formatChanged
-    case KRAKL_EVENT_ERROR.rawValue: kind = .error
-    default: kind = .unknown(event.type)
-    }
-    let context = HostContext.from(data)
-    context.sink?.event(SourceEvent(kind: kind, error: event.error, message: event.message.map { String(cString: $0) },
-                                    format: event.format, width: Int(event.width), height: Int(event.height)))
-}
-
-private let hostOption: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<CChar>?) -> UnsafePointer<CChar>? = { data, key in
-    guard let key else { return nil }
-    return HostContext.from(data).option(String(cString: key))
-}
-
-private let hostCheckOptions: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<UnsafePointer<CChar>?>?, Int) -> Int32 = { data, keys, count in
-    let known = (0..<max(count, 0)).compactMap { keys?[$0].map { String(cString: $0) } }
-    return HostContext.from(data).checkOptions(known)
-}
-
-private let hostSourceFound: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<CChar>?, UnsafePointer<CChar>?) -> Void = { data, name, description in
-    let context = HostContext.from(data)
-    context.found.append((name.map { String(cString: $0) } ?? "", description.map { String(cString: $0) } ?? ""))
 }
 
 extension BackendLibrary {
@@ -246,16 +204,27 @@ extension BackendLibrary {
             && table.list_sources != nil
     }
 
-    /// The sources the options could select (monitors, windows), as the
-    /// backend's list_sources reports them.
-    public func listSources(backendName: String, options: JSONObject, logger: @escaping BackendLogger) throws(HostError) -> [(name: String, description: String)] {
-        guard canListSources else { return [] }
-        let context = HostContext(backend: backendName, optionsText: JSON.object(options).serialized, sink: nil, logger: logger)
+    /// The sources the options could select (monitors, windows), as the backend's list_sources
+    /// reports them; the call runs under the `list_sources` budget.
+    public func listSources(backendName: String, options: JSONObject, logger: @escaping BackendLogger,
+                            budgets: CallBudgets = .standard) throws(HostError) -> [(name: String, description: String)] {
+        guard canListSources, let list = table.list_sources else { return [] }
+        let text = JSON.object(options).serialized
+        let context = HostContext(backend: backendName, optionsText: text, sink: nil, logger: logger, contract: nil)
+        let calls = BackendCallThread(name: "krakl-list")
+        let host = UnsafePointer(context.host)
         context.capturingErrors = true
-        let status = JSON.object(options).serialized.withCString { table.list_sources!($0, context.host) }
+        let status = calls.call(budget: budgets.listSources) { text.withCString { list($0, host) } }
         context.capturingErrors = false
-        guard status >= 0 else {
-            throw .listFailed(backend: backendName, code: status, message: context.takeLastError() ?? "the backend gave no reason")
+        guard let status else {
+            context.markDead()
+            calls.end()
+            throw .backendHung(backend: backendName, call: "list_sources", budgetSeconds: budgets.listSources)
+        }
+        calls.end()
+        context.retire()
+        guard status == 0 else {
+            throw .listFailed(backend: backendName, code: status, message: context.takeLastError() ?? (status > 0 ? "list_sources() failed" : "the backend gave no reason"))
         }
         return context.found
     }

@@ -66,7 +66,7 @@ public final class ConformanceSuite {
         check("create-destroy") {
             do throws(HostError) {
                 let source = try BackendSource(library: library, backendName: name, options: options, sink: nil, logger: logger)
-                source.destroy()
+                try source.destroy()
                 created = true
                 return (.pass, "created and destroyed without start")
             } catch {
@@ -85,7 +85,7 @@ public final class ConformanceSuite {
             self.check(check) {
                 do throws(HostError) {
                     let source = try BackendSource(library: library, backendName: name, optionsText: text, sink: nil, logger: { _, _, _ in })
-                    source.destroy()
+                    try? source.destroy()
                     return (.fail, "create() accepted \(text)")
                 } catch {
                     guard case .createFailed(_, let code, let message) = error else { return (.fail, error.description) }
@@ -125,7 +125,7 @@ public final class ConformanceSuite {
                 ? (.pass, "\(firstRun.frames) frames, first after \(String(format: "%.0f", firstRun.firstFrameDelay * 1000)) ms, \(sink.sizeDescription)")
                 : (.fail, "no frame within \(timeout) s of start()\(firstRun.ended ? " (the source ended first)" : "")")
         }
-        let stopTime = measure { source.stop() }
+        let stopTime = measure { _ = try? source.stop() }
         sink.stopped()
         let late = sink.observe(for: 0.3).afterStop
 
@@ -141,26 +141,30 @@ public final class ConformanceSuite {
         } catch {
             restartDetail = error.description
         }
-        let secondStop = measure { source.stop() }
+        let secondStop = measure { _ = try? source.stop() }
         sink.stopped()
         let lateAgain = sink.observe(for: 0.1).afterStop
-        source.destroy()
+        // The host drops late frames and repairs timestamps and overlapping deliveries before
+        // the sink sees them; it counts what it did.
+        let dropped = source.violations.first { $0.kind == .frameAfterStop }?.count ?? 0
+        let hostSaw = Dictionary(source.violations.map { ($0.kind, $0.first) }, uniquingKeysWith: { first, _ in first })
+        try? source.destroy()
 
         let problems = sink.problems
         check("frames-valid") {
             problems.geometry.map { (.fail, $0) } ?? (.pass, "\(sink.frameCount) frames: format, size, strides, planes readable")
         }
-        check("timestamps-monotonic") { problems.timestamp.map { (.fail, $0) } ?? (.pass, "strictly increasing CLOCK_MONOTONIC ns, across restart") }
+        check("timestamps-monotonic") { (problems.timestamp ?? hostSaw[.timestamps]).map { (.fail, $0) } ?? (.pass, "strictly increasing CLOCK_MONOTONIC ns, across restart") }
         check("damage-inside-frame") { problems.damage.map { (.fail, $0) } ?? (.pass, "\(sink.damageRectCount) rectangles checked") }
-        check("callbacks-serial") { problems.overlap.map { (.fail, $0) } ?? (.pass, "frame and event callbacks never overlapped") }
+        check("callbacks-serial") { (problems.overlap ?? hostSaw[.concurrentCallbacks]).map { (.fail, $0) } ?? (.pass, "frame and event callbacks never overlapped") }
         check("stop-within-1s") {
             let worst = max(stopTime, secondStop)
             return worst <= 1.0 ? (.pass, String(format: "stop() took %.1f ms at most", worst * 1000))
                 : (.fail, String(format: "stop() took %.0f ms", worst * 1000))
         }
         check("no-frame-after-stop") {
-            late + lateAgain == 0 ? (.pass, "none in the 300 ms after stop() returned")
-                : (.fail, "\(late + lateAgain) frame(s) arrived after stop() returned")
+            late + lateAgain + dropped == 0 ? (.pass, "none in the 300 ms after stop() returned")
+                : (.fail, "\(late + lateAgain + dropped) frame(s) arrived after stop() returned")
         }
         check("restart") { (restarted ? .pass : .fail, restartDetail) }
     }
@@ -175,8 +179,8 @@ public final class ConformanceSuite {
             let source = try BackendSource(library: library, backendName: name, options: options, sink: sink, logger: { _, _, _ in })
             try source.start()
             _ = sink.waitForFrames(1, quietPeriod: 0, timeout: min(timeout, 2))
-            source.stop()
-            source.destroy()
+            try source.stop()
+            try source.destroy()
         }
         check("no-leaks") {
             do throws(HostError) {
@@ -211,12 +215,12 @@ public final class ConformanceSuite {
                 let source = try BackendSource(library: library, backendName: name, options: options, sink: sink, logger: logger)
                 try source.start()
                 guard sink.waitForEnd(timeout: timeout) else {
-                    source.destroy()
+                    try source.destroy()
                     return (.fail, "no SOURCE_ENDED event within \(timeout) s")
                 }
                 let after = sink.observe(for: 0.3).afterEnd
-                let stopTime = measure { source.stop() }
-                source.destroy()
+                let stopTime = measure { _ = try? source.stop() }
+                try source.destroy()
                 if after > 0 { return (.fail, "\(after) frame(s) arrived after SOURCE_ENDED") }
                 if stopTime > 1 { return (.fail, String(format: "stop() after the end took %.0f ms", stopTime * 1000)) }
                 return (.pass, "SOURCE_ENDED after \(sink.frameCount) frames (\(sink.endMessage ?? "no message")), no frame after it")

@@ -36,8 +36,9 @@ public struct FrameInfo {
 /// it. The agent drops (and reports) a frame that fails; conformance fails.
 public enum FrameCheck {
     public static let minimumFrameSize = MemoryLayout<krakl_frame>.offset(of: \krakl_frame.cursor)! + MemoryLayout<UnsafeRawPointer>.size
-    public static let maximumDamageRects: UInt32 = 65536
-    public static let maximumSide = 16384
+    // The header's numbers (krakl_backend.h, "Host limits"), so the two cannot drift apart.
+    public static let maximumDamageRects = UInt32(KRAKL_MAX_DAMAGE_RECTS)
+    public static let maximumSide = Int(KRAKL_MAX_FRAME_SIDE)
 
     /// Bytes per row and rows of each plane, or nil for an unknown format.
     public static func planeGeometry(format: UInt32, width: Int, height: Int) -> [(rowBytes: Int, rows: Int)]? {

@@ -1,3 +1,4 @@
+import Foundation
 import Glibc
 
 /// Every way the host can fail before or while capturing (command line,
@@ -50,15 +51,15 @@ public enum HostError: Error, Equatable, Sendable, CustomStringConvertible {
         case .abiMismatch(let path, let message):
             return "\(path): \(message)"
         case .createFailed(let backend, let code, let message):
-            return "backend \(backend) could not be created: \(message) (\(errnoName(code)))"
+            return "backend \(backend) could not be created: \(message) (\(returnValueName(code)))"
         case .startFailed(let backend, let code, let message):
-            return "backend \(backend) could not start: \(message) (\(errnoName(code)))"
+            return "backend \(backend) could not start: \(message) (\(returnValueName(code)))"
         case .encoderFailed(let message):
             return "encoding failed: \(message)"
         case .listFailed(let backend, let code, let message):
-            return "backend \(backend) could not list its sources: \(message) (\(errnoName(code)))"
+            return "backend \(backend) could not list its sources: \(message) (\(returnValueName(code)))"
         case .backendHung(let backend, let call, let budget):
-            return "backend \(backend) hung: its \(call)() did not return within \(budget) s; the host gave up on it (report this to the backend's author)"
+            return "backend \(backend) hung: its \(call)() did not return within \(String(format: "%g", budget)) s; the host gave up on it (report this to the backend's author)"
         case .outputFailed(let path, let reason):
             return "cannot write \(path): \(reason)"
         case .backendCrashed(let backend, let reason):
@@ -69,12 +70,27 @@ public enum HostError: Error, Equatable, Sendable, CustomStringConvertible {
     }
 }
 
-/// "ENOSYS" for -38: errno names are what backend authors grep for.
+/// The largest errno Linux defines codes up to (MAX_ERRNO): -1...-4095 are errno values.
+let maximumErrno: Int32 = 4095
+
+/// "ENOSYS" for -38: errno names are what backend authors grep for. Total over Int32, so a
+/// backend's INT32_MIN costs no overflow: 0 is "no error code", anything else that is not a
+/// negative errno says so.
 public func errnoName(_ code: Int32) -> String {
     let names: [Int32: String] = [
-        1: "EPERM", 2: "ENOENT", 5: "EIO", 6: "ENXIO", 12: "ENOMEM", 13: "EACCES", 16: "EBUSY",
+        1: "EPERM", 2: "ENOENT", 5: "EIO", 6: "ENXIO", 11: "EAGAIN", 12: "ENOMEM", 13: "EACCES", 16: "EBUSY",
         19: "ENODEV", 22: "EINVAL", 24: "EMFILE", 38: "ENOSYS", 95: "EOPNOTSUPP", 110: "ETIMEDOUT", 111: "ECONNREFUSED",
         112: "EHOSTDOWN",
     ]
-    return names[-code] ?? "error \(code)"
+    if code == 0 { return "no error code" }
+    guard code < 0, code >= -maximumErrno else { return "error \(code), not a negative errno" }
+    let errno = 0 - code   // in 1...4095 here, so the negation cannot overflow
+    return names[errno] ?? "errno \(errno)"
+}
+
+/// How a failed call's return value reads in an error: its errno name when it is a negative errno,
+/// otherwise what it was and that it means nothing (krakl_backend.h "Return values").
+public func returnValueName(_ code: Int32) -> String {
+    guard code < 0, code >= -maximumErrno else { return "returned \(code), which the ABI does not define" }
+    return errnoName(code)
 }

@@ -1,4 +1,5 @@
 import Foundation
+import Glibc
 
 /// One backend as plugins.json lists it.
 public struct BackendEntry: Equatable, Sendable {
@@ -38,16 +39,61 @@ public struct PluginRegistry: Sendable {
         return entry
     }
 
-    /// Reads and validates a registry file.
+    /// The largest registry the host reads: a real one is a few kB, and the whole file is parsed
+    /// in memory (a 50 MB one cost 1.5 GB and 11 s before it was rejected).
+    public static let maximumFileBytes = 1 << 20
+
+    /// Reads and validates a registry file. Only a regular file of at most `maximumFileBytes` is
+    /// read; anything else is refused, before reading, with what it is.
     public static func load(path: String) throws(HostError) -> PluginRegistry {
-        let text: String
-        do {
-            text = try String(contentsOfFile: path, encoding: .utf8)
-        } catch {
-            let reason = FileManager.default.fileExists(atPath: path) ? "it is not readable UTF-8 text" : "no such file"
-            throw .registryUnreadable(path: path, reason: reason)
+        try parse(try readRegistryFile(path), path: path)
+    }
+
+    private static func readRegistryFile(_ path: String) throws(HostError) -> String {
+        func refuse(_ reason: String) -> HostError { .registryUnreadable(path: path, reason: reason) }
+        // O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then says what it is.
+        let fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)
+        guard fd >= 0 else {
+            let code = errno
+            switch code {
+            case ENOENT, ENOTDIR: throw refuse("no such file")
+            case EACCES: throw refuse("permission denied")
+            default: throw refuse(String(cString: strerror(code)))
+            }
         }
-        return try parse(text, path: path)
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0 else { throw refuse(String(cString: strerror(errno))) }
+        switch info.st_mode & S_IFMT {
+        case S_IFREG: break
+        case S_IFDIR: throw refuse("it is a directory, not a file")
+        case S_IFIFO: throw refuse("it is a FIFO (named pipe), not a regular file")
+        case S_IFCHR, S_IFBLK: throw refuse("it is a device, not a regular file")
+        case S_IFSOCK: throw refuse("it is a socket, not a regular file")
+        default: throw refuse("it is not a regular file")
+        }
+        guard info.st_size <= maximumFileBytes else {
+            throw refuse("it is \(info.st_size) bytes; a registry may be at most \(maximumFileBytes / 1024) KiB")
+        }
+        // Read at most one byte past the limit: a file that grew since fstat is still caught.
+        var bytes = [UInt8](repeating: 0, count: maximumFileBytes + 1)
+        var count = 0
+        while count < bytes.count {
+            let n = bytes.withUnsafeMutableBytes { read(fd, $0.baseAddress! + count, $0.count - count) }
+            if n == 0 { break }
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw refuse(String(cString: strerror(errno)))
+            }
+            count += n
+        }
+        guard count <= maximumFileBytes else {
+            throw refuse("it is more than \(maximumFileBytes / 1024) KiB; a registry may be at most that")
+        }
+        guard let text = String(validating: bytes[0..<count], as: UTF8.self) else {
+            throw refuse("it is not UTF-8 text")
+        }
+        return text
     }
 
     /// Validates registry text; `path` names it in errors and anchors
@@ -197,7 +243,7 @@ public struct BackendSelection: @unchecked Sendable {
     /// Creates the backend's source (create() runs here, in the agent or in the child).
     public func makeSource(sink: FrameSink, logger: @escaping BackendLogger) throws(HostError) -> any CaptureSource {
         if let library {
-            return try InProcessCaptureSource(BackendSource(library: library, backendName: entry.name, options: options, sink: sink, logger: logger))
+            return try BackendSource(library: library, backendName: entry.name, options: options, sink: sink, logger: logger)
         }
         return try IsolatedBackendSource(libraryPath: entry.library, backendName: entry.name, options: options, sink: sink,
                                          logger: logger, settings: isolationSettings)

@@ -252,6 +252,7 @@ public final class EncoderPipeline: @unchecked Sendable {
                     // a sweep: every row comes round every `refreshSweep` frames.
                     let cols = (image.width + 15) / 16, rows = (image.height + 15) / 16
                     let band = max(1, (rows + Self.refreshSweep - 1) / Self.refreshSweep)
+                    if refreshRow >= rows { refreshRow = 0 }   // the picture shrank since the band's last step
                     for row in refreshRow..<min(rows, refreshRow + band) {
                         for col in 0..<cols { map![row * cols + col] = 1 }
                     }

@@ -456,10 +456,14 @@ public final class SharingSession: @unchecked Sendable {
         lock.lock()
         let source = self.source, pipeline = self.pipeline, publisher = self.publisher, sink = self.sink
         lock.unlock()
-        try? source?.stop()
+        // A backend that hangs in stop() or destroy() is given up after its budget (the source is
+        // then dead): the room is still left and everything else freed.
+        var hung: HostError?
+        do throws(HostError) { try source?.stop() } catch { hung = error }
         publisher?.close()
         driver.leave()
-        try? source?.destroy()
+        do throws(HostError) { try source?.destroy() } catch { hung = hung ?? error }
+        if let hung, let source { logger(source.backendName, .error, "\(hung.description); the session left the room and freed everything else") }
         pipeline?.finish()
         let totals = SharingTotals(rtc: publisher?.stats, encoder: pipeline?.statistics.summary(), captureToEncodedMs: sink?.captureToEncodedMs ?? [])
         lock.lock()

@@ -95,8 +95,8 @@ final class FrameCollector: FrameSink, @unchecked Sendable {
     static func collect(library path: String, options: [String: JSON], timeout: Double = 60) throws -> FrameCollector {
         let (collector, source) = try start(library: path, options: options)
         let ended = collector.waitForEnd(timeout: timeout)
-        source.stop()
-        source.destroy()
+        try source.stop()
+        try source.destroy()
         if !ended { throw CollectorTimeout() }
         return collector
     }

@@ -243,7 +243,7 @@ struct EncoderPipelineTests {
         collector.condition.unlock()
         pipeline.requestKeyframe()
         #expect(collector.waitFor(before + 3) >= before + 3)
-        source.stop()
+        try source.stop()
         pipeline.finish()
         let keyframes = collector.frames.enumerated().filter { $0.element.keyframe }.map(\.offset)
         // The frame being encoded when the request came may finish first; the one after is the keyframe.
@@ -270,7 +270,7 @@ struct EncoderPipelineTests {
         let source = try BackendSource(library: library, backendName: "file", options: options, sink: feeder, logger: { _, _, _ in })
         try source.start()
         #expect(collector.waitFor(5) >= 5)
-        source.stop()
+        try source.stop()
         pipeline.finish()
         #expect(collector.frames.first?.keyframe == true)
     }
@@ -289,7 +289,7 @@ struct EncoderPipelineTests {
         let changeAt = collector.frames.count
         collector.condition.unlock()
         #expect(collector.waitFor(changeAt + 240) >= changeAt + 240)
-        source.stop()
+        try source.stop()
         pipeline.finish()
         // Mean bytes per frame over a second before the change and the last second after it.
         func kbps(_ frames: ArraySlice<EncodedFrame>) -> Double { Double(frames.reduce(0) { $0 + $1.data.count }) * 8 * 30 / Double(frames.count) / 1000 }

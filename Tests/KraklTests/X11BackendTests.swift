@@ -33,7 +33,7 @@ struct X11BackendTests {
         guard let x = try XvfbServer() else { return }
         try x.fill(x: 100, y: 100, width: 200, height: 150, rgb: "ff8000")
         let (collector, source) = try FrameCollector.start(library: Harness.library("BackendX11"), options: options(x))
-        defer { source.destroy() }
+        defer { try? source.destroy() }
         #expect(collector.waitForFrames(1, timeout: 10))
         let first = collector.frames[0]
         #expect(first.width == 1024 && first.height == 768 && first.damage.isEmpty)
@@ -55,14 +55,14 @@ struct X11BackendTests {
         #expect(diff.uncovered(by: second.damage) == nil, "a changed pixel lies outside the damage")
         let area = second.damage.reduce(0) { $0 + Int($1.width * $1.height) }
         #expect(area > 0 && area < 1024 * 768 / 50, "damage area \(area) px for a 40x30 change")
-        source.stop()
+        try source.stop()
     }
 
     @Test func cursorIsDrawnAndItsMovesAreDamage() throws {
         try Harness.requireBuild()
         guard let x = try XvfbServer() else { return }
         let (collector, source) = try FrameCollector.start(library: Harness.library("BackendX11"), options: options(x, ["cursor": .bool(true)]))
-        defer { source.destroy() }
+        defer { try? source.destroy() }
         #expect(collector.waitForFrames(1, timeout: 10))
         // Xvfb's default cursor (an X) sits in the middle of the screen: some pixel near it is not the background.
         let first = collector.frames[0]
@@ -82,7 +82,7 @@ struct X11BackendTests {
         var near = false
         for y in 590..<620 { for x in 90..<120 where pixel(moved, x, y) != 0x336699 { near = true } }
         #expect(near, "no cursor pixels at its new place")
-        source.stop()
+        try source.stop()
     }
 
     /// The fallbacks (no MIT-SHM: XGetImage; no XDamage: whole frames at the
@@ -97,14 +97,14 @@ struct X11BackendTests {
         var extra: [String: JSON] = [:]
         for option in options { let kv = option.split(separator: "="); extra[String(kv[0])] = .bool(kv[1] == "true") }
         let (collector, source) = try FrameCollector.start(library: Harness.library("BackendX11"), options: self.options(x, extra))
-        defer { source.destroy() }
+        defer { try? source.destroy() }
         #expect(collector.waitForFrames(1, timeout: 10))
         #expect(pixel(collector.frames[0], 150, 150) == 0xFF8000 && pixel(collector.frames[0], 10, 10) == 0x336699)
         if options.contains("damage=false") {
             // Whole frames at the frame rate, changed or not.
             #expect(collector.waitForFrames(5, timeout: 10), "the no-XDamage fallback delivers every interval")
         }
-        source.stop()
+        try source.stop()
     }
 
     @Test func monitorsAndRegions() throws {
@@ -116,11 +116,11 @@ struct X11BackendTests {
         let (collector, source) = try FrameCollector.start(library: Harness.library("BackendX11"), options: options(x, ["monitor": .string("left")]))
         #expect(collector.waitForFrames(1, timeout: 10))
         #expect(collector.frames.first?.width == 512 && collector.frames.first?.height == 768)
-        source.destroy()
+        try source.destroy()
         let (regionFrames, regionSource) = try FrameCollector.start(library: Harness.library("BackendX11"), options: options(x, ["region": .string("200x100+50+60")]))
         #expect(regionFrames.waitForFrames(1, timeout: 10))
         #expect(regionFrames.frames.first?.width == 200 && regionFrames.frames.first?.height == 100)
-        regionSource.destroy()
+        try regionSource.destroy()
 
         // `krakl-agent sources` lists the screen and the monitor, with the option value that selects each.
         let registry = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
@@ -139,7 +139,7 @@ struct X11BackendTests {
         guard let x = try XvfbServer() else { return }
         let xrandr = try #require(Harness.which("xrandr"))
         let (collector, source) = try FrameCollector.start(library: Harness.library("BackendX11"), options: options(x))
-        defer { source.destroy() }
+        defer { try? source.destroy() }
         #expect(collector.waitForFrames(1, timeout: 10))
         #expect(collector.frames.first?.width == 1024)
         for step in [["--newmode", "800x600", "40", "800", "840", "968", "1056", "600", "601", "605", "628"],
@@ -151,7 +151,7 @@ struct X11BackendTests {
         let resized = try #require(collector.frames.first { $0.width == 800 })
         #expect(resized.height == 600 && resized.damage.isEmpty, "the first frame at the new size is whole")
         #expect(collector.events.contains { $0.kind == .formatChanged && $0.width == 800 && $0.height == 600 }, "\(collector.events)")
-        source.stop()
+        try source.stop()
     }
 
     @Test func badOptionsAreClearErrors() throws {

@@ -19,15 +19,24 @@
  * KRAKL_HAS_FIELD(ptr, type, field).
  *
  * Threads:
- *   - create, start, stop, destroy are called by the host's control thread,
- *     one at a time, never concurrently for one source.
+ *   - create, start, stop, destroy of one source are called from one control
+ *     thread of the host's (the same thread for the source's whole life), one
+ *     at a time, never concurrently for one source. list_sources runs on a
+ *     control thread of its own.
  *   - host->frame and host->event are called by the backend from one thread
  *     of its choosing (its capture thread), never two at once for one source,
- *     only between start() and the return of stop().
+ *     only from the moment start() is called (also from inside start()) until
+ *     stop() returns. Each start() may use a new thread. The host DROPS frames
+ *     and events delivered inside create(), before start() or after stop()
+ *     returned, and serializes deliveries that overlap; it warns once about
+ *     each kind of breach and counts the rest.
  *   - host->log may be called from any thread, from the start of create()
  *     until destroy() returns.
  *   - host->option and host->check_options may be called from any thread
  *     from the start of create() until destroy() returns.
+ *   - No host callback may be made after destroy() returns. (The host keeps
+ *     the host struct readable and drops such calls, so a stray thread does
+ *     not crash the agent; a backend must not rely on that.)
  *
  * Ownership:
  *   - Everything the host passes (options text, host struct, strings) is
@@ -37,10 +46,27 @@
  *     callback returns; the host copies what it keeps. The host never frees
  *     backend memory.
  *
- * Errors are negative errno values (-EINVAL for bad options, -ENOSYS for
+ * Return values: create, start, stop and list_sources return 0 on success
+ * or a negative errno, -1 ... -4095 (-EINVAL for bad options, -ENOSYS for
  * "not implemented", -ENODEV for "no such display/device", ...). Before
- * returning one, log a message at KRAKL_LOG_ERROR saying what went wrong and
- * what the user can do; the host shows the last such message.
+ * returning an error, log a message at KRAKL_LOG_ERROR saying what went
+ * wrong and what the user can do; the host shows the last such message. Any
+ * other value (positive, or below -4095) is not defined by the ABI: the host
+ * treats it as a failure and reports "returned N, which the ABI does not
+ * define". create() returning one has made no source (destroy() is not
+ * called); after start() returns one the host calls stop(); stop()
+ * returning one is logged and destroy() follows.
+ *
+ * Watchdog: the host gives each call a time budget. create() 900 s (it may
+ * wait for a person at a sharing dialog; keep the backend's own time-outs
+ * below that), start() 5 s, stop() 1 s as promised below (the host gives up
+ * after 2 s), destroy() 5 s, list_sources() 30 s. A call that overruns is
+ * left running on the host's control thread and the source is dead: the
+ * host makes no further call into it (it never calls destroy() while stop()
+ * is still running), drops its frames, events and log lines, and keeps the
+ * memory it handed the backend valid. The agent then finalizes its outputs,
+ * reports which call hung and exits with status 22 (a sharing session ends
+ * with that reason, or logs it when the session was ending anyway).
  */
 #ifndef KRAKL_BACKEND_H
 #define KRAKL_BACKEND_H
@@ -109,6 +135,18 @@ typedef struct krakl_cursor {
 
 #define KRAKL_MAX_PLANES 4
 
+/* Host limits. A frame outside them is dropped (the agent counts and
+ * reports dropped frames; conformance fails): struct_size below the ABI 1.0
+ * krakl_frame (through `cursor`: 112 bytes on LP64), width or height outside
+ * 1 ... KRAKL_MAX_FRAME_SIDE, an unknown format, a plane_count that does not
+ * match the format, a NULL plane, a stride below the row's bytes,
+ * timestamp_ns == 0, more than KRAKL_MAX_DAMAGE_RECTS damage rectangles or
+ * one outside the frame. The host takes at most KRAKL_MAX_FRAME_RATE frames
+ * a second from one source; it drops (and counts) the rest. */
+#define KRAKL_MAX_FRAME_SIDE 16384
+#define KRAKL_MAX_DAMAGE_RECTS 65536
+#define KRAKL_MAX_FRAME_RATE 240
+
 typedef struct krakl_frame {
     uint32_t struct_size;
     uint32_t format;                  /* krakl_format */
@@ -120,16 +158,26 @@ typedef struct krakl_frame {
      * (height+1)/2 for chroma planes). */
     uint32_t stride[KRAKL_MAX_PLANES];
     const uint8_t *plane[KRAKL_MAX_PLANES];
-    /* CLOCK_MONOTONIC time the picture was captured, nanoseconds. Strictly
-     * increasing over a source's life, across stop/start too. */
+    /* CLOCK_MONOTONIC time the picture was captured, nanoseconds, non-zero.
+     * Strictly increasing over a source's life, across stop/start too, and
+     * near the time of delivery: not after it, and at most 10 s before it.
+     * The host keeps its own times sane whatever a backend does: a timestamp
+     * that is not after the previous frame's, more than 1 s ahead of
+     * CLOCK_MONOTONIC now or more than 10 s behind it is replaced by the
+     * time the host received the frame (with one warning), and one a little
+     * ahead of that time is clamped to it. */
     uint64_t timestamp_ns;
     /* Backend's own frame counter (gaps are allowed, e.g. after a drop). */
     uint64_t sequence;
     /* Changed areas since the previous frame this source delivered.
-     * damage_count == 0 means "the whole frame may have changed" (always
-     * the case for the first frame after start or a format change). There
-     * is no way to say "nothing changed": then deliver no frame at all;
-     * the host keeps receivers fed by itself. */
+     * damage_count == 0 means "the whole frame may have changed". The first
+     * frame after each start() and the first frame after a FORMAT_CHANGED
+     * event MUST have damage_count == 0; the host treats those frames as
+     * wholly damaged whatever they say, and also a frame whose size or
+     * format differs from the previous one without a FORMAT_CHANGED event
+     * (with one warning). There is no way to say "nothing changed": then
+     * deliver no frame at all; the host keeps receivers fed by itself. At
+     * most 65536 rectangles. */
     uint32_t damage_count;
     const krakl_rect *damage;
     const krakl_cursor *cursor;       /* NULL: no cursor, or already drawn */
@@ -144,11 +192,15 @@ typedef enum krakl_event_type {
      * will call stop() and destroy() from its control thread. */
     KRAKL_EVENT_SOURCE_ENDED = 1,
     /* Width, height or format changes from the next frame on (the fields
-     * below say to what). The next frame has damage_count == 0. */
+     * below say to what). The next frame MUST have exactly that format and
+     * size, and damage_count == 0; the host logs (once) an announcement the
+     * next frame does not match. */
     KRAKL_EVENT_FORMAT_CHANGED = 2,
     /* Something failed that the user should know about; `error` and
      * `message` say what. Delivery may continue (a dropped frame) or a
-     * SOURCE_ENDED event may follow. */
+     * SOURCE_ENDED event may follow. It counts as a failure of the run: the
+     * agent's capture run ends with a non-zero exit status (13) even if
+     * frames went on. For something recovered from, log a warning instead. */
     KRAKL_EVENT_ERROR = 3,
 } krakl_event_type;
 
@@ -184,11 +236,14 @@ typedef struct krakl_host {
     void (*event)(void *host_data, const krakl_event *event);
 
     /* The source's option `key` as text (strings without quotes, numbers
-     * as written, true/false, null; arrays and objects as JSON text), or
-     * NULL when it was not given. "320" and 320 read the same. The
-     * text stays valid until destroy() returns. Lets a C backend read its
-     * options without a JSON parser; the same options also arrive as JSON
-     * text in create(). */
+     * as written, true/false; arrays and objects as JSON text), or NULL when
+     * it was not given. "320" and 320 read the same. JSON null is given: it
+     * reads as the text "null" (as does the string "null"); by convention a
+     * backend treats it as "not given, use the default", so
+     * `--option key=null` undoes a plugins.json default. The text stays
+     * valid until destroy() returns. Lets a C backend read its options
+     * without a JSON parser; the same options also arrive as JSON text in
+     * create(). */
     const char *(*option)(void *host_data, const char *key);
     /* Returns 0 when the options are a JSON object whose keys are all in
      * `known_keys` (an array of `count` strings). Otherwise logs an error
@@ -224,9 +279,10 @@ typedef struct krakl_backend {
     int (*create)(const char *options_json, const krakl_host *host, krakl_source **out);
 
     /* Control thread. Begins delivery; returns without waiting for the
-     * first frame. Returns 0 or a negative errno (-EBUSY when already
-     * started). start() after stop() on the same source must work again,
-     * also after a SOURCE_ENDED event (a file starts over). */
+     * first frame (frames and events may come from the moment it is called,
+     * also from inside it). Returns 0 or a negative errno (-EBUSY when
+     * already started). start() after stop() on the same source must work
+     * again, also after a SOURCE_ENDED event (a file starts over). */
     int (*start)(krakl_source *source);
 
     /* Control thread. Ends delivery and returns within one second. When it

@@ -8,16 +8,13 @@ public struct IsolationSettings: Sendable {
     public var slots = 3
     /// How long the backend's frame call may wait for a free buffer before the frame is dropped.
     public var waitMilliseconds = 20
-    /// Budgets of the calls into the child, seconds; a call that overruns kills it (HostError.backendHung).
+    /// The budgets of the calls, as in the agent's process (CallBudgets): the child runs them with
+    /// them and reports an overrun; the agent waits `grace` longer before it kills a child that
+    /// did not even answer. Either way the call throws HostError.backendHung and the child dies.
+    public var budgets = CallBudgets.standard
+    public var grace = 0.5
+    /// Loading the library (its constructors), seconds.
     public var loadBudget = 10.0
-    /// Long: create() may wait for a person to answer the sharing dialog.
-    public var createBudget = 120.0
-    /// start() returns at once (the header); 2 s also keeps a signal during a hang from waiting long.
-    public var startBudget = 2.0
-    /// The header's one second for stop(), plus half a second for the messages around it.
-    public var stopBudget = 1.5
-    public var destroyBudget = 2.0
-    public var listBudget = 30.0
     /// krakl-backend-host to run (nil: $KRAKL_BACKEND_HOST, or next to the running executable).
     public var executable: String?
 
@@ -53,7 +50,14 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
     private let logger: BackendLogger
 
     private enum Loaded { case ready, failed(HostError) }
-    private struct Reply { let call: WireKind; let ok: Bool; let code: Int32; let message: String }
+    private struct Reply {
+        let call: WireKind
+        let ok: Bool
+        let code: Int32
+        let message: String
+        /// The child's watchdog gave up on the call; `code` is its budget in milliseconds.
+        var hung = false
+    }
 
     /// Replies, the load result and the child's end, guarded by `state`.
     private let state = NSCondition()
@@ -102,7 +106,9 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
         do throws(HostError) {
             process = try BackendHostProcess(executable: settings.executable ?? BackendHostProcess.executablePath(),
                                              arguments: [libraryPath, backendName, "\(min(max(settings.slots, 2), Int(WireLimits.maximumSlots)))",
-                                                         "\(max(0, settings.waitMilliseconds))"],
+                                                         "\(max(0, settings.waitMilliseconds))",
+                                                         [settings.budgets.create, settings.budgets.start, settings.budgets.stop,
+                                                          settings.budgets.destroy, settings.budgets.listSources].map { "\($0)" }.joined(separator: ",")],
                                              socket: theirs.fd)
         } catch {
             mine.close()
@@ -145,7 +151,7 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
         var w = WireWriter(.create)
         w.text(optionsText, limit: WireLimits.maximumOptions)
         do throws(HostError) {
-            let answer = try call(.create, w, budget: settings.createBudget)
+            let answer = try call(.create, w, budget: settings.budgets.create)
             guard answer.ok else {
                 throw HostError.createFailed(backend: backendName, code: answer.code < 0 ? answer.code : -EINVAL,
                                              message: answer.message.isEmpty ? "the backend gave no reason" : answer.message)
@@ -172,7 +178,7 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
         guard lister.canListSources else { return nil }
         var w = WireWriter(.list)
         w.text(JSON.object(options).serialized, limit: WireLimits.maximumOptions)
-        let answer = try lister.call(.list, w, budget: settings.listBudget)
+        let answer = try lister.call(.list, w, budget: settings.budgets.listSources)
         guard answer.ok else { throw .listFailed(backend: backendName, code: answer.code < 0 ? answer.code : -EINVAL, message: answer.message) }
         return lister.state.withLock { lister.found }
     }
@@ -197,7 +203,7 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
         // Frames may come before start() returns (the ABI allows it): delivery is on from here.
         delivery.withLock { delivering = true }
         do throws(HostError) {
-            let answer = try call(.start, WireWriter(.start), budget: settings.startBudget)
+            let answer = try call(.start, WireWriter(.start), budget: settings.budgets.start)
             guard answer.ok else {
                 delivery.withLock { delivering = false }
                 throw HostError.startFailed(backend: backendName, code: answer.code < 0 ? answer.code : -EINVAL,
@@ -218,7 +224,7 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
         }
         guard delivery.withLock({ delivering }) else { return }
         // The reader turns delivery off when it reads the reply, after every frame sent before it.
-        _ = try call(.stop, WireWriter(.stop), budget: settings.stopBudget)
+        _ = try call(.stop, WireWriter(.stop), budget: settings.budgets.stop)
         delivery.withLock { delivering = false }
     }
 
@@ -228,12 +234,12 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
         var failure: HostError?
         if state.withLock({ end == nil }) {
             if delivery.withLock({ delivering }) {
-                do throws(HostError) { _ = try call(.stop, WireWriter(.stop), budget: settings.stopBudget) } catch { failure = error }
+                do throws(HostError) { _ = try call(.stop, WireWriter(.stop), budget: settings.budgets.stop) } catch { failure = error }
                 delivery.withLock { delivering = false }
             }
             if failure == nil {
                 state.withLock { expectingExit = true }
-                do throws(HostError) { _ = try call(.destroy, WireWriter(.destroy), budget: settings.destroyBudget) } catch {
+                do throws(HostError) { _ = try call(.destroy, WireWriter(.destroy), budget: settings.budgets.destroy) } catch {
                     if case .backendHung = error { failure = error }
                 }
             }
@@ -258,14 +264,24 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
         state.unlock()
         socket.send(message)   // a dead child shows as its end, read below
         state.lock()
-        _ = state.wait(while: { reply == nil && end == nil }, until: Date().addingTimeInterval(budget))
+        _ = state.wait(while: { reply == nil && end == nil }, until: Date().addingTimeInterval(budget + settings.grace))
         let answer = reply, ended = end
         awaiting = nil
         reply = nil
         if answer == nil && ended != nil && !expectingExit { endReported = true }
         state.unlock()
-        if let answer { return answer }
         let name = "\(kind)"
+        if let answer, !answer.hung { return answer }
+        if let answer {
+            // The child's own watchdog gave up on the backend; a thread of it is stuck for good.
+            delivery.withLock { delivering = false }
+            process.kill(because: .killedAfterHang(name))
+            state.lock()
+            _ = state.wait(while: { end == nil }, until: Date().addingTimeInterval(5))
+            endReported = true
+            state.unlock()
+            throw .backendHung(backend: backendName, call: name, budgetSeconds: Double(answer.code) / 1000)
+        }
         if let ended {
             if expectingExit { return Reply(call: kind, ok: true, code: 0, message: "") }
             throw .backendCrashed(backend: backendName, reason: ended.reason + " in \(name)()")
@@ -373,7 +389,8 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
             defer { state.unlock() }
             guard let awaiting, awaiting.rawValue == call, reply == nil else { throw WireError("a reply to \(call) that was not asked for") }
             if awaiting == .stop { delivery.withLock { delivering = false } }
-            reply = Reply(call: awaiting, ok: ok != 0, code: code, message: text)
+            guard ok <= 2 else { throw WireError("reply status \(ok)") }
+            reply = Reply(call: awaiting, ok: ok == 1, code: code, message: text, hung: ok == 2)
             state.broadcast()
         case .ready:
             let major = try r.u32(), minor = try r.u32(), lists = try r.u32()

@@ -1,0 +1,124 @@
+import Foundation
+import Glibc
+
+/// How long the host waits for each call into a backend before it gives up on the backend
+/// (krakl_backend.h, "Watchdog"). A call that overruns is left running on its own thread, the
+/// source is marked dead, and the caller gets `HostError.backendHung`.
+public struct CallBudgets: Sendable, Equatable {
+    /// create() may wait for a person at a sharing dialog (the PipeWire backend's own `timeout`
+    /// option allows up to 600 s for it), so its budget is long.
+    public var create: Double = 900
+    /// start() must return without waiting for a frame.
+    public var start: Double = 5
+    /// The header promises 1 s; the host gives up after 2 s (1 s of grace for a loaded machine).
+    public var stop: Double = 2
+    public var destroy: Double = 5
+    public var listSources: Double = 30
+
+    public init() {}
+    public static let standard = CallBudgets()
+}
+
+/// One thread that makes a source's calls into its backend, one at a time, while the caller waits
+/// with a deadline. The backend then always sees the same control thread, and a call that never
+/// returns keeps only this thread, never the caller (the agent's main thread, a session's work
+/// queue), so signals, the session's leave and the outputs' finalization still happen.
+final class BackendCallThread: @unchecked Sendable {
+    private let condition = NSCondition()
+    private var jobs: [() -> Void] = []
+    private var ending = false
+    /// True while a job that overran its budget is still inside the backend: nothing more may run.
+    private var wedged = false
+    private var thread = pthread_t()
+    private var started = false
+    private let name: String
+
+    init(name: String) {
+        self.name = name
+        let box = Unmanaged.passRetained(self)
+        var attributes = pthread_attr_t()
+        pthread_attr_init(&attributes)
+        defer { pthread_attr_destroy(&attributes) }
+        let status = pthread_create(&thread, &attributes, { raw in
+            let me = Unmanaged<BackendCallThread>.fromOpaque(raw!).takeRetainedValue()
+            me.loop()
+            return nil
+        }, box.toOpaque())
+        started = status == 0
+        if !started { box.release() }
+    }
+
+    private func loop() {
+        // For people reading `top -H` or a backtrace: which thread is inside a backend.
+        Thread.current.name = name
+        while true {
+            condition.lock()
+            while jobs.isEmpty && !ending { condition.wait() }
+            if jobs.isEmpty {
+                condition.unlock()
+                return
+            }
+            let job = jobs.removeFirst()
+            condition.unlock()
+            job()
+        }
+    }
+
+    /// Runs `body` on the thread and waits up to `budget` seconds for it. Returns its value, or nil
+    /// when it overran (it goes on running; the thread takes no more work) or the thread is wedged.
+    func call<T>(budget: Double, _ body: @escaping () -> T) -> T? {
+        // No thread (out of threads): run here, without a watchdog, rather than not at all.
+        guard started else { return body() }
+        let result = CallResult<T>()
+        condition.lock()
+        guard !wedged, !ending else {
+            condition.unlock()
+            return nil
+        }
+        jobs.append { [condition] in
+            let value = body()
+            condition.lock()
+            result.value = value
+            result.done = true
+            condition.broadcast()
+            condition.unlock()
+        }
+        condition.broadcast()
+        let deadline = Date().addingTimeInterval(budget)
+        let finished = condition.wait(while: { !result.done }, until: deadline)
+        if !finished { wedged = true }
+        condition.unlock()
+        return finished ? result.value : nil
+    }
+
+    /// Whether a call overran and is still inside the backend.
+    var isWedged: Bool { condition.withLock { wedged } }
+
+    /// Ends the thread once its queue is empty. A thread stuck in a backend call is detached and
+    /// left to the backend (a bounded leak: one thread per hung source); an idle one is joined,
+    /// so a source that came and went leaves no thread behind.
+    func end() {
+        guard started else { return }
+        condition.lock()
+        guard !ending else {
+            condition.unlock()
+            return
+        }
+        ending = true
+        let stuck = wedged
+        condition.broadcast()
+        condition.unlock()
+        // A source released by its own call (never by design, but cheap to rule out) cannot join itself.
+        if stuck || pthread_equal(pthread_self(), thread) != 0 {
+            pthread_detach(thread)
+        } else {
+            pthread_join(thread, nil)
+        }
+    }
+}
+
+/// What one call returned, filled on the call thread and read by the waiter under the condition.
+private final class CallResult<T>: @unchecked Sendable {
+    var value: T?
+    var done = false
+}

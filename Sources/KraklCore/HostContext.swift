@@ -1,0 +1,251 @@
+import Glibc
+import KraklBackendABI
+
+/// What a backend's `krakl_host` and its `host_data` point to. A slot is never freed: a backend
+/// thread that outlives destroy() (or a hung backend) may still call through its host struct,
+/// and must find valid memory that says "this source is gone" rather than freed memory. Once
+/// its context is detached every callback through it is dropped. Retired slots are reused
+/// after `reuseAfter` others retired, so the memory kept is bounded (≈ 100 bytes a slot)
+/// however many sources a long-running agent makes; a backend thread that calls on after that
+/// many later sources reaches a newer source, whose frame checks still hold.
+final class HostSlot: @unchecked Sendable {
+    let host: UnsafeMutablePointer<krakl_host>
+    private let lock = PThreadLock()
+    private var context: HostContext?
+
+    static let reuseAfter = 256
+    private static let poolLock = PThreadLock()
+    nonisolated(unsafe) private static var retired: [HostSlot] = []
+
+    private init() {
+        host = .allocate(capacity: 1)
+        var value = krakl_host()
+        value.struct_size = UInt32(MemoryLayout<krakl_host>.size)
+        value.abi_version = UInt32(KRAKL_ABI_MAJOR << 16 | KRAKL_ABI_MINOR)
+        value.log = hostLog
+        value.frame = hostFrame
+        value.event = hostEvent
+        value.option = hostOption
+        value.check_options = hostCheckOptions
+        value.source_found = hostSourceFound
+        host.initialize(to: value)
+        // Retained for the life of the process (see above); host_data is this slot.
+        host.pointee.host_data = Unmanaged.passRetained(self).toOpaque()
+    }
+
+    /// A slot serving `context`: a long-retired one, or a new one.
+    static func attach(_ context: HostContext) -> HostSlot {
+        let slot = poolLock.withLock { retired.count > reuseAfter ? retired.removeFirst() : nil } ?? HostSlot()
+        slot.lock.withLock { slot.context = context }
+        return slot
+    }
+
+    /// The context, while the source exists.
+    var current: HostContext? { lock.withLock { context } }
+
+    /// Detaches the context (every later callback is dropped) and offers the slot for reuse.
+    func retire() {
+        lock.withLock { context = nil }
+        HostSlot.poolLock.withLock { HostSlot.retired.append(self) }
+    }
+
+    static func from(_ data: UnsafeMutableRawPointer?) -> HostSlot? {
+        data.map { Unmanaged<HostSlot>.fromOpaque($0).takeUnretainedValue() }
+    }
+}
+
+/// The host side of one source (or one list_sources call): options, the frame contract, the
+/// sink, and the error line kept for the HostError that reports a failed call.
+final class HostContext: @unchecked Sendable {
+    let backend: String
+    let logger: BackendLogger
+    /// Frames and events are checked here; nil for list_sources, which delivers neither.
+    let contract: FrameContract?
+    private(set) var slot: HostSlot!
+    var host: UnsafeMutablePointer<krakl_host> { slot.host }
+    private let sinkLock = PThreadLock()
+    private weak var _sink: FrameSink?
+    /// Options parsed for host->option(); a failure when the text is not valid JSON.
+    let parsed: Result<JSON, JSONParseError>
+    /// C strings handed out by host->option(), kept until the context goes.
+    private var optionStrings: [String: UnsafeMutablePointer<CChar>] = [:]
+    private var _found: [(name: String, description: String)] = []
+    private let lock = PThreadLock()
+    /// Serializes frame and event deliveries: the contract says one at a time, and a backend
+    /// that calls from two threads at once must not corrupt the host's state.
+    private let delivery = PThreadLock()
+    private var lastError: String?
+    private var _capturing = false
+    private var _dead = false
+
+    init(backend: String, optionsText: String, sink: FrameSink?, logger: @escaping BackendLogger, contract: FrameContract?) {
+        self.backend = backend
+        self.logger = logger
+        self.contract = contract
+        _sink = sink
+        var parser = JSONParser(optionsText)
+        parsed = Result { () throws(JSONParseError) -> JSON in try parser.parse() }
+        slot = HostSlot.attach(self)
+    }
+
+    deinit { optionStrings.values.forEach { free($0) } }
+
+    /// What list_sources reported through source_found.
+    var found: [(name: String, description: String)] { lock.withLock { _found } }
+
+    /// While create() or start() runs, error lines are kept for the HostError that reports the
+    /// failure instead of printed twice.
+    var capturingErrors: Bool {
+        get { lock.withLock { _capturing } }
+        set { lock.withLock { _capturing = newValue } }
+    }
+
+    /// The source hung: its frames, events and log lines are dropped from now on. The context
+    /// stays attached (never freed): the hung call may still read its options.
+    func markDead() {
+        lock.withLock { _dead = true }
+        drainDeliveries()
+    }
+
+    /// Waits for a delivery already inside the sink to come out (bounded: the sink never blocks
+    /// for long), so that once stop() returned or the source died, the caller may finish what the
+    /// sink feeds (the encoder, the recording) without a frame arriving in the middle.
+    func drainDeliveries() {
+        if delivery.lock(within: 1) { delivery.unlock() }
+    }
+    var isDead: Bool { lock.withLock { _dead } }
+
+    /// destroy() returned: nothing of the backend's may reach the host any more.
+    func retire() { slot.retire() }
+
+    func log(_ level: LogLevel, _ message: String) {
+        let (captured, dead) = lock.withLock { () -> (Bool, Bool) in
+            if level == .error && !_dead { lastError = message }
+            return (level == .error && _capturing, _dead)
+        }
+        if captured || dead { return }
+        logger(backend, level, message)
+    }
+
+    func takeLastError() -> String? {
+        lock.withLock {
+            defer { lastError = nil }
+            return lastError
+        }
+    }
+
+    /// Runs one delivery under the delivery lock; a delivery that finds another in progress is
+    /// a breach of "never two at once" (counted), and waits its turn.
+    private func serialized(_ body: () -> Void) {
+        if !delivery.tryLock() {
+            contract?.note(.concurrentCallbacks, "two threads delivered frames or events for one source at the same time; the host serializes them")
+            delivery.lock()
+        }
+        defer { delivery.unlock() }
+        body()
+    }
+
+    func frame(_ pointer: UnsafePointer<krakl_frame>) {
+        guard let contract, !isDead else { return }
+        let received = MonotonicClock.nanoseconds()
+        serialized {
+            let sink = sinkLock.withLock { _sink }
+            switch contract.admit(pointer, receivedNs: received) {
+            case .drop: return
+            case .unchecked: sink?.frame(pointer)
+            case .admitted(var frame): withUnsafePointer(to: &frame) { sink?.frame($0) }
+            }
+        }
+    }
+
+    func event(_ event: SourceEvent) {
+        guard let contract, !isDead else { return }
+        serialized {
+            guard contract.admitEvent(event) else { return }
+            sinkLock.withLock { _sink }?.event(event)
+        }
+    }
+
+    func sourceFound(name: String, description: String) {
+        guard !isDead else { return }
+        lock.withLock { _found.append((name, description)) }
+    }
+
+    func option(_ key: String) -> UnsafePointer<CChar>? {
+        guard case .success(.object(let object)) = parsed, let value = object[key] else { return nil }
+        return lock.withLock {
+            if let existing = optionStrings[key] { return UnsafePointer(existing) }
+            let copy = strdup(value.optionText)!
+            optionStrings[key] = copy
+            return UnsafePointer(copy)
+        }
+    }
+
+    func checkOptions(_ known: [String]) -> Int32 {
+        switch parsed {
+        case .failure(let error):
+            log(.error, "options are not valid JSON (\(error.line):\(error.column): \(error.message))")
+            return -EINVAL
+        case .success(.object(let object)):
+            for key in object.keys where !known.contains(key) {
+                log(.error, "unknown option \"\(key)\" for backend \(backend); known options: \(known.joined(separator: ", "))")
+                return -EINVAL
+            }
+            return 0
+        case .success(let other):
+            log(.error, "options must be a JSON object, not \(other.typeName)")
+            return -EINVAL
+        }
+    }
+}
+
+// The C entry points of krakl_host. Every string a backend passes is read bounded and
+// sanitized (BackendText); every callback through a retired slot is dropped.
+
+private let hostLog: @convention(c) (UnsafeMutableRawPointer?, Int32, UnsafePointer<CChar>?) -> Void = { data, level, message in
+    guard let context = HostSlot.from(data)?.current else { return }
+    context.log(LogLevel(rawValue: min(max(level, 0), 3))!, BackendText.read(message) ?? "(null)")
+}
+
+private let hostFrame: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<krakl_frame>?) -> Void = { data, frame in
+    guard let frame, let context = HostSlot.from(data)?.current else { return }
+    context.frame(frame)
+}
+
+private let hostEvent: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<krakl_event>?) -> Void = { data, raw in
+    guard let raw, let context = HostSlot.from(data)?.current else { return }
+    // Size rule: read only what the backend wrote.
+    let event = copyBySizeRule(raw, declaredSize: Int(raw.pointee.struct_size), as: krakl_event.self)
+    let kind: SourceEvent.Kind
+    switch event.type {
+    case KRAKL_EVENT_SOURCE_ENDED.rawValue: kind = .sourceEnded
+    case KRAKL_EVENT_FORMAT_CHANGED.rawValue: kind = .formatChanged
+    case KRAKL_EVENT_ERROR.rawValue: kind = .error
+    default: kind = .unknown(event.type)
+    }
+    context.event(SourceEvent(kind: kind, error: event.error, message: BackendText.read(event.message),
+                              format: event.format, width: Int(event.width), height: Int(event.height)))
+}
+
+private let hostOption: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<CChar>?) -> UnsafePointer<CChar>? = { data, key in
+    guard let key, let context = HostSlot.from(data)?.current else { return nil }
+    return context.option(String(cString: key))
+}
+
+/// More keys than any backend has options: a larger count is a bogus one, not read.
+private let maximumKnownKeys = 4096
+
+private let hostCheckOptions: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<UnsafePointer<CChar>?>?, Int) -> Int32 = { data, keys, count in
+    guard let context = HostSlot.from(data)?.current else { return -EINVAL }
+    guard count >= 0, count <= maximumKnownKeys, count == 0 || keys != nil else {
+        context.log(.error, "check_options() was called with \(count) keys\(keys == nil ? " and no array" : ""); pass the array of known option names and its length")
+        return -EINVAL
+    }
+    let known = (0..<count).compactMap { keys?[$0].flatMap { BackendText.read($0) } }
+    return context.checkOptions(known)
+}
+
+private let hostSourceFound: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<CChar>?, UnsafePointer<CChar>?) -> Void = { data, name, description in
+    guard let context = HostSlot.from(data)?.current else { return }
+    context.sourceFound(name: BackendText.read(name) ?? "", description: BackendText.read(description) ?? "")
+}
