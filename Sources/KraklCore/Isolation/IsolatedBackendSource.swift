@@ -11,7 +11,13 @@ public struct IsolationSettings: Sendable {
     /// The budgets of the calls, as in the agent's process (CallBudgets): the child runs them with
     /// them and reports an overrun; the agent waits `grace` longer before it kills a child that
     /// did not even answer. Either way the call throws HostError.backendHung and the child dies.
-    public var budgets = CallBudgets.standard
+    public var budgets: CallBudgets = {
+        // destroy() frees what create() made, which the child's exit frees anyway: the agent
+        // waits 2 s, not 5, so a run whose backend hangs there still ends soon after a SIGTERM.
+        var budgets = CallBudgets.standard
+        budgets.destroy = min(budgets.destroy, 2)
+        return budgets
+    }()
     public var grace = 0.5
     /// Loading the library (its constructors), seconds.
     public var loadBudget = 10.0
@@ -153,7 +159,7 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
         do throws(HostError) {
             let answer = try call(.create, w, budget: settings.budgets.create)
             guard answer.ok else {
-                throw HostError.createFailed(backend: backendName, code: answer.code < 0 ? answer.code : -EINVAL,
+                throw HostError.createFailed(backend: backendName, code: answer.code != 0 ? answer.code : -EINVAL,
                                              message: answer.message.isEmpty ? "the backend gave no reason" : answer.message)
             }
             state.withLock { created = true }
@@ -179,7 +185,7 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
         var w = WireWriter(.list)
         w.text(JSON.object(options).serialized, limit: WireLimits.maximumOptions)
         let answer = try lister.call(.list, w, budget: settings.budgets.listSources)
-        guard answer.ok else { throw .listFailed(backend: backendName, code: answer.code < 0 ? answer.code : -EINVAL, message: answer.message) }
+        guard answer.ok else { throw .listFailed(backend: backendName, code: answer.code != 0 ? answer.code : -EINVAL, message: answer.message) }
         return lister.state.withLock { lister.found }
     }
 
@@ -206,7 +212,7 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
             let answer = try call(.start, WireWriter(.start), budget: settings.budgets.start)
             guard answer.ok else {
                 delivery.withLock { delivering = false }
-                throw HostError.startFailed(backend: backendName, code: answer.code < 0 ? answer.code : -EINVAL,
+                throw HostError.startFailed(backend: backendName, code: answer.code != 0 ? answer.code : -EINVAL,
                                             message: answer.message.isEmpty ? "the backend gave no reason" : answer.message)
             }
         } catch {
