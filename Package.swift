@@ -12,6 +12,8 @@ let package = Package(
         .executable(name: "krakl-agent", targets: ["Agent"]),
         .executable(name: "krakl-bench", targets: ["KraklBench"]),
         .executable(name: "krakl-rtc-probe", targets: ["RTCProbe"]),
+        // Isolated mode: runs one backend in a child process of the agent (--isolate).
+        .executable(name: "krakl-backend-host", targets: ["BackendHost"]),
         // Each backend is a shared library the agent dlopen()s at run time.
         .library(name: "BackendFile", type: .dynamic, targets: ["BackendFile"]),
         .library(name: "BackendX11", type: .dynamic, targets: ["BackendX11"]),
@@ -58,6 +60,10 @@ let package = Package(
         // The agent's memset: large zero fills of private anonymous memory become
         // page releases (libvpx's 50 MB token-buffer clear at 1080p). Agent only.
         .target(name: "ZeroFill"),
+        // krakl-backend-host: dlopens one backend in a child process and hands its frames to the
+        // agent through a shared-memory ring (isolated mode); a C shim for memfd seals and close_range.
+        .target(name: "CBackendHost"),
+        .executableTarget(name: "BackendHost", dependencies: ["KraklCore", "KraklBackendABI", "CBackendHost"], swiftSettings: swift5),
         .executableTarget(name: "Agent", dependencies: ["KraklCore", "KraklEncoder", "KraklRTC", "KraklRoom", "KraklSession", "KraklScan", "ZeroFill"], swiftSettings: swift5),
         // Test-only: runs the publisher against a given SDP answer (issue 6 item 8).
         .executableTarget(name: "RTCProbe", dependencies: ["KraklBackendABI", "KraklCore", "KraklEncoder", "KraklRTC", "KraklSession"], swiftSettings: swift5),

@@ -32,6 +32,7 @@ var pipewireMode = false
 var rtcMode = false
 var roomMode = false
 var scanMode = false
+var isolateMode = false
 var soakMode = false
 var soakMinutes = 60
 var soakIsolate = false
@@ -48,6 +49,7 @@ while let word = words.popFirst() {
     case "rtc": rtcMode = true
     case "room": roomMode = true
     case "scan": scanMode = true
+    case "isolate": isolateMode = true
     case "soak": soakMode = true
     case "--minutes": soakMinutes = max(1, Int(words.popFirst() ?? "") ?? soakMinutes)
     case "--isolate": soakIsolate = true
@@ -61,7 +63,7 @@ while let word = words.popFirst() {
         let parts = (words.popFirst() ?? "").split(separator: "x").compactMap { Int($0) }
         if parts.count == 2 { (width, height) = (parts[0], parts[1]) }
     default:
-        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT']|room [--joins N]|scan [--rounds N]|soak [--minutes N] [--isolate]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
+        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT']|room [--joins N]|scan [--rounds N]|soak [--minutes N] [--isolate]|isolate [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
         exit(2)
     }
 }
@@ -159,6 +161,10 @@ func quality(_ recording: String, reference: String, pixelFormat: String) -> (ps
 
 if x11Mode {
     try runX11Bench(seconds: seconds, rounds: rounds)
+    exit(0)
+}
+if isolateMode {
+    try runIsolateBench(seconds: seconds, rounds: roundsGiven ? rounds : 2)
     exit(0)
 }
 if soakMode {

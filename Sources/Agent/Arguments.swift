@@ -12,6 +12,8 @@ struct Arguments {
     var backend: String?
     var plugins: String?
     var options: [(key: String, value: JSON)] = []
+    /// --isolate / --no-isolate: run the backend in a child process or in the agent (nil: plugins.json decides).
+    var isolate: Bool?
     var frames: Int?
     var seconds: Double?
     var expectEnd = false
@@ -62,6 +64,8 @@ struct Arguments {
             case "--version": command = .version; return
             case "--backend", "-b": backend = try value(for: flag)
             case "--plugins": plugins = try value(for: flag)
+            case "--isolate": isolate = true
+            case "--no-isolate": isolate = false
             case "--option", "-o": options.append(try parseOptionAssignment(try value(for: flag)))
             case "--frames":
                 let text = try value(for: flag)
@@ -232,6 +236,11 @@ OPTIONS
                           or plugins.json next to the executable or up to 4 folders above).
   -o, --option KEY=VALUE  Override a backend option; VALUE is read as JSON when it is
                           a number, true/false or null, else as a string. Repeatable.
+      --isolate           Run the backend in a child process (krakl-backend-host): a crash,
+                          exit or hang of the backend ends the source (exit 24 or 22 for a
+                          run), never the agent. --no-isolate loads it into the agent. Default:
+                          the backend's "isolate" in plugins.json, else isolated for a library
+                          from elsewhere, in the agent for those next to krakl-agent.
       --frames N          Stop after N frames.
       --seconds S         Stop after S seconds.
       --once              (--join) Exit when the session ends, with its end reason's status.

@@ -66,6 +66,7 @@ func sharingConfiguration(_ arguments: Arguments, invitation: Invitation, logger
     configuration.registryPath = arguments.plugins
     configuration.backendName = arguments.backend
     configuration.backendOptions = arguments.options
+    configuration.backendIsolation = arguments.isolate
     let refresh = configuration.encoder.refreshInterval
     configuration.encoder = arguments.encoder
     if !arguments.refreshGiven { configuration.encoder.refreshInterval = refresh }

@@ -91,10 +91,9 @@ func signalReason(_ number: Int32) -> String {
 }
 
 /// The backend the command line names (or the registry's default), its
-/// plugins.json options with every --option applied, and its loaded library.
-func selectedBackend(_ arguments: Arguments) throws(HostError) -> (entry: BackendEntry, options: JSONObject, library: BackendLibrary) {
-    let selection = try BackendSelection(registryPath: arguments.plugins, name: arguments.backend, overrides: arguments.options)
-    return (selection.entry, selection.options, selection.library)
+/// plugins.json options with every --option applied, isolated or loaded.
+func selectedBackend(_ arguments: Arguments) throws(HostError) -> BackendSelection {
+    try BackendSelection(registryPath: arguments.plugins, name: arguments.backend, overrides: arguments.options, isolate: arguments.isolate)
 }
 
 extension EncoderError {
@@ -129,7 +128,8 @@ func checkRecordingPath(_ path: String) throws(HostError) {
 /// ends the run the same way, since nobody reads the status any more; the summary is then not
 /// printed (there is nowhere to print it) but the recording is complete.
 func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(HostError) -> Int32 {
-    let (entry, options, library) = try selectedBackend(arguments)
+    let selection = try selectedBackend(arguments)
+    let (entry, options) = (selection.entry, selection.options)
     let control = ControlPipe.shared
     control.catchSignals([SIGPIPE, SIGUSR1])
     let run = CaptureRun(backend: entry.name, frameLimit: arguments.frames, logger: logger)
@@ -150,7 +150,7 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     } catch {
         throw error.hostError
     }
-    let source = try BackendSource(library: library, backendName: entry.name, options: options, sink: run, logger: logger)
+    let source: any CaptureSource = try selection.makeSource(sink: run, logger: logger)
 
     let optionText = options.members.map { "\($0.key)=\($0.value.optionText)" }.joined(separator: " ")
     print("krakl-agent: capturing from \(entry.name) [\(optionText)]; Ctrl-C stops")

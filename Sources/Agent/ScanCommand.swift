@@ -68,10 +68,9 @@ func runQRFile(path: String, scanOnly: Bool, now: Date = Date()) -> (code: Strin
 /// Scans the selected backend's screen until a usable join code appears. Returns its text to
 /// join with (nil with --scan-only after printing its summary) and the exit status otherwise.
 func runScreenScan(_ arguments: Arguments, logger: @escaping BackendLogger) throws(HostError) -> (code: String?, status: Int32) {
-    let selection = try BackendSelection(registryPath: arguments.plugins, name: arguments.backend, overrides: arguments.options)
+    let selection = try selectedBackend(arguments)
     let capture = LumaCapture(backend: selection.entry.name, logger: logger, onChange: { ControlPipe.wake() })
-    let source = try BackendSource(library: selection.library, backendName: selection.entry.name, options: selection.options,
-                                   sink: capture, logger: logger)
+    let source: any CaptureSource = try selection.makeSource(sink: capture, logger: logger)
     let control = ControlPipe.shared
     try source.start()
     defer { try? source.destroy() }   // a hung stop or destroy is given up after its budget

@@ -32,13 +32,12 @@ do throws(HostError) {
     case .version:
         print("krakl-agent 0.1.0 (backend ABI \(BackendLibrary.hostVersion.major).\(BackendLibrary.hostVersion.minor))")
     case .sources:
-        let (entry, options, library) = try selectedBackend(arguments)
-        guard library.canListSources else {
-            print("backend \(entry.name) does not list sources (it has no list_sources; ABI \(library.abiMajor).\(library.abiMinor))")
+        let selection = try selectedBackend(arguments)
+        guard let sources = try selection.listSources(logger: logger) else {
+            print("backend \(selection.entry.name) does not list sources (it has no list_sources)")
             break
         }
-        let sources = try library.listSources(backendName: entry.name, options: options, logger: logger)
-        print("Sources of backend \(entry.name):")
+        print("Sources of backend \(selection.entry.name):")
         let width = sources.map(\.name.count).max() ?? 0
         for source in sources { print("  \(source.name.padding(toLength: width, withPad: " ", startingAt: 0))  \(source.description)") }
     case .backends:

@@ -10,6 +10,8 @@ public struct SharingConfiguration: Sendable {
     public var registryPath: String?
     public var backendName: String?
     public var backendOptions: [(key: String, value: JSON)] = []
+    /// Run the backend in a child process (true), in this process (false), or as plugins.json says (nil).
+    public var backendIsolation: Bool?
     /// The encoder's settings; the codec is the one the answer chose.
     public var encoder = EncoderSettings()
     public var publisher = PublisherConfiguration()
@@ -122,7 +124,7 @@ public final class SharingSession: @unchecked Sendable {
     // Owned parts; touched only on the work queue (created, used, torn down there), read for
     // status under `lock`.
     private let lock = NSLock()
-    private var source: BackendSource?
+    private var source: (any CaptureSource)?
     private var selection: BackendSelection?
     private var capture: SessionCapture?
     private var pipeline: EncoderPipeline?
@@ -303,10 +305,9 @@ public final class SharingSession: @unchecked Sendable {
     private func prepareSource() {
         do throws(HostError) {
             let selection = try BackendSelection(registryPath: configuration.registryPath, name: configuration.backendName,
-                                                 overrides: configuration.backendOptions)
+                                                 overrides: configuration.backendOptions, isolate: configuration.backendIsolation)
             let capture = SessionCapture(backend: selection.entry.name, logger: logger) { [weak self] event in self?.post(event) }
-            let source = try BackendSource(library: selection.library, backendName: selection.entry.name,
-                                           options: selection.options, sink: capture, logger: logger)
+            let source = try selection.makeSource(sink: capture, logger: logger)
             lock.lock()
             self.selection = selection
             self.capture = capture

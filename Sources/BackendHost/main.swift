@@ -1,0 +1,33 @@
+// krakl-backend-host: runs one backend library in a process of its own for krakl-agent's
+// isolated mode, so a backend that crashes, exits or hangs takes only this process down.
+//
+//   krakl-backend-host LIBRARY BACKEND-NAME SLOTS WAIT-MS CREATE,START,STOP,DESTROY,LIST-BUDGETS
+//   (the agent's socket on fd 3)
+//
+// The agent spawns it (Sources/KraklCore/Isolation/IsolatedBackendSource.swift); it is not
+// meant to be run by hand. The protocol is in Sources/KraklCore/Isolation/IsolationWire.swift.
+import CBackendHost
+import Foundation
+import KraklCore
+
+let words = CommandLine.arguments
+let budgetList = words.count == 6 ? words[5].split(separator: ",").compactMap { Double($0) } : []
+guard words.count == 6, let slots = Int(words[3]), (2...Int(WireLimits.maximumSlots)).contains(slots),
+      let waitMilliseconds = Int(words[4]), (0...60_000).contains(waitMilliseconds),
+      budgetList.count == 5, budgetList.allSatisfy({ $0 > 0 && $0 <= 3600 }),
+      fcntl(3, F_GETFD) >= 0 else {
+    fputs("krakl-backend-host: started by krakl-agent in isolated mode only (see krakl-agent --help, --isolate)\n", stderr)
+    exit(2)
+}
+// The agent's descriptors other than stdio and the socket stay out of the backend's reach.
+krakl_close_from(4)
+_ = fcntl(3, F_SETFD, FD_CLOEXEC)
+signal(SIGPIPE, SIG_IGN)
+
+var budgets = CallBudgets()
+(budgets.create, budgets.start, budgets.stop, budgets.destroy, budgets.listSources) = (budgetList[0], budgetList[1], budgetList[2], budgetList[3], budgetList[4])
+let host = ChildHost(socket: WireSocket(fd: 3), backend: words[2], slots: slots, waitMilliseconds: waitMilliseconds, budgets: budgets)
+// The control thread exists before the library loads: a constructor that hangs is then
+// still ended by the agent closing the socket (the main thread reads it from the start).
+Thread.detachNewThread { host.load(path: words[1]); host.runCommands() }
+host.readSocket()
