@@ -12,7 +12,8 @@ public struct CallBudgets: Sendable, Equatable {
     public var start: Double = 5
     /// The header promises 1 s; the host gives up after 2 s (1 s of grace for a loaded machine).
     public var stop: Double = 2
-    public var destroy: Double = 5
+    /// Short enough that SIGTERM during a hung destroy() still ends a run within systemd-like grace (stop 2 s + destroy 3 s).
+    public var destroy: Double = 3
     public var listSources: Double = 30
 
     public init() {}

@@ -60,7 +60,7 @@
  * Watchdog: the host gives each call a time budget. create() 900 s (it may
  * wait for a person at a sharing dialog; keep the backend's own time-outs
  * below that), start() 5 s, stop() 1 s as promised below (the host gives up
- * after 2 s), destroy() 5 s, list_sources() 30 s. A call that overruns is
+ * after 2 s), destroy() 3 s, list_sources() 30 s. A call that overruns is
  * left running on the host's control thread and the source is dead: the
  * host makes no further call into it (it never calls destroy() while stop()
  * is still running), drops its frames, events and log lines, and keeps the
