@@ -60,6 +60,11 @@ public struct IceTransmit: Equatable, Sendable {
 /// nomination, role-conflict repair (§7.3.1.1) and consent freshness
 /// (RFC 7675) on the selected pair.
 ///
+/// With `lite` it is an ICE-lite agent (RFC 8445 §2.5) instead, for a server on host candidates:
+/// always controlled, it answers checks and never sends one (nor consent checks); the peer's
+/// nominating check (USE-CANDIDATE) selects its pair, and the peer's consent checks on that pair are
+/// what keeps consent fresh (RFC 7675 §4: the full peer does the checking).
+///
 /// It owns no socket and no clock: the owner feeds it STUN datagrams and
 /// the time, calls `tick` when `nextDeadline` passes, and sends what
 /// `drain()` returns. One thread at a time (the network loop).
@@ -70,6 +75,8 @@ public final class IceAgent {
     public private(set) var local: IceCredentials
     public private(set) var remote: IceCredentials?
     public private(set) var controlling: Bool
+    /// ICE-lite (see above): answers, never asks.
+    public let lite: Bool
     public let tieBreaker: UInt64
     public private(set) var localCandidates: [IceCandidate] = []
     public private(set) var remoteCandidates: [IceCandidate] = []
@@ -119,11 +126,15 @@ public final class IceAgent {
     /// - Parameters:
     ///   - bases: the bound sockets' addresses; each becomes a host candidate.
     ///   - stunServers: servers to learn server-reflexive candidates from (none by default: no traffic leaves the host unasked).
+    ///   - lite: an ICE-lite agent (controlled, host candidates only; `controlling` and `stunServers` are ignored).
     public init(credentials: IceCredentials = .random(), bases: [TransportAddress], controlling: Bool = true,
                 tieBreaker: UInt64 = UInt64.random(in: 0...UInt64.max), stunServers: [TransportAddress] = [],
-                configuration: IceConfiguration = IceConfiguration()) {
+                configuration: IceConfiguration = IceConfiguration(), lite: Bool = false) {
         local = credentials
         self.bases = bases
+        self.lite = lite
+        let controlling = controlling && !lite
+        let stunServers = lite ? [] : stunServers
         self.controlling = controlling
         self.tieBreaker = tieBreaker
         self.stunServers = stunServers
@@ -216,7 +227,7 @@ public final class IceAgent {
         guard phase != .failed else { return nil }
         var deadline: UInt64?
         func consider(_ t: UInt64?) { if let t { deadline = min(deadline ?? t, t) } }
-        if remote != nil && phase != .failed && (!triggered.isEmpty || checkList.pairs.contains { $0.state == .waiting || $0.state == .frozen }) {
+        if !lite && remote != nil && phase != .failed && (!triggered.isEmpty || checkList.pairs.contains { $0.state == .waiting || $0.state == .frozen }) {
             consider(nextCheckAt)
         }
         for transaction in transactions.values { consider(transaction.nextRetransmit) }
@@ -257,7 +268,7 @@ public final class IceAgent {
             transmits.append(IceTransmit(localBase: next.localBase, to: next.to, bytes: next.bytes))
         }
         // One new check per Ta: triggered ones first (§6.1.4.2).
-        if remote != nil, now >= nextCheckAt {
+        if !lite, remote != nil, now >= nextCheckAt {
             var key: IcePairKey?
             while key == nil, !triggered.isEmpty {
                 let candidate = triggered.removeFirst()
@@ -277,7 +288,7 @@ public final class IceAgent {
             }
         }
         // Consent freshness on the selected pair.
-        if let pair = selected, let due = nextConsentAt, now >= due {
+        if !lite, let pair = selected, let due = nextConsentAt, now >= due {
             sendConsent(pair, now: now)
             nextConsentAt = now + randomizedConsentInterval()
         }
@@ -343,6 +354,9 @@ public final class IceAgent {
                     return respond(StunMessage.bindingError(to: request, code: 487, reason: "Role Conflict"), key: key, from: from, base: base)
                 }
                 switchRole()
+            case .iceControlled where lite:
+                // A lite agent is controlled whatever the tie-breakers say (§6.1.1): the peer must switch.
+                return respond(StunMessage.bindingError(to: request, code: 487, reason: "Role Conflict"), key: key, from: from, base: base)
             case .iceControlled(let theirs) where !controlling:
                 if tieBreaker >= theirs { switchRole() } else {
                     return respond(StunMessage.bindingError(to: request, code: 487, reason: "Role Conflict"), key: key, from: from, base: base)
@@ -378,6 +392,18 @@ public final class IceAgent {
         }
         guard let key = checkList.add(local: localCandidates[baseIndex], localBase: base, remote: remoteCandidate!),
               let pair = checkList[key] else { return }
+        if lite {
+            // No checks of our own: the peer's check proves the path, its nomination selects it,
+            // and its later checks on the selected pair are consent (RFC 7675 §4).
+            if useCandidate, selected?.key != key {
+                checkList.setState(key, .succeeded)
+                select(key, now: now)
+            } else if selected?.key == key {
+                lastConsentAt = now
+                if phase == .disconnected { phase = .connected }
+            }
+            return
+        }
         if useCandidate && !controlling {
             if pair.state == .succeeded { select(key, now: now) } else { checkList.update(key) { $0.nominateOnSuccess = true } }
         }
@@ -490,7 +516,7 @@ public final class IceAgent {
         consentCredentials = (local, remote)
         // Consent starts now; the first check follows one interval later.
         lastConsentAt = now
-        nextConsentAt = now + randomizedConsentInterval()
+        nextConsentAt = lite ? nil : now + randomizedConsentInterval()
         if changed { events.append(.selected(pair)) }
     }
 

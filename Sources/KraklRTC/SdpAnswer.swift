@@ -14,6 +14,9 @@ public enum SdpError: Error, Equatable, CustomStringConvertible {
     case noCommonCodec(answered: [String])
     case notReceiving(MediaDirection)
     case badCandidate(String, String)
+    /// A remote offer we cannot answer with video (the reason says what it lacked).
+    case noUsableVideo(String)
+    case offerNotAnswerable(String)
 
     public var description: String {
         switch self {
@@ -39,6 +42,10 @@ public enum SdpError: Error, Equatable, CustomStringConvertible {
             return "SDP answer says a=\(direction.rawValue) for our send-only video: the peer will not receive it"
         case .badCandidate(let line, let why):
             return "SDP candidate \"\(line.prefix(100))\" is malformed: \(why)"
+        case .noUsableVideo(let why):
+            return "SDP offer has no video we can send: \(why)"
+        case .offerNotAnswerable(let why):
+            return "SDP offer cannot be answered: \(why)"
         }
     }
 }
@@ -218,10 +225,13 @@ struct SdpDocument {
                 sawVersion = true
             case "m":
                 let f = value.split(separator: " ", omittingEmptySubsequences: true)
-                guard f.count >= 3, let port = UInt16(f[1].split(separator: "/")[0]) else {
+                guard f.count >= 3, let portText = f[1].split(separator: "/").first, let port = UInt16(portText) else {
                     throw SdpError.malformedLine(number: number, text: String(line), reason: "m= needs <media> <port> <proto> <fmt>...")
                 }
-                media.append(SdpMediaSection(kind: String(f[0]), port: port, formats: f.dropFirst(3).compactMap { UInt8($0) }))
+                var section = SdpMediaSection(kind: String(f[0]), port: port, formats: f.dropFirst(3).compactMap { UInt8($0) })
+                section.proto = String(f[2])
+                section.rawFormats = f.dropFirst(3).map(String.init)
+                media.append(section)
             case "a":
                 let parts = value.split(separator: ":", maxSplits: 1, omittingEmptySubsequences: false)
                 let name = String(parts[0]).lowercased()
@@ -244,6 +254,9 @@ struct SdpMediaSection {
     var kind: String
     var port: UInt16
     var formats: [UInt8]
+    /// The m= line's transport and format tokens as written (a data channel's are not numbers).
+    var proto = ""
+    var rawFormats: [String] = []
     var connection: String?
     var attributes: [(name: String, value: String?)] = []
 

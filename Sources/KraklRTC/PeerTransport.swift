@@ -1,0 +1,282 @@
+import KraklCore
+import Foundation
+import Glibc
+
+/// Which side of ICE (and of the offer/answer) a transport is.
+public enum PeerRole: Sendable, Equatable {
+    /// We wrote the offer: the controlling ICE agent (a WHIP client, a Janus publisher).
+    case offerer
+    /// We answer a remote offer with full ICE: the controlled agent, checking too (works behind NAT).
+    case answerer
+    /// We answer as an ICE-lite server on host candidates (`a=ice-lite`): we answer checks and never
+    /// send any; the peer (a browser) does all the checking and nominating.
+    case answererLite
+
+    var iceControlling: Bool { self == .offerer }
+    var iceLite: Bool { self == .answererLite }
+}
+
+/// What the transport tells the media side, on the network thread.
+protocol PeerTransportDelegate: AnyObject {
+    /// Runs the media's due work (after ICE and DTLS had theirs).
+    func transportService(now: UInt64)
+    /// When the media side needs `transportService` next.
+    func transportNextDeadline(now: UInt64) -> UInt64?
+    /// SRTP keys are in place: media may flow.
+    func transportConnected(milliseconds: Double)
+    /// A decrypted RTCP compound packet.
+    func transportReceivedRtcp(_ plain: [UInt8], now: UInt64)
+    /// The session is over (failed, consent lost, close_notify, BYE): reported once.
+    func transportEnded(_ event: PublisherEvent)
+    /// A server-reflexive candidate to trickle.
+    func transportLocalCandidate(_ candidate: IceCandidate)
+}
+
+/// The network half of a peer connection: one UDP socket per host address, ICE (the sans-I/O
+/// `IceAgent`, in the role given), DTLS (with the peer's early ClientHello kept), SRTP both ways,
+/// and RFC 7983 demultiplexing of what arrives. Everything runs on the event loop passed in, which
+/// may be shared by several transports (a server with several viewers); the transport never stops it.
+///
+/// Split out of the publisher so the same transport serves the offering publisher (WHIP, Janus) and
+/// the answering one (a viewer's WHEP offer), in either ICE role.
+final class PeerTransport {
+    let role: PeerRole
+    let configuration: PublisherConfiguration
+    let loop: EventLoop
+    let sockets: [UdpSocket]
+    let ice: IceAgent
+    let certificate: Certificate
+    weak var delegate: PeerTransportDelegate?
+    private let stats: RtcStatsCell
+
+    // Network thread only.
+    private(set) var finished = false
+    private var remoteSetAt: UInt64 = 0
+    private(set) var dtls: DtlsTransport?
+    private var dtlsPeer: (base: TransportAddress, remote: TransportAddress)?
+    /// The peer's ClientHello if it comes before the answer (nil once DTLS exists).
+    private var earlyFlight: DtlsEarlyFlight? = DtlsEarlyFlight()
+    private var srtpOut: SrtpSession?
+    private var srtpIn: SrtpSession?
+    private var scheduled: (id: EventLoop.TimerID, at: UInt64)?
+    private var receiveBuffer = [UInt8](repeating: 0, count: 65_536)
+
+    /// Gathers host candidates (binding one UDP socket per address) and makes the session's certificate.
+    /// Nothing runs until `start()`.
+    init(role: PeerRole, configuration: PublisherConfiguration, loop: EventLoop, stats: RtcStatsCell) throws {
+        self.role = role
+        self.configuration = configuration
+        self.loop = loop
+        self.stats = stats
+        let addresses = IceHostAddresses.gather(configuration.addresses)
+        guard !addresses.isEmpty else {
+            throw NetworkError.noAddresses(configuration.addresses.allowed.map { "none of \($0.map { "\($0)" }.joined(separator: ", ")) is on an interface that is up" }
+                                           ?? "no interface that is up has an address the policy admits (loopback needs includeLoopback)")
+        }
+        sockets = try addresses.map { try UdpSocket(bindTo: $0) }
+        certificate = try Certificate()
+        ice = IceAgent(bases: sockets.map(\.localAddress), controlling: role.iceControlling, stunServers: configuration.stunServers,
+                       configuration: configuration.ice, lite: role.iceLite)
+    }
+
+    /// Network thread: watches the sockets and starts gathering.
+    func start() {
+        for socket in sockets { loop.watch(fd: socket.fd) { [weak self] in self?.readSocket(socket) } }
+        ice.startGathering(now: MonotonicClock.nanoseconds())
+        service()
+    }
+
+    /// Network thread: the peer's ICE credentials and candidates, its certificate fingerprint, and
+    /// our DTLS role. The first call sets up DTLS; later ones (an ICE restart's answer) only renew ICE.
+    func setRemote(credentials: IceCredentials, candidates: [IceCandidate], connectionAddress: String?, port: UInt16,
+                   fingerprint: CertificateFingerprint, dtlsRole: DtlsRole, first: Bool, now: UInt64) {
+        if first { remoteSetAt = now; beginDtls(role: dtlsRole, fingerprint: fingerprint) }
+        var candidates = candidates
+        // A peer that lists no candidate still has its c= address and m= port (RFC 8839 §4.2.1.2 fallback).
+        if candidates.isEmpty, let address = connectionAddress, address != "0.0.0.0", port > 9 {
+            candidates.append(IceCandidate(foundation: "cline", priority: IceCandidate.priority(kind: .host), address: address,
+                                           port: port, kind: .host))
+        }
+        ice.setRemote(credentials: credentials, candidates: candidates, now: MonotonicClock.nanoseconds())
+    }
+
+    private func beginDtls(role: DtlsRole, fingerprint: CertificateFingerprint) {
+        defer { earlyFlight = nil }
+        do {
+            dtls = try DtlsTransport(role: role, certificate: certificate, expectedFingerprint: fingerprint)
+        } catch {
+            end(.failed("DTLS set-up failed: \(error)"), state: "failed")
+            return
+        }
+        // The peer's ClientHello that came before this answer: no need to wait for its retransmission.
+        if let dtls, role == .server, let flight = earlyFlight, let source = flight.source {
+            dtlsPeer = source
+            for datagram in flight.datagrams { handleDtls(dtls.receive(datagram)) }
+        }
+    }
+
+    /// Before the answer: keeps the peer's first ClientHello, from a source that passed an ICE check.
+    private func keepEarlyDtls(_ datagram: [UInt8], from: TransportAddress, base: TransportAddress) {
+        guard earlyFlight != nil, ice.heardEarlyCheck(from: from, base: base) else { return }
+        if earlyFlight!.keep(datagram, from: from, base: base) { stats.update { $0.earlyDtlsDatagrams += 1 } }
+    }
+
+    /// The session ends (reported once to the delegate); `state` is the stats' final state.
+    func end(_ event: PublisherEvent, state: String) {
+        guard !finished else { return }
+        finished = true
+        stats.update { $0.state = state }
+        delegate?.transportEnded(event)
+    }
+
+    // MARK: Sending
+
+    /// True when media can leave: a selected pair and SRTP keys.
+    var pathReady: Bool { ice.selected != nil && srtpOut != nil }
+
+    /// Protects and sends one RTP (or, with `rtcp`, RTCP) packet on the selected pair.
+    func transmit(_ plain: [UInt8], rtcp: Bool) -> VideoSendStream.TransmitResult {
+        guard let pair = ice.selected, let socket = socket(for: pair.localBase), let srtpOut else { return .protectFailed }
+        guard let protected = try? (rtcp ? srtpOut.protect(rtcp: plain) : srtpOut.protect(rtp: plain)) else { return .protectFailed }
+        return socket.send(protected, to: pair.remoteAddress) ? .sent : .sendFailed
+    }
+
+    /// Network thread: says goodbye to the peer (the RTCP `bye` if media was up, then DTLS
+    /// close_notify) and lets go of the sockets. The loop keeps running (it may be shared).
+    func shutDown(bye: [UInt8]?) {
+        if !finished, let bye, srtpOut != nil, ice.selected != nil { _ = transmit(bye, rtcp: true) }
+        if let dtls { sendDtls(dtls.close()) }
+        finished = true
+        if let scheduled { loop.cancel(scheduled.id) }
+        scheduled = nil
+        earlyFlight = nil
+        for socket in sockets {
+            loop.unwatch(fd: socket.fd)
+            socket.close()
+        }
+    }
+
+    // MARK: Receiving
+
+    private func socket(for base: TransportAddress) -> UdpSocket? { sockets.first { $0.localAddress == base } }
+
+    private func readSocket(_ socket: UdpSocket) {
+        // A handler may close the publisher (close() from onEvent): stop reading then.
+        for _ in 0..<256 where !socket.isClosed {
+            guard let (bytes, from) = socket.receive(&receiveBuffer) else { break }
+            // Per datagram: handlers below run service(), which moves the clock on.
+            let now = MonotonicClock.nanoseconds()
+            guard let first = bytes.first else { continue }
+            switch first {
+            case 0...3:
+                ice.receive(bytes, from: from, base: socket.localAddress, now: now)
+            case 20...63:
+                guard !finished else { continue }
+                guard let dtls else {
+                    keepEarlyDtls(bytes, from: from, base: socket.localAddress)
+                    continue
+                }
+                if dtlsPeer == nil || ice.selected == nil { dtlsPeer = (socket.localAddress, from) }
+                handleDtls(dtls.receive(bytes))
+            case 128...191:
+                if RtcpPacket.looksLikeRtcp(bytes), let srtpIn, let plain = srtpIn.unprotect(srtcp: bytes) {
+                    delegate?.transportReceivedRtcp(plain, now: now)
+                }
+            default:
+                continue  // RFC 7983: anything else is dropped
+            }
+        }
+        service()
+    }
+
+    // MARK: Timers
+
+    /// Runs what is due (ICE, DTLS retransmission, then the media's work) and arms one timer for the next thing.
+    func service() {
+        guard !finished else { return }
+        var now = MonotonicClock.nanoseconds()
+        if let due = ice.nextDeadline, due <= now { ice.tick(now: now) }
+        flushIce()
+        if let dtls, let timeout = dtls.timeout, timeout <= 0 { handleDtls(dtls.onTimer()) }
+        guard !finished else { return }
+        delegate?.transportService(now: now)
+        guard !finished else { return }
+
+        now = MonotonicClock.nanoseconds()
+        var next: UInt64?
+        func consider(_ t: UInt64?) { if let t { next = min(next ?? t, t) } }
+        consider(ice.nextDeadline)
+        if let timeout = dtls?.timeout { consider(now + UInt64(max(timeout, 0) * 1e9)) }
+        consider(delegate?.transportNextDeadline(now: now))
+        guard let deadline = next else { return }
+        if let scheduled, scheduled.at <= deadline { return }
+        if let scheduled { loop.cancel(scheduled.id) }
+        let id = loop.schedule(at: deadline) { [weak self] in
+            guard let self else { return }
+            self.scheduled = nil
+            self.service()
+        }
+        scheduled = (id, deadline)
+    }
+
+    private func flushIce() {
+        let (transmits, events) = ice.drain()
+        for transmit in transmits { socket(for: transmit.localBase)?.send(transmit.bytes, to: transmit.to) }
+        for event in events {
+            switch event {
+            case .selected(let pair):
+                stats.update { $0.selectedPair = pair.description; $0.iceChecksSent = ice.checksSent }
+                dtlsPeer = (pair.localBase, pair.remoteAddress)
+                if let dtls, dtls.state == .new, dtls.role == .client { handleDtls(dtls.start()) }
+            case .localCandidate(let candidate):
+                delegate?.transportLocalCandidate(candidate)
+            case .consentExpired:
+                end(.connectionLost("ICE consent expired: no answer to consent checks for \(configuration.ice.consentTimeout / 1_000_000_000) s (RFC 7675)"),
+                    state: "lost")
+            case .failed(let reason):
+                end(.failed(reason), state: "failed")
+            }
+        }
+        if !events.isEmpty || ice.consentResponses > 0 {
+            stats.update {
+                $0.iceChecksSent = ice.checksSent
+                $0.iceRequestsReceived = ice.requestsReceived
+                $0.consentResponses = ice.consentResponses
+            }
+        }
+    }
+
+    private func sendDtls(_ output: DtlsOutput) {
+        guard let peer = ice.selected.map({ ($0.localBase, $0.remoteAddress) }) ?? dtlsPeer else { return }
+        for datagram in output.datagrams { socket(for: peer.0)?.send(datagram, to: peer.1) }
+    }
+
+    private func handleDtls(_ output: DtlsOutput) {
+        sendDtls(output)
+        for event in output.events {
+            switch event {
+            case .connected(let keys):
+                do {
+                    srtpOut = try SrtpSession(sending: keys)
+                    srtpIn = try SrtpSession(receiving: keys)
+                } catch {
+                    end(.failed("SRTP set-up failed: \(error)"), state: "failed")
+                    return
+                }
+                let ms = Double(MonotonicClock.nanoseconds() - remoteSetAt) / 1e6
+                stats.update {
+                    $0.state = "connected"
+                    $0.connectMilliseconds = ms
+                    $0.srtpProfile = keys.profile.opensslName
+                }
+                delegate?.transportConnected(milliseconds: ms)
+            case .remoteClosed:
+                end(.remoteClosed, state: "closed")
+            case .failed(let error):
+                end(.failed(error.description), state: "failed")
+            case .applicationData:
+                break
+            }
+        }
+    }
+}
