@@ -96,8 +96,7 @@ public final class VideoSendStream {
     private var lastReportedBitrate: Double?
     private var transportSequence: UInt16 = 0
     private var sentTimes: [(sequence: UInt16, sendNs: UInt64, size: Int)?]
-    private var lastKeyframeRequest: UInt64?
-    private var deferredKeyframeAt: UInt64?
+    private var keyframeLimiter: KeyframeRequestLimiter
     private var lastFirSequence: UInt8?
     /// The last packet of the newest keyframe while it waits in the pacer, and when such a packet last left.
     private var keyframeTailSequence: UInt16?
@@ -128,6 +127,7 @@ public final class VideoSendStream {
         estimator = BandwidthEstimator(minimum: configuration.minimumBitrate, maximum: configuration.maximumBitrate,
                                        start: configuration.startBitrate)
         sentTimes = Array(repeating: nil, count: 8192)
+        keyframeLimiter = KeyframeRequestLimiter(interval: configuration.keyframeRequestInterval)
         stats.update { $0.targetBitrate = estimator.target }
     }
 
@@ -190,9 +190,9 @@ public final class VideoSendStream {
     ///   - transmit: protects and sends one datagram (`rtcp` tells which kind).
     public func poll(now: UInt64, pathReady: Bool = true, clock: () -> UInt64, unixNanoseconds: () -> UInt64,
                      transmit: (_ plain: [UInt8], _ rtcp: Bool) -> TransmitResult) {
-        if let due = deferredKeyframeAt, due <= now {
-            deferredKeyframeAt = nil
-            requestKeyframe(now: now)
+        if keyframeLimiter.takeDue(now: now) {
+            stats.update { $0.keyframeRequests += 1 }
+            onKeyframeRequest?()
         }
         if media, let due = nextSenderReportAt, due <= now {
             if pathReady, let report = senderReport(now: now, unixNanoseconds: unixNanoseconds()), transmit(report, true) != .protectFailed {
@@ -208,7 +208,7 @@ public final class VideoSendStream {
     public func nextDeadline(now: UInt64) -> UInt64? {
         var next: UInt64?
         func consider(_ t: UInt64?) { if let t { next = min(next ?? t, t) } }
-        consider(deferredKeyframeAt)
+        consider(keyframeLimiter.deferredUntil)
         if media { consider(nextSenderReportAt); consider(pacer.nextSendTime(now: now)); consider(protection.nextDue) }
         return next
     }
@@ -305,12 +305,7 @@ public final class VideoSendStream {
 
     /// Asks the encoder for a keyframe, at most once per `keyframeRequestInterval` (later ones coalesce into one).
     public func requestKeyframe(now: UInt64) {
-        if let last = lastKeyframeRequest, now < last + configuration.keyframeRequestInterval {
-            // Coalesce: one request when the interval is over.
-            if deferredKeyframeAt == nil { deferredKeyframeAt = last + configuration.keyframeRequestInterval }
-            return
-        }
-        lastKeyframeRequest = now
+        guard keyframeLimiter.request(now: now) else { return }
         stats.update { $0.keyframeRequests += 1 }
         onKeyframeRequest?()
     }
@@ -453,5 +448,35 @@ public final class VideoSendStream {
         lastReportedBitrate = target
         stats.update { $0.bitrateUpdates += 1 }
         onBitrate?(Int(target))
+    }
+}
+
+/// At most one keyframe request per interval: a request inside the interval is not lost but
+/// coalesced into one at its end (a receiver that asked must get a keyframe; several that asked
+/// together need only one). Pure state; the owner passes the time and runs `takeDue` when
+/// `deferredUntil` passes.
+public struct KeyframeRequestLimiter: Sendable {
+    public let interval: UInt64
+    public private(set) var last: UInt64?
+    /// When the coalesced request is due; nil when none waits.
+    public private(set) var deferredUntil: UInt64?
+
+    public init(interval: UInt64) { self.interval = interval }
+
+    /// True: make the request now. False: one at `deferredUntil` covers it.
+    public mutating func request(now: UInt64) -> Bool {
+        if let last, now < last + interval {
+            if deferredUntil == nil { deferredUntil = last + interval }
+            return false
+        }
+        last = now
+        return true
+    }
+
+    /// True (once) when the coalesced request is due at `now`: make it.
+    public mutating func takeDue(now: UInt64) -> Bool {
+        guard let due = deferredUntil, due <= now else { return false }
+        deferredUntil = nil
+        return request(now: now)
     }
 }
