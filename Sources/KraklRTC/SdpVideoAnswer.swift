@@ -15,6 +15,9 @@ public struct SdpRemoteOffer: Sendable {
         public var proto: String
         public var formats: [String]
         public var mid: String?
+        /// The `a=rtpmap` value of the first format, echoed in the rejection (aiortc reads codecs even from a
+        /// rejected section and fails without one).
+        public var rtpmap: String?
     }
 
     public var sections: [Section]
@@ -61,9 +64,12 @@ public struct SdpRemoteOffer: Sendable {
             if let mid, !SdpRemoteOffer.isToken(mid) {
                 throw SdpError.offerNotAnswerable("a=mid:\(mid.prefix(40)) is not 1-32 token characters (RFC 8843 §4)")
             }
+            let formats = media.rawFormats.filter { SdpRemoteOffer.isToken($0) }
+            let rtpmap = formats.first.flatMap { first in media.values("rtpmap").first { $0.hasPrefix(first + " ") } }
             sections.append(Section(kind: SdpRemoteOffer.isToken(media.kind) ? media.kind : "unknown",
                                     proto: SdpRemoteOffer.isToken(media.proto, slash: true) ? media.proto : "UDP/TLS/RTP/SAVPF",
-                                    formats: media.rawFormats.filter { SdpRemoteOffer.isToken($0) }, mid: mid))
+                                    formats: formats, mid: mid,
+                                    rtpmap: rtpmap.flatMap { SdpVideoOffer.oneLine($0) == $0 && $0.count <= 64 ? $0 : nil }))
         }
         let mids = sections.compactMap(\.mid)
         guard Set(mids).count == mids.count else { throw SdpError.offerNotAnswerable("two m-sections share a mid") }
@@ -241,10 +247,14 @@ public struct SdpVideoAnswer: Sendable {
         l.append("a=msid-semantic: WMS \(streamID)")
         for (index, section) in offer.sections.enumerated() {
             guard index == offer.videoIndex else {
-                // Rejected: same media and proto, port 0, one of the offer's formats (the line needs one), the mid kept.
+                // Rejected: same media and proto, port 0, one of the offer's formats (the line needs one), the mid
+                // kept. Our credentials and fingerprint too, as Chromium's answers have them: some stacks (aiortc)
+                // refuse an answer with any m-section lacking them (or rtcp-mux on an RTP one), port 0 or not.
                 l.append("m=\(section.kind) 0 \(section.proto) \(section.formats.first ?? "0")")
-                l.append("c=IN IP4 0.0.0.0")
+                l += ["c=IN IP4 0.0.0.0", "a=ice-ufrag:\(iceUfrag)", "a=ice-pwd:\(icePwd)", "a=fingerprint:\(fingerprint.sdpValue)",
+                      "a=setup:\(setup.rawValue)"]
                 if let mid = section.mid { l.append("a=mid:\(mid)") }
+                if section.proto.contains("RTP") { l += ["a=inactive", "a=rtcp-mux"] + (section.rtpmap.map { ["a=rtpmap:\($0)"] } ?? []) }
                 continue
             }
             let pt = offer.payloadType

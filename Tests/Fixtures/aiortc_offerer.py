@@ -41,9 +41,12 @@ async def main():
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
 
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTransceiver("video", direction="recvonly")
+    # Audio after video: aiortc bundles on the first m-section and does not move the BUNDLE tag when
+    # an answer rejects it (RFC 8843 §7.3.3), so a rejected first section would leave it without a
+    # transport. Browsers do move it; the audio-first shape is covered by RTCSdpAnswerTests.
     if args.audio:
         pc.addTransceiver("audio", direction="recvonly")
-    pc.addTransceiver("video", direction="recvonly")
     if args.datachannel:
         pc.createDataChannel("chat")
     frames = []  # (arrival ms, stamp frame number or None, width, height)

@@ -79,7 +79,8 @@ import Testing
         #expect(m[1].contains("a=ssrc-group:FID 1111 2222") && m[1].contains("a=end-of-candidates"))
         // Rejected sections stay out of BUNDLE (RFC 8843 §7.3.3); the answer is ICE-lite at session level.
         #expect(sdp.contains("a=group:BUNDLE 1\r\n") && sdp.contains("\r\na=ice-lite\r\n"))
-        #expect(!m[0].contains { $0.hasPrefix("a=ice-") || $0.hasPrefix("a=candidate") })
+        #expect(!m[0].contains { $0.hasPrefix("a=candidate") || $0.hasPrefix("a=extmap") } && m[0].contains("a=inactive"))
+        #expect(m[0].filter { $0.hasPrefix("a=rtpmap") } == ["a=rtpmap:111 opus/48000/2"], "only the one format the m= line keeps")
         // And it is well-formed SDP: our own parser reads the same three sections back.
         let document = try SdpDocument(sdp)
         #expect(document.media.map(\.port) == [0, 9, 0] && document.session.has("ice-lite"))
