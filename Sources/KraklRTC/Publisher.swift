@@ -260,7 +260,13 @@ public final class Publisher: @unchecked Sendable {
     }
 
     deinit {
-        if ownsLoop { loop.stop(timeout: 2) }
+        if ownsLoop {
+            loop.stop(timeout: 2)
+        } else if closing == .open, loop.isRunning {
+            // Freed without close() on a shared loop: the loop still watches our sockets, so let go of them there.
+            let transport = transport
+            loop.post { transport.shutDown(bye: nil) }
+        }
     }
 
     /// The offer as it stands (after `restartIce`, the restarted one). For an answering publisher, our
