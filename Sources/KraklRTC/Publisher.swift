@@ -1,3 +1,21 @@
+// The publisher: one video stream to one peer, as the offerer (WHIP, Janus) or the answerer (WHEP).
+//
+// Answering API (a WHEP server's viewers), all of it:
+//
+//   let peer = try Publisher(answering: offerSDP, configuration: PublisherConfiguration(),
+//                            iceLite: true, loop: sharedLoop)   // throws SdpError (→ 400) or NetworkError
+//   peer.answerSDP!                                // the answer to return (201), complete: no trickle from us
+//   peer.onClosed = { reason in … }                // once, network thread: consent lost, close_notify, BYE, ICE/DTLS failure
+//   peer.onKeyframeRequest = { … }; peer.onBitrate = { bps in … }   // or fanout.add(peer) (VideoFanout) instead
+//   peer.start()                                   // ICE + DTLS; media after they connect (with a keyframe request)
+//   peer.send(frame:keyframe:captureNanoseconds:width:height:)     // any thread, never blocks
+//   peer.addRemoteCandidate(_:)                    // a trickled candidate (WHEP PATCH)
+//   peer.stats                                     // RtcStats snapshot, any thread
+//   peer.close()                                   // RTCP BYE + close_notify, sockets freed; a shared loop keeps running
+//
+// `loop`: one started EventLoop for all viewers (its owner stops it after closing them); nil gives the
+// peer a thread of its own. ICE restart of an answering peer is not supported (answer a new offer instead).
+
 import KraklCore
 import Foundation
 import Glibc
