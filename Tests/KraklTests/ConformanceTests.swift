@@ -214,7 +214,7 @@ struct ConformanceTests {
         // The delivery group's child is now in start(), which never returns.
         let parent = agent.process.processIdentifier
         let deliveryChild = { () -> [pid_t] in
-            let text = (try? String(contentsOfFile: "/proc/\(parent)/task/\(parent)/children", encoding: .utf8)) ?? ""
+            let text = procText("/proc/\(parent)/task/\(parent)/children")
             return text.split(separator: " ").compactMap { pid_t($0) }.filter { pid in
                 let command = (try? Data(contentsOf: URL(fileURLWithPath: "/proc/\(pid)/cmdline"))) ?? Data()
                 return String(decoding: command, as: UTF8.self).contains("\u{0}delivery\u{0}")

@@ -315,7 +315,7 @@ struct HardeningOutputTests {
                                       "-o", "after_ms=0", "--no-record"])
         #expect(agent.read(until: " fps |", count: 2), "no status lines: \(agent.output)")
         func rssKB() -> Int {
-            let status = (try? String(contentsOfFile: "/proc/\(agent.process.processIdentifier)/status", encoding: .utf8)) ?? ""
+            let status = procText("/proc/\(agent.process.processIdentifier)/status")
             let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
             return Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") ?? 0
         }

@@ -227,10 +227,10 @@ struct IsolatedBackendTests {
             let fds = ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? [])
                 .compactMap { try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/" + $0) }
                 .filter { $0.contains("krakl-frames") }.count
-            let maps = ((try? String(contentsOfFile: "/proc/self/maps", encoding: .utf8)) ?? "").split(separator: "\n")
+            let maps = procText("/proc/self/maps").split(separator: "\n")
                 .filter { $0.contains("krakl-frames") }.count
             let threads = ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? [])
-                .filter { ((try? String(contentsOfFile: "/proc/self/task/\($0)/comm", encoding: .utf8)) ?? "").hasPrefix("krakl-isolated") }.count
+                .filter { procText("/proc/self/task/\($0)/comm").hasPrefix("krakl-isolated") }.count
             return (fds, maps, threads)
         }
         let before = (fds: count("/proc/self/fd"), threads: count("/proc/self/task"))
