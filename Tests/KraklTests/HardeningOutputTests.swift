@@ -152,7 +152,11 @@ struct HardeningOutputTests {
         #expect(Harness.waitForExit(reader, seconds: 10))
         let stats = (try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: dir + "/stats.json")))) as? [String: Any] ?? [:]
         let encoded = stats["encoded_frames"] as? Int ?? -1
-        #expect(encoded >= 30 && text.contains("codec_name=vp8") && text.contains("nb_read_frames=\(encoded)"), "ffprobe: \(text), encoded \(encoded)")
+        let captured = stats["captured_frames"] as? Int ?? -1
+        // Every frame the encoder wrote plays. Not "30 encoded": on a loaded machine the encoder merges
+        // captured frames into later ones (30 captured, 19-22 encoded with two CPU hogs beside it).
+        #expect(captured >= 30, "captured \(captured)")
+        #expect(encoded >= 1 && text.contains("codec_name=vp8") && text.contains("nb_read_frames=\(encoded)"), "ffprobe: \(text), encoded \(encoded)")
     }
 
     /// A FIFO that nobody reads would block the encoder's open for ever (and the run's end with
