@@ -378,14 +378,7 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
             let type = try r.u32(), error = try r.i32(), format = try r.u32(), width = try r.u32(), height = try r.u32()
             let hasMessage = try r.u32(), text = try r.text()
             try r.finish()
-            let kind: SourceEvent.Kind
-            switch type {
-            case KRAKL_EVENT_SOURCE_ENDED.rawValue: kind = .sourceEnded
-            case KRAKL_EVENT_FORMAT_CHANGED.rawValue: kind = .formatChanged
-            case KRAKL_EVENT_ERROR.rawValue: kind = .error
-            default: kind = .unknown(type)
-            }
-            let event = SourceEvent(kind: kind, error: error, message: hasMessage != 0 ? text : nil, format: format,
+            let event = SourceEvent(kind: .init(eventType: type), error: error, message: hasMessage != 0 ? text : nil, format: format,
                                     width: Int(width), height: Int(height))
             delivery.withLock { if delivering { sink?.event(event) } }
         case .reply:
