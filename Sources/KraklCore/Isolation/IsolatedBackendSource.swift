@@ -280,26 +280,25 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
         if let answer, !answer.hung { return answer }
         if let answer {
             // The child's own watchdog gave up on the backend; a thread of it is stuck for good.
-            delivery.withLock { delivering = false }
-            process.kill(because: .killedAfterHang(name))
-            state.lock()
-            _ = state.wait(while: { end == nil }, until: Date().addingTimeInterval(5))
-            endReported = true
-            state.unlock()
-            throw .backendHung(backend: backendName, call: name, budgetSeconds: Double(answer.code) / 1000)
+            throw killHung(name, budgetSeconds: Double(answer.code) / 1000)
         }
         if let ended {
             if expectingExit { return Reply(call: kind, ok: true, code: 0, message: "") }
             throw .backendCrashed(backend: backendName, reason: ended.reason + " in \(name)()")
         }
-        // Nothing of a hung source may reach the sink after this call returns.
+        throw killHung(name, budgetSeconds: budget)
+    }
+
+    /// Kills the child of a call that hung and waits (bounded) for the reader to see it go; the
+    /// error to throw. Nothing of a hung source may reach the sink after the call returns.
+    private func killHung(_ call: String, budgetSeconds: Double) -> HostError {
         delivery.withLock { delivering = false }
-        process.kill(because: .killedAfterHang(name))
+        process.kill(because: .killedAfterHang(call))
         state.lock()
         _ = state.wait(while: { end == nil }, until: Date().addingTimeInterval(5))
         endReported = true
         state.unlock()
-        throw .backendHung(backend: backendName, call: name, budgetSeconds: budget)
+        return .backendHung(backend: backendName, call: call, budgetSeconds: budgetSeconds)
     }
 
     /// `.backendCrashed` when the child died on its own; with `once`, only the first time.
