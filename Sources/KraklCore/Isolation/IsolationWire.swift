@@ -44,8 +44,9 @@ public enum WireLimits {
     /// the socket's send buffer, about 208 KB by default).
     public static let maximumOptions = 64 * 1024
     public static let maximumSlots: UInt32 = 8
-    /// A cursor image larger than this on a side travels without its pixels.
-    public static let maximumCursorSide = 256
+    /// A cursor image larger than this on a side travels without its pixels (the child warns
+    /// once): room for it is in every slot (1 MiB), and even HiDPI cursors at 4x scale fit.
+    public static let maximumCursorSide = 512
     public static let cursorBytes = maximumCursorSide * maximumCursorSide * 4
 }
 
