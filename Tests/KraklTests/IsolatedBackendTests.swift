@@ -367,6 +367,18 @@ struct IsolatedBackendTests {
         }
     }
 
+    /// `sources` lists in a child process even for a backend that captures in the agent's: a
+    /// list_sources() that crashes is one error line and exit 24, not the agent's death.
+    @Test func sourcesSurvivesAListSourcesThatCrashesInProcess() throws {
+        try requireHost()
+        let (_, plugins) = try registry(isolate: "false")
+        let crashed = try Harness.agent(["--plugins", plugins, "sources", "-o", "misbehave=list-crash"])
+        #expect(crashed.status == 24 && crashed.stderr == "krakl-agent: backend bad crashed: SIGSEGV in list()\n",
+                "exit \(crashed.status): \(crashed.stderr)")
+        let listed = try Harness.agent(["--plugins", plugins, "--no-isolate", "sources"])
+        #expect(listed.status == 0 && listed.stdout.contains("fixture  the misbehaving fixture's only source"), "\(listed.stdout)\(listed.stderr)")
+    }
+
     // MARK: - Cursor images
 
     /// Cursor images up to 512×512 reach the sink with their pixels, byte for byte (they used to
