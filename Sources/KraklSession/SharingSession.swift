@@ -382,9 +382,11 @@ public final class SharingSession: @unchecked Sendable {
         var settings = configuration.encoder
         settings.codec = codec
         let sink = PublisherSink(publisher)
-        let capture = lock.withLock { self.capture }
+        let (capture, backend) = lock.withLock { (self.capture, self.selection?.entry.name ?? "session") }
+        let logger = self.logger
         let pipeline = try EncoderPipeline(settings: settings, dumpInput: configuration.dumpInput, output: { _, _, _ in sink },
-                                           onFailure: { [weak self] error in self?.post(.failure("encoder: \(error.message)")) })
+                                           onFailure: { [weak self] error in self?.post(.failure("encoder: \(error.message)")) },
+                                           onWarning: { logger(backend, .warning, $0) })
         // Weak: the pipeline's sink holds the publisher, so strong captures here would be a cycle
         // that keeps encoder, sockets' event loop and libvpx's buffers alive after the session.
         publisher.onKeyframeRequest = { [weak pipeline] in pipeline?.requestKeyframe() }

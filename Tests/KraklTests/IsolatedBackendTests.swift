@@ -146,7 +146,7 @@ struct IsolatedBackendTests {
         }
         // A create() that fails is reported as in the agent: its code and its last error line.
         #expect(throws: HostError.createFailed(backend: "test", code: -EINVAL,
-                                               message: "unknown option \"bogus\" for backend test; known options: misbehave, after_ms, fps, width, height, seed")) {
+                                               message: "unknown option \"bogus\" for backend test; known options: misbehave, after_ms, fps, width, height, seed, cursor")) {
             _ = try isolated(fixture, ["bogus": .number("1")], sink: collector)
         }
         #expect(collector.events.isEmpty)
@@ -367,6 +367,49 @@ struct IsolatedBackendTests {
         }
     }
 
+    /// `sources` lists in a child process even for a backend that captures in the agent's: a
+    /// list_sources() that crashes is one error line and exit 24, not the agent's death.
+    @Test func sourcesSurvivesAListSourcesThatCrashesInProcess() throws {
+        try requireHost()
+        let (_, plugins) = try registry(isolate: "false")
+        let crashed = try Harness.agent(["--plugins", plugins, "sources", "-o", "misbehave=list-crash"])
+        #expect(crashed.status == 24 && crashed.stderr == "krakl-agent: backend bad crashed: SIGSEGV in list()\n",
+                "exit \(crashed.status): \(crashed.stderr)")
+        let listed = try Harness.agent(["--plugins", plugins, "--no-isolate", "sources"])
+        #expect(listed.status == 0 && listed.stdout.contains("fixture  the misbehaving fixture's only source"), "\(listed.stdout)\(listed.stderr)")
+    }
+
+    // MARK: - Cursor images
+
+    /// Cursor images up to 512×512 reach the sink with their pixels, byte for byte (they used to
+    /// stop at 256×256); a larger one comes without them, and the child says so once.
+    @Test func cursorImagesUpTo512ComeWithTheirPixels() throws {
+        try requireHost()
+        let fixture = try Self.misbehaving.get()
+        func expectedPixels(_ side: Int) -> [UInt8] {
+            (0..<side).flatMap { y in (0..<side * 4).map { i in UInt8(truncatingIfNeeded: 7 * y + i) } }
+        }
+        for side in [300, 512, 600] {
+            let sink = CursorSink(), log = LogLines()
+            let source = try IsolatedBackendSource(libraryPath: fixture, backendName: "test", options: object(["cursor": .number("\(side)")]),
+                                                   sink: sink, logger: log.logger, settings: lossless)
+            try source.start()
+            let seen = sink.waitForCursors(3, timeout: 10)
+            try source.stop()
+            try source.destroy()
+            try #require(seen.count >= 3, "\(side): \(seen.count) frames with a cursor")
+            #expect(seen.allSatisfy { $0.width == side && $0.height == side }, "\(side): \(seen.map { "\($0.width)x\($0.height)" })")
+            if side <= WireLimits.maximumCursorSide {
+                let expected = expectedPixels(side)
+                #expect(seen.allSatisfy { $0.pixels == expected }, "\(side): the cursor's pixels differ or are missing")
+                #expect(log.matching("cursor image").isEmpty, "\(log.all)")
+            } else {
+                #expect(seen.allSatisfy { $0.pixels == nil }, "\(side): pixels past the limit")
+                #expect(log.matching("a 600x600 cursor image is larger than 512x512").count == 1, "\(log.all)")
+            }
+        }
+    }
+
     @Test func isolateInThePluginsFileMustBeABoolean() throws {
         #expect(throws: HostError.registryMalformed(path: "p.json", line: 1, column: 82, message: "\"isolate\" must be true or false")) {
             _ = try PluginRegistry.parse("{\"version\": 1, \"default\": \"a\", \"backends\": {\"a\": {\"library\": \"/x.so\", \"isolate\": \"yes\"}}}", path: "p.json")
@@ -395,4 +438,33 @@ final class SlowSink: FrameSink, @unchecked Sendable {
     }
 
     func event(_ event: SourceEvent) { next.event(event) }
+}
+
+/// Keeps the cursor of every frame that had one: its size, and a tight copy of its image.
+final class CursorSink: FrameSink, @unchecked Sendable {
+    struct Seen { let width: Int, height: Int, pixels: [UInt8]? }
+    private let condition = NSCondition()
+    private var seen: [Seen] = []
+
+    func frame(_ frame: UnsafePointer<krakl_frame>) {
+        guard let cursor = frame.pointee.cursor?.pointee else { return }
+        let width = Int(cursor.width), height = Int(cursor.height)
+        let pixels = cursor.pixels.map { base in
+            (0..<height).flatMap { row in Array(UnsafeBufferPointer(start: base + row * Int(cursor.stride), count: width * 4)) }
+        }
+        condition.lock()
+        seen.append(Seen(width: width, height: height, pixels: pixels))
+        condition.broadcast()
+        condition.unlock()
+    }
+
+    func event(_ event: SourceEvent) {}
+
+    /// Waits (bounded) for `count` frames with a cursor; what came by then.
+    func waitForCursors(_ count: Int, timeout: Double) -> [Seen] {
+        condition.lock()
+        defer { condition.unlock() }
+        _ = condition.wait(while: { seen.count < count }, until: Date().addingTimeInterval(timeout))
+        return seen
+    }
 }
