@@ -218,7 +218,11 @@ def main():
     parser.add_argument("--room", type=int, default=4242)
     parser.add_argument("--ttl", type=int, default=3600, help="seconds a token is valid")
     parser.add_argument("--quiet", action="store_true", help="no request log")
+    parser.add_argument("--pid-file", help="write this process's id there (scripts/dev-room stops it by that)")
     args = parser.parse_args()
+    if args.pid_file:
+        with open(args.pid_file, "w") as file:
+            file.write("%d\n" % os.getpid())
 
     room = Room(Janus(args.janus), args.room, args.janus, args.ttl)
     try:
