@@ -1,0 +1,186 @@
+import Foundation
+import Glibc
+import KraklCore
+import Testing
+
+/// The product's whole workflow in a real browser (issue 14 part 4): the
+/// development conference room (scripts/dev-room: Janus, the token server and
+/// the conference page, in the test's own network namespace), Chromium driven
+/// by selenium (Tests/Fixtures/conference_browser.py) pressing "Share a
+/// screen", krakl-agent joining from the QR code on the page, the page's tile
+/// showing the agent's frame stamps advancing, and "End meeting" sending the
+/// agent back to idle with the room-ended reason.
+@Suite(.serialized) struct ConferenceRoomBrowserTests {
+    static let python = "/opt/krakl-venv/bin/python"
+    static let chromium = "/usr/bin/chromium"
+    static let chromedriver = "/usr/bin/chromedriver"
+    static var devRoom: String { Harness.repoRoot + "/scripts/dev-room" }
+    static var browserScript: String { Harness.repoRoot + "/Tests/Fixtures/conference_browser.py" }
+    static let pageURL = "http://127.0.0.1:8089/"
+
+    /// Every component, or false after SKIP naming the missing one.
+    static func prerequisites() throws -> Bool {
+        for (path, package) in [(chromium, "chromium"), (chromedriver, "chromium-driver"),
+                                ("/usr/share/javascript/janus-gateway/janus.js", "libjs-janus-gateway"),
+                                ("/usr/share/javascript/webrtc-adapter/adapter.js", "libjs-webrtc-adapter"),
+                                ("/usr/share/javascript/qrcode-generator/qrcode.js", "node-qrcode-generator")]
+        where !FileManager.default.fileExists(atPath: path) {
+            skipTest("\(path) is missing (Debian \(package); scripts/setup installs it)")
+            return false
+        }
+        guard Harness.which("janus") != nil else { skipTest("janus is not installed (scripts/setup installs it)"); return false }
+        guard FileManager.default.isExecutableFile(atPath: python),
+              try Harness.run(python, ["-c", "import selenium, jwt"]).status == 0 else {
+            skipTest("selenium or pyjwt missing in \(python) (scripts/setup installs them)")
+            return false
+        }
+        return true
+    }
+
+    /// A person at the conference page: one JSON command in, one JSON line out.
+    final class Browser {
+        let process: DtlsTestProcess
+        private var answered = 0
+
+        init(in namespace: RtcTestNamespace, extra: [String] = [], environment: [String: String] = [:]) throws {
+            var arguments = [ConferenceRoomBrowserTests.browserScript, "--url", ConferenceRoomBrowserTests.pageURL] + extra
+            var program = ConferenceRoomBrowserTests.python
+            if !environment.isEmpty {
+                arguments = environment.map { "\($0)=\($1)" } + [program] + arguments
+                program = "/usr/bin/env"
+            }
+            let (ip, argv) = namespace.command(program, arguments)
+            process = try DtlsTestProcess(ip, argv)
+        }
+
+        /// The replies so far (lines of JSON objects with "ok").
+        var replies: [[String: Any]] {
+            process.log.split(whereSeparator: \.isNewline).compactMap { line in
+                guard line.hasPrefix("{\"ok\"") else { return nil }
+                return (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any]
+            }
+        }
+
+        /// Waits (bounded) for the next reply.
+        func nextReply(timeout: Double) -> [String: Any]? {
+            let deadline = MonotonicClock.milliseconds() + timeout * 1000
+            while MonotonicClock.milliseconds() < deadline {
+                let all = replies
+                if all.count > answered {
+                    answered += 1
+                    return all[answered - 1]
+                }
+                if !process.isRunning { break }
+                usleep(20_000)
+            }
+            return nil
+        }
+
+        func post(_ command: [String: Any]) {
+            let data = (try? JSONSerialization.data(withJSONObject: command)) ?? Data()
+            process.type(String(decoding: data, as: UTF8.self) + "\n")
+        }
+
+        /// Sends a command and waits (bounded) for its reply; a failed or missing reply fails the test.
+        func send(_ command: [String: Any], timeout: Double = 60) throws -> [String: Any] {
+            post(command)
+            let reply = try #require(nextReply(timeout: timeout), "no reply to \(command) in \(timeout) s: \(process.log.suffix(1500))")
+            try #require(reply["ok"] as? Bool == true, "browser: \(reply)")
+            return reply
+        }
+
+        func quit() {
+            post(["cmd": "quit"])
+            _ = process.waitForExit(seconds: 10)
+            process.stop()
+        }
+    }
+
+    /// scripts/dev-room in `namespace`, ready; stopped when its stdin closes (stop()).
+    static func startRoom(in namespace: RtcTestNamespace) throws -> DtlsTestProcess {
+        let room = try DtlsTestProcess("/bin/bash", [devRoom, "--netns", namespace.name, "--quiet", "--until-stdin-closes"])
+        try #require(room.waitFor("Conference page: \(pageURL)", timeout: 30), "dev-room did not start: \(room.log)")
+        return room
+    }
+
+    static func agent(in namespace: RtcTestNamespace, _ arguments: [String]) throws -> DtlsTestProcess {
+        let (program, argv) = namespace.command(Harness.agent, arguments + ["--address", "127.0.0.2"])
+        return try DtlsTestProcess(program, argv)
+    }
+
+    /// Checks a `watch` reply: the tile labelled `name` shows video whose stamps advance; prints getStats.
+    static func checkTile(_ watched: [String: Any], name: String, run: String) {
+        let samples = watched["samples"] as? Int ?? 0, read = watched["stamps_read"] as? Int ?? 0
+        let first = watched["first_frame"] as? Int ?? 0, last = watched["last_frame"] as? Int ?? 0
+        let stats = watched["stats"] as? [String: Any] ?? [:]
+        func number(_ key: String) -> Double { (stats[key] as? NSNumber)?.doubleValue ?? .nan }
+        let jitterMs = number("jitterBufferDelay") / max(1, number("jitterBufferEmittedCount")) * 1000
+        print(String(format: "%@: tile \"%@\" playing after %.0f ms; %d of %d canvas reads had a stamp, frames %d → %d (%d distinct), sizes %@; "
+                     + "getStats: framesDecoded %.0f, freezeCount %.0f, totalFreezesDuration %.3f s, jitterBufferDelay %.3f s (%.1f ms a frame)",
+                     run, name, watched["waited_ms"] as? Double ?? -1, read, samples, first, last, watched["distinct_frames"] as? Int ?? 0,
+                     "\(watched["sizes"] ?? "-")", number("framesDecoded"), number("freezeCount"), number("totalFreezesDuration"),
+                     number("jitterBufferDelay"), jitterMs))
+        #expect(watched["tile_seen"] as? Bool == true, "no playing tile labelled \(name): \(watched)")
+        #expect((watched["labels"] as? [String] ?? []).contains(name), "tile labels: \(watched["labels"] ?? "-")")
+        #expect(samples >= 10 && read >= samples * 9 / 10, "stamps unreadable in the page: \(read) of \(samples)")
+        #expect(last > first && (watched["distinct_frames"] as? Int ?? 0) >= 10, "the stamp did not advance: \(first) → \(last)")
+        #expect(watched["decreasing"] as? Int == 0, "frame stamps went backwards in the page")
+        #expect(number("framesDecoded") >= 30, "Chromium decoded \(number("framesDecoded")) frames")
+    }
+
+    /// Ends the meeting from the page and checks the agent went back to idle with the room-ended
+    /// reason within 2 s of the click; then ends its stdin and checks it exits 30 (room ended).
+    static func endMeeting(_ browser: Browser, agent: DtlsTestProcess, run: String) throws {
+        browser.post(["cmd": "end"])
+        let idle = agent.waitFor("krakl-agent: idle.", timeout: 15)
+        let idleAt = MonotonicClock.milliseconds()
+        let ended = try #require(browser.nextReply(timeout: 30), "no reply to end: \(browser.process.log.suffix(1000))")
+        let clickedAt = ended["t_ms"] as? Double ?? .infinity
+        let ms = idleAt - clickedAt
+        print(String(format: "%@: \"End meeting\" → the agent idle %.0f ms later (page: %@, tiles left %d)", run, ms,
+                     ended["status"] as? String ?? "-", ended["tiles_after"] as? Int ?? -1))
+        #expect(ended["ended_shown"] as? Bool == true, "the page did not show the end: \(ended)")
+        #expect(ended["tiles_after"] as? Int == 0, "tiles left on the page after the end: \(ended)")
+        #expect(idle, "the agent did not go idle: \(agent.log.suffix(600))")
+        #expect(agent.log.contains("Sharing was ended by the room: the meeting was ended."), "\(agent.log.suffix(500))")
+        #expect(ms <= 2000, "the agent was idle \(ms) ms after the click")
+        // Idle waits for the next code on stdin; its end quits with the last session's status.
+        agent.stop()
+        #expect(agent.exitStatus == 30, "exit \(agent.exitStatus.map(String.init) ?? "none") after idle (30 = room ended)")
+    }
+
+    @Test func shareFromTheConferencePageQRCodeAndEndTheMeeting() throws {
+        guard try Self.prerequisites() else { return }
+        try Harness.requireBuild()
+        guard let namespace = try RtcTestNamespace() else { return }
+        let folder = try Harness.temporaryDirectory()
+        let registry = try Harness.registryForThisBuild(in: folder)
+        let room = try Self.startRoom(in: namespace)
+        defer { room.stop() }
+        let browser = try Browser(in: namespace)
+        defer { browser.quit() }
+        let ready = try #require(browser.nextReply(timeout: 60), "Chromium did not start: \(browser.process.log.suffix(1500))")
+        print("conference room: Chromium \(ready["browser"] ?? "?") in namespace \(namespace.name)")
+        let opened = try browser.send(["cmd": "open"])
+        #expect(opened["joined"] as? Bool == true, "the page did not join the room: \(opened)")
+
+        let name = "Ada's screen"
+        let screenshot = folder + "/page.png"
+        let shared = try browser.send(["cmd": "share", "name": name, "screenshot": screenshot])
+        #expect(shared["shown"] as? Bool == true && (shared["code_start"] as? String ?? "").hasPrefix("krakl:v=1;k=janus;"), "\(shared)")
+
+        let agent = try Self.agent(in: namespace, ["--qr", screenshot, "--backend", "file", "--plugins", registry,
+                                                   "--option", "scene=typing", "--option", "width=640", "--option", "height=360"])
+        defer { agent.stop() }
+        #expect(agent.waitFor("sharing the screen", timeout: 30), "the agent never shared: \(agent.log.suffix(800))")
+        #expect(agent.log.contains("as \"\(name)\""), "\(agent.log.prefix(600))")
+
+        let watched = try browser.send(["cmd": "watch", "name": name, "seconds": 3, "timeout": 30])
+        Self.checkTile(watched, name: name, run: "conference room --qr")
+        try Self.endMeeting(browser, agent: agent, run: "conference room --qr")
+        // The token is a credential: no more than its first 8 characters reach the agent's output.
+        let whole = try NSRegularExpression(pattern: "eyJ[A-Za-z0-9_-]{20,}\\.")
+        #expect(whole.firstMatch(in: agent.log, range: NSRange(agent.log.startIndex..., in: agent.log)) == nil,
+                "a token's header and more appeared in the agent's output")
+    }
+}
