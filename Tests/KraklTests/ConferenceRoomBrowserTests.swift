@@ -149,6 +149,17 @@ import Testing
         #expect(agent.exitStatus == 30, "exit \(agent.exitStatus.map(String.init) ?? "none") after idle (30 = room ended)")
     }
 
+    /// The reference page writes codes with docs/join-codes.md's functions, unchanged (the docs'
+    /// block is checked under Node and against the agent's parser by JoinCodeTests).
+    @Test func thePageUsesTheDocumentedSnippetUnchanged() throws {
+        let docs = try String(contentsOfFile: Harness.repoRoot + "/docs/join-codes.md", encoding: .utf8)
+        let page = try String(contentsOfFile: Harness.repoRoot + "/examples/conference-room/conference.js", encoding: .utf8)
+        let begin = try #require(docs.range(of: "<!-- join-code-snippet:begin -->\n```javascript\n"))
+        let end = try #require(docs.range(of: "```\n<!-- join-code-snippet:end -->"))
+        let snippet = String(docs[begin.upperBound..<end.lowerBound])
+        #expect(snippet.contains("function makeJoinCode") && page.contains(snippet), "conference.js differs from the docs' snippet")
+    }
+
     @Test func shareFromTheConferencePageQRCodeAndEndTheMeeting() throws {
         guard try Self.prerequisites() else { return }
         try Harness.requireBuild()

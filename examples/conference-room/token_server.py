@@ -28,6 +28,7 @@ import json
 import os
 import random
 import secrets
+import signal
 import sys
 import threading
 import time
@@ -236,6 +237,8 @@ def main():
             sys.exit("dev-room: port %d on %s is taken; choose another with --port" % (args.port, args.address))
         sys.exit("dev-room: cannot listen on %s:%d: %s" % (args.address, args.port, error.strerror))
     server.daemon_threads = True
+    # SIGTERM (scripts/dev-room stopping it) is a normal end, like Ctrl-C.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print("dev-room: token server listening on %s:%d (room %d)" % (args.address, args.port, args.room), flush=True)
     try:
         server.serve_forever()
