@@ -194,4 +194,123 @@ import Testing
         #expect(whole.firstMatch(in: agent.log, range: NSRange(agent.log.startIndex..., in: agent.log)) == nil,
                 "a token's header and more appeared in the agent's output")
     }
+
+    /// The `--scan` variant: the conference page in Chromium with a real window on an Xvfb screen;
+    /// the agent scans that screen with the X11 backend, finds the page's code, joins, and publishes
+    /// the screen (the page itself, so the tile shows the page showing the tile). No frame stamps
+    /// on a real screen: the tile must play at the screen's size and Chromium must decode frames.
+    @Test func scanTheConferencePageOnAnX11ScreenAndShareIt() throws {
+        guard try Self.prerequisites() else { return }
+        try Harness.requireBuild()
+        let (width, height) = (1280, 800)
+        guard let xvfb = try XvfbServer(width: width, height: height) else { return }
+        guard let namespace = try RtcTestNamespace() else { return }
+        let folder = try Harness.temporaryDirectory()
+        let registry = try Harness.registryForThisBuild(in: folder)
+        let room = try Self.startRoom(in: namespace)
+        defer { room.stop() }
+        // Chromium inside the namespace reaches the X server through its socket file (/tmp/.X11-unix).
+        let browser = try Browser(in: namespace, extra: ["--headed", "--window", "\(width)x\(height)"], environment: ["DISPLAY": xvfb.display])
+        defer { browser.quit() }
+        _ = try #require(browser.nextReply(timeout: 60), "Chromium did not start on \(xvfb.display): \(browser.process.log.suffix(1500))")
+        let opened = try browser.send(["cmd": "open"])
+        #expect(opened["joined"] as? Bool == true, "the page did not join the room: \(opened)")
+        let name = "Bo's screen"
+        let shared = try browser.send(["cmd": "share", "name": name])
+        #expect(shared["shown"] as? Bool == true, "\(shared)")
+
+        let agent = try Self.agent(in: namespace, ["--scan", "--backend", "x11", "--option", "display=\(xvfb.display)", "--scan-timeout", "30",
+                                                   "--plugins", registry])
+        defer { agent.stop() }
+        #expect(agent.waitFor("found a join code", timeout: 40), "the agent did not find the page's code: \(agent.log.suffix(800))")
+        #expect(agent.waitFor("sharing the screen", timeout: 30), "the agent never shared: \(agent.log.suffix(800))")
+        #expect(agent.log.contains("as \"\(name)\""), "\(agent.log.prefix(800))")
+
+        let watched = try browser.send(["cmd": "watch", "name": name, "seconds": 2, "timeout": 30])
+        let stats = watched["stats"] as? [String: Any] ?? [:]
+        func number(_ key: String) -> Double { (stats[key] as? NSNumber)?.doubleValue ?? .nan }
+        print(String(format: "conference room --scan: %@; tile \"%@\" playing after %.0f ms at %@; getStats: framesDecoded %.0f, freezeCount %.0f, "
+                     + "totalFreezesDuration %.3f s, jitterBufferDelay %.3f s", agent.log.components(separatedBy: "\n").first { $0.contains("found a join code") } ?? "-",
+                     name, watched["waited_ms"] as? Double ?? -1, "\(watched["sizes"] ?? "-")", number("framesDecoded"), number("freezeCount"),
+                     number("totalFreezesDuration"), number("jitterBufferDelay")))
+        #expect(watched["tile_seen"] as? Bool == true, "no playing tile labelled \(name): \(watched)")
+        #expect((watched["labels"] as? [String] ?? []).contains(name), "tile labels: \(watched["labels"] ?? "-")")
+        #expect(watched["sizes"] as? [String] == ["\(width)x\(height)"], "the tile is not the X screen: \(watched["sizes"] ?? "-")")
+        #expect(number("framesDecoded") >= 2, "Chromium decoded \(number("framesDecoded")) frames of the screen")
+        try Self.endMeeting(browser, agent: agent, run: "conference room --scan")
+    }
+
+    // MARK: - The token server and scripts/dev-room without a browser
+
+    /// What the page's backend gives out: tokens only for acceptable names, shaped as
+    /// docs/join-codes.md says, and no secret in anything the page can fetch.
+    @Test func theTokenServerMintsTwilioShapedTokensForGoodNamesOnly() throws {
+        guard try Self.prerequisites() else { return }
+        guard let namespace = try RtcTestNamespace() else { return }
+        let room = try Self.startRoom(in: namespace)
+        defer { room.stop() }
+        let client = #"""
+        import base64, json, sys, urllib.request, urllib.error
+        base = sys.argv[1]
+        def call(path, body=None):
+            data = None if body is None else json.dumps(body).encode()
+            try:
+                with urllib.request.urlopen(urllib.request.Request(base + path, data=data), timeout=5) as r:
+                    return r.status, json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read())
+        part = lambda p: json.loads(base64.urlsafe_b64decode(p + "=" * (-len(p) % 4)))
+        out = {"room": call("/api/room")}
+        status, minted = call("/api/screen-token", {"identity": "  Ada's screen  "})
+        header, claims, signature = minted["token"].split(".")
+        out["good"] = {"status": status, "header": part(header), "claims": part(claims), "signature_length": len(signature),
+                       "expires": minted["expires"]}
+        out["refused"] = [call("/api/screen-token", {"identity": name})
+                          for name in ["", "   ", "A" * 65, "Ann\u202eevil", "line\nbreak", 42]]
+        out["not_json"] = call("/api/screen-token", [1])
+        print(json.dumps(out))
+        """#
+        let (program, argv) = namespace.command("/usr/bin/python3", ["-c", client, String(Self.pageURL.dropLast())])
+        let result = try Harness.run(program, argv, timeout: 30)
+        let out = try #require(try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any], "\(result.stderr)")
+        let roomReply = out["room"] as? [Any] ?? []
+        let config = roomReply.last as? [String: Any] ?? [:]
+        #expect(Set(config.keys) == ["kind", "janus", "room", "iceServers"], "/api/room gives the page more than it needs: \(config)")
+        #expect(config["janus"] as? String == "http://127.0.0.1:8088/janus" && config["room"] as? Int == 4242, "\(config)")
+        let good = out["good"] as? [String: Any] ?? [:]
+        #expect(good["status"] as? Int == 200, "\(good)")
+        #expect(good["header"] as? [String: String] == ["typ": "JWT", "alg": "HS256", "cty": "twilio-fpa;v=1"], "\(good)")
+        let claims = good["claims"] as? [String: Any] ?? [:]
+        let grants = claims["grants"] as? [String: Any] ?? [:]
+        #expect(grants["identity"] as? String == "Ada's screen", "identity (trimmed): \(grants)")
+        #expect((grants["video"] as? [String: String]) == ["room": "4242"], "\(grants)")
+        let iat: Int = claims["iat"] as? Int ?? 0, exp: Int = claims["exp"] as? Int ?? 0
+        #expect(exp - iat == 3600 && claims["nbf"] as? Int == iat && good["expires"] as? Int == exp, "\(claims)")
+        #expect(good["signature_length"] as? Int == 43, "an HS256 signature is 43 base64url characters: \(good)")
+        let refused = out["refused"] as? [[Any]] ?? []
+        #expect(refused.count == 6 && refused.allSatisfy { $0.first as? Int == 400 }, "\(refused)")
+        #expect((out["not_json"] as? [Any])?.first as? Int == 400, "\(out["not_json"] ?? "-")")
+        #expect(room.log.contains("minted a token for \"Ada's screen\"") && !room.log.contains(".eyJ"), "\(room.log.suffix(500))")
+    }
+
+    /// A port in use and a bad option are refused with words saying what to do, before anything starts.
+    @Test func devRoomRefusesATakenPortAndBadOptions() throws {
+        guard try Self.prerequisites() else { return }
+        guard let namespace = try RtcTestNamespace() else { return }
+        let holder = """
+        import socket, sys
+        s = socket.socket(); s.bind(("127.0.0.1", 8089)); s.listen(); print("held", flush=True); sys.stdin.read()
+        """
+        let (program, argv) = namespace.command("/usr/bin/python3", ["-c", holder])
+        let held = try DtlsTestProcess(program, argv)
+        defer { held.stop() }
+        try #require(held.waitFor("held", timeout: 10), "\(held.log)")
+        let taken = try Harness.run("/bin/bash", [Self.devRoom, "--netns", namespace.name], timeout: 60)
+        #expect(taken.status == 4 && taken.stderr.contains("port 8089 on 127.0.0.1 is taken") && taken.stderr.contains("--port"),
+                "exit \(taken.status): \(taken.stderr)")
+        let bad = try Harness.run("/bin/bash", [Self.devRoom, "--port", "http"], timeout: 30)
+        #expect(bad.status == 2 && bad.stderr.contains("--port needs a number"), "exit \(bad.status): \(bad.stderr)")
+        let unknown = try Harness.run("/bin/bash", [Self.devRoom, "--bogus"], timeout: 30)
+        #expect(unknown.status == 2 && unknown.stderr.contains("unknown option --bogus"), "exit \(unknown.status): \(unknown.stderr)")
+    }
 }
