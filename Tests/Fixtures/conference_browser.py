@@ -14,6 +14,11 @@ on stdout ({"ok": true, ...} or {"ok": false, "error": ...}):
                                                    showing video, then read the frame stamp
                                                    from its pixels for S s; getStats numbers
   {"cmd": "end"}                                   press "End meeting"; t_ms is when (CLOCK_MONOTONIC)
+  {"cmd": "restart"}                               after the end: "Start a new meeting", back in the room
+  {"cmd": "gone", "name": N, "timeout": T}         wait (at most T s) until no tile is labelled N
+
+"share" with "return_code": true also answers with the code itself, for a
+test to hand to the agent (never printed there: the token is a credential).
   {"cmd": "quit"}
 
 Options: --url (the page), --headed (a real window on $DISPLAY, for --scan
@@ -127,9 +132,12 @@ def do_share(driver, args, command):
     driver.execute_script("document.getElementById('join-qr').scrollIntoView({block: 'center'})")
     if command.get("screenshot"):
         driver.save_screenshot(command["screenshot"])
-    # The code is a credential: its length and start only.
-    return {"shown": True, "code_length": len(code), "code_start": code[:24],
-            "expiry": driver.find_element(By.ID, "join-expiry").text}
+    # The code is a credential: its length and start only, unless the test asks for it.
+    reply = {"shown": True, "code_length": len(code), "code_start": code[:24],
+             "expiry": driver.find_element(By.ID, "join-expiry").text}
+    if command.get("return_code"):
+        reply["code"] = code
+    return reply
 
 
 def do_watch(driver, args, command):
@@ -163,7 +171,7 @@ def do_watch(driver, args, command):
         "stamp_age_ms": sorted(round(s["t_ms"] % 2**32 - s["stamp"]["captureMs"], 1) for s in samples if s["stamp"]),
         "stats_before": stats_before,
         "stats": stats,
-        "labels": [e.text for e in driver.find_elements(By.CSS_SELECTOR, "#tiles .tile .label")],
+        "labels": labels(driver),
     })
     return report
 
@@ -177,7 +185,24 @@ def do_end(driver, args, command):
             "tiles_after": len(driver.find_elements(By.CSS_SELECTOR, "#tiles .tile"))}
 
 
-COMMANDS = {"open": do_open, "share": do_share, "watch": do_watch, "end": do_end}
+def do_restart(driver, args, command):
+    driver.find_element(By.ID, "end-meeting").click()  # labelled "Start a new meeting" after the end
+    joined = wait_until(lambda: status_text(driver).startswith("In room"), command.get("timeout", 15))
+    return {"joined": bool(joined), "status": status_text(driver)}
+
+
+def labels(driver):
+    # In one script: a tile removed between finding and reading it would be a stale element.
+    return driver.execute_script("return [...document.querySelectorAll('#tiles .tile .label')].map((l) => l.textContent)")
+
+
+def do_gone(driver, args, command):
+    started = monotonic_ms()
+    gone = wait_until(lambda: command["name"] not in labels(driver), command.get("timeout", 10))
+    return {"gone": bool(gone), "waited_ms": monotonic_ms() - started, "labels": labels(driver)}
+
+
+COMMANDS = {"open": do_open, "share": do_share, "watch": do_watch, "end": do_end, "restart": do_restart, "gone": do_gone}
 
 
 def main():
