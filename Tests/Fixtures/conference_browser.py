@@ -27,6 +27,7 @@ Janus (TESTBED.md), with /opt/krakl-venv/bin/python (selenium).
 """
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -80,7 +81,7 @@ def monotonic_ms():
     return time.monotonic() * 1000  # CLOCK_MONOTONIC on Linux, the test's clock
 
 
-def browser(args):
+def browser(args, profile):
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"
     if not args.headed:
@@ -90,7 +91,7 @@ def browser(args):
     for flag in ("--no-sandbox", "--disable-dev-shm-usage", "--no-first-run", "--disable-gpu",
                  "--autoplay-policy=no-user-gesture-required", "--window-position=0,0",
                  "--window-size=%s" % args.window.replace("x", ","),
-                 "--user-data-dir=" + tempfile.mkdtemp(prefix="krakl-chromium-")):
+                 "--user-data-dir=" + profile):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
@@ -211,7 +212,15 @@ def main():
     parser.add_argument("--headed", action="store_true")
     parser.add_argument("--window", default="1280x1000")
     args = parser.parse_args()
-    driver = browser(args)
+    profile = tempfile.mkdtemp(prefix="krakl-chromium-")
+    try:
+        run(args, profile)
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def run(args, profile):
+    driver = browser(args, profile)
     print(json.dumps({"ok": True, "ready": True, "browser": driver.capabilities.get("browserVersion")}), flush=True)
     try:
         for line in sys.stdin:
