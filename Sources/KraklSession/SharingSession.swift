@@ -158,7 +158,12 @@ public final class SharingSession: @unchecked Sendable {
     }
 
     /// Asks to stop; the session leaves and then calls `onFinished(.userStopped)`.
-    public func stop() { post(.stop) }
+    public func stop() {
+        // The control loop may be inside the driver's publish or restart, waiting on a silent server:
+        // cut that wait short here, or the stop would queue behind it until the request's time-out.
+        driver.abandonJoin()
+        post(.stop)
+    }
 
     /// Ends the session because of something its owner decided (e.g. a time limit): as stop, with another reason.
     public func end(_ event: SharingLifecycle.Event) { post(event) }
