@@ -2,6 +2,7 @@ import Foundation
 import KraklCore
 import KraklEncoder
 import KraklRTC
+import KraklViewer
 
 /// The command line, parsed. Parsing never exits: errors are HostError
 /// .usage / .invalidOption so main() can print them and pick the status.
@@ -23,8 +24,15 @@ struct Arguments {
     var conformanceGroup: String?
     var verbose = false
     var quiet = false
-    /// Where the encoded screen goes until the publisher exists; nil: capture only.
-    var record: String? = "krakl-recording.webm"
+    /// --record FILE: record the encoded screen to FILE instead of sharing it to the viewer.
+    var record: String?
+    /// --no-record: capture only (no encoder, no viewer).
+    var captureOnly = false
+    /// The built-in viewer (the default without a join code): where it listens, how many may watch,
+    /// and whether a token is required on loopback too.
+    var listen = ListenAddress(host: "127.0.0.1")
+    var maximumViewers = 4
+    var viewerToken = false
     var encoder = EncoderSettings()
     var dumpInput: String?
     var statsJSON: String?
@@ -52,6 +60,8 @@ struct Arguments {
             return next
         }
         var positional: [String] = []
+        var listenGiven: (host: String, port: UInt16?)?
+        var viewerPort: UInt16?
         while let word = rest.popFirst() {
             // --flag=value is the same as --flag value.
             var flag = word
@@ -85,7 +95,27 @@ struct Arguments {
                 let suffix = path.lowercased()
                 guard suffix.hasSuffix(".webm") || suffix.hasSuffix(".ivf") else { throw .usage("--record \(path): the file must end in .webm or .ivf") }
                 record = path
-            case "--no-record": record = nil
+                captureOnly = false
+            case "--no-record":
+                record = nil
+                captureOnly = true
+            case "--listen":
+                let text = try value(for: flag)
+                // Port 0 (an explicit ":0") is any free port; the printed URL shows the one chosen.
+                let explicitPort = text.hasPrefix("[") ? text.contains("]:") : text.filter({ $0 == ":" }).count == 1
+                guard let address = ListenAddress(text) else {
+                    throw .usage("--listen \(text): give an IP address of this machine, optionally with :PORT (e.g. 127.0.0.1:8990, 192.168.1.5, [::1]:9000)")
+                }
+                listenGiven = (address.host, explicitPort ? address.port : nil)
+            case "--viewer-port":
+                let text = try value(for: flag)
+                guard let port = UInt16(text) else { throw .usage("--viewer-port \(text): give a port from 1 to 65535 (0: any free port)") }
+                viewerPort = port
+            case "--max-viewers":
+                let text = try value(for: flag)
+                guard let n = Int(text), (1...64).contains(n) else { throw .usage("--max-viewers \(text): give 1 to 64") }
+                maximumViewers = n
+            case "--viewer-token": viewerToken = true
             case "--codec":
                 let text = try value(for: flag)
                 guard let codec = VideoCodec(rawValue: text) else { throw .usage("--codec \(text): use vp8 or vp9") }
@@ -168,6 +198,13 @@ struct Arguments {
         case "help": command = .help; return
         default: throw .usage("unknown command \(positional[0]) (commands: run, code, backends, sources, conformance)")
         }
+        if let port = listenGiven?.port, let other = viewerPort, port != other {
+            throw .usage("--listen names port \(port) and --viewer-port \(other): give one")
+        }
+        listen = ListenAddress(host: listenGiven?.host ?? "127.0.0.1", port: listenGiven?.port ?? viewerPort ?? ListenAddress.defaultPort)
+        if (listenGiven != nil || viewerPort != nil || viewerToken) && !sharesToViewer {
+            throw .usage("--listen, --viewer-port and --viewer-token are for the viewer, which runs without --join, --record or --no-record")
+        }
         let expected: Int
         switch command {
         case .conformance, .code: expected = 2
@@ -175,6 +212,9 @@ struct Arguments {
         }
         if positional.count > expected { throw .usage("unexpected argument \(positional[expected])") }
     }
+
+    /// A run that shares to the built-in viewer: no join code, no recording, not capture only.
+    var sharesToViewer: Bool { command == .run && record == nil && !captureOnly }
 }
 
 let helpText = """
