@@ -221,7 +221,9 @@ let helpText = """
 krakl-agent: share this machine's screen into a video room. Given a join code
 (from the conference page's QR code) it joins the room as the code's identity
 and publishes the screen only, until you stop it or the room ends. Without a
-join code it records the encoded screen to a file.
+join code it shares the screen to its own viewer: a page at
+http://127.0.0.1:8990/ (and a WHEP endpoint for any WHEP player); with
+--record FILE it records the encoded screen to a file instead.
 
 USAGE
   krakl-agent --join CODE|@FILE|- [--once] [--backend NAME] [--option KEY=VALUE]...
@@ -230,7 +232,10 @@ USAGE
   krakl-agent --scan [--backend NAME] [--scan-timeout S] [--scan-only] [--once] [SHARING OPTIONS]
   krakl-agent code CODE|@FILE|-
   krakl-agent [run] [--backend NAME] [--option KEY=VALUE]... [--frames N] [--seconds S]
-                    [--record FILE.webm|FILE.ivf | --no-record] [ENCODER OPTIONS]
+                    [--listen ADDR[:PORT]] [--viewer-port N] [--max-viewers N] [--viewer-token]
+                    [ENCODER OPTIONS]
+  krakl-agent [run] [--backend NAME] [--option KEY=VALUE]... [--frames N] [--seconds S]
+                    --record FILE.webm|FILE.ivf | --no-record [ENCODER OPTIONS]
   krakl-agent backends
   krakl-agent sources [--backend NAME] [--option KEY=VALUE]...
   krakl-agent conformance LIBRARY.so [--option KEY=VALUE]... [--expect-end] [--timeout S]
@@ -257,10 +262,14 @@ COMMANDS
                   after --scan-timeout S (default 120). Ctrl-C stops.
   code CODE       Check a join code and print what it would do: service, URL, room,
                   identity, expiry (the token is shown as its first 8 characters only).
-  run (default)   Capture from a backend, encode, record to krakl-recording.webm (or
-                  --record FILE), and print live status (capture fps, damage share,
-                  latency; encoded kbit/s, encode time, active blocks) until Ctrl-C,
-                  --frames or --seconds, then a summary.
+  run (default)   Capture from a backend, encode, share to the built-in viewer and print
+                  its URL (docs/viewer.md), with live status (capture fps, damage share,
+                  latency; encoded kbit/s, encode time, active blocks; viewers) until
+                  Ctrl-C, --frames, --seconds or the source's end, then a summary. With
+                  --record FILE the encoded screen goes to FILE instead; --no-record
+                  captures only. Without --backend the viewer shows the real screen:
+                  pipewire on a Wayland session ($WAYLAND_DISPLAY), x11 when $DISPLAY is
+                  set, else the registry's default (the test pattern); the choice is printed.
   backends        List the backends in plugins.json and whether each one loads.
   sources         List what a backend can capture (X11: the screen and each XRandR
                   monitor), with the option value that selects it.
@@ -288,13 +297,19 @@ OPTIONS
                           default: every interface that is up, loopback excluded).
       --connect-timeout S (--join) ICE and DTLS must be up S seconds after the room's
                           answer (default 15), else the session ends as connection lost.
+      --listen ADDR[:PORT] (viewer) Listen on this IP address (default 127.0.0.1:8990).
+                          Any address that is not loopback requires an access token: a
+                          random one is made and shown once, in the printed URL (#token=…).
+      --viewer-port N     (viewer) The port (default 8990; 0: any free port).
+      --max-viewers N     (viewer) Viewers at once (default 4; more get 503 Retry-After).
+      --viewer-token      (viewer) Require the token on loopback too.
       --expect-end        (conformance) The options make the source end; check that.
       --timeout S         (conformance) Wait at most S seconds for frames, create() or
                           start() (default 10); the run's bound grows with it.
 ENCODER OPTIONS
-      --record FILE       Write the encoded screen to FILE (.webm or .ivf).
-                          Default: krakl-recording.webm in the current folder.
-      --no-record         Capture only: no encoding, no file.
+      --record FILE       Write the encoded screen to FILE (.webm or .ivf) instead of
+                          sharing it to the viewer.
+      --no-record         Capture only: no encoding, no file, no viewer.
       --codec vp8|vp9     Codec (default vp8).
       --bitrate KBPS      Target bitrate, CBR (default 2500).
       --max-size WxH      Scale down to fit within this (default 1920x1080).
@@ -302,7 +317,8 @@ ENCODER OPTIONS
                           time; a frame that comes a little early is not delayed.
       --refresh S         Re-encode an unchanged screen every S seconds so late or
                           lossy receivers recover (default 1 when recording; 0 = off,
-                          the default in a room, where receivers ask with PLI/NACK).
+                          the default in a room and for the viewer, where receivers ask
+                          with PLI/NACK).
       --keyframe-interval S  A keyframe at least every S seconds (default 0: on
                           request only; SIGUSR1 requests one, at most one per 0.3 s).
       --encoder-threads N libvpx threads (default 0: 2 at 720p and up on 4+ cores, else 1).
@@ -376,4 +392,6 @@ EXIT STATUS
   scanning the screen (--scan):
   50 no join code found within --scan-timeout   51 the screen source ended first
    0 stopped with Ctrl-C (nothing found)
+  the built-in viewer:
+  52 the viewer cannot listen: the port is in use, or the address is not this machine's
 """

@@ -134,6 +134,7 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     let selection = try BackendSelection(registryPath: arguments.plugins, name: choice?.name ?? arguments.backend,
                                          overrides: arguments.options, isolate: arguments.isolate)
     let (entry, options) = (selection.entry, selection.options)
+    if let choice, !choice.why.isEmpty { print("krakl-agent: backend \(entry.name): \(choice.why)") }
     let control = ControlPipe.shared
     control.catchSignals([SIGPIPE, SIGUSR1])
     let run = CaptureRun(backend: entry.name, frameLimit: arguments.frames, logger: logger)
@@ -174,7 +175,6 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     let source: any CaptureSource = try selection.makeSource(sink: run, logger: logger)
 
     let optionText = options.members.map { "\($0.key)=\($0.value.optionText)" }.joined(separator: " ")
-    if let choice, !choice.why.isEmpty { print("krakl-agent: backend \(entry.name): \(choice.why)") }
     print("krakl-agent: capturing from \(entry.name) [\(optionText)]; Ctrl-C stops")
     if let record = arguments.record {
         let e = arguments.encoder

@@ -96,13 +96,19 @@ enum ViewerPage {
         });
       }
 
+      // The session on the agent's side ends too (if it still exists), so the place is freed.
+      function release() {
+        if (state.resource) fetch(state.resource, { method: 'DELETE', headers: auth, keepalive: true }).catch(() => {});
+        state.resource = null;
+      }
+
       function finish(text) {
         if (state.ended) return;
         state.ended = true;
         say(text, 'ended');
         clearInterval(statsTimer);
         if (pc) { pc.close(); pc = null; }
-        state.resource = null;
+        release();
       }
 
       function retryLater(text, seconds) {
@@ -189,9 +195,7 @@ enum ViewerPage {
       }
 
       // Leaving the page ends the session at once (the agent frees the viewer's place).
-      addEventListener('pagehide', () => {
-        if (state.resource) fetch(state.resource, { method: 'DELETE', headers: auth, keepalive: true }).catch(() => {});
-      });
+      addEventListener('pagehide', release);
 
       statsTimer = setInterval(() => { showStats().catch(() => {}); }, 1000);
       setInterval(() => { checkStatus(); }, 3000);
