@@ -23,7 +23,7 @@ final class PendingViewerAnswerer: ViewerPeerFactory, ViewerVideoFeed {
     func makePeer(offer: String) throws(ViewerPeerError) -> ViewerPeer { throw .notImplemented(Self.message) }
     func send(frame: [UInt8], keyframe: Bool, captureNanoseconds: UInt64, width: Int, height: Int) {}
     var onKeyframeRequest: (() -> Void)?
-    var onBitrate: ((Double) -> Void)?
+    var onBitrate: ((Int) -> Void)?
 }
 
 /// The encoder's output goes to every viewer.
@@ -80,7 +80,7 @@ final class ViewerRun {
     /// Connects the encoder both ways (keyframes for new viewers and on request, bitrate from the weakest).
     func attach(_ pipeline: EncoderPipeline) {
         feed.onKeyframeRequest = { [weak pipeline] in pipeline?.requestKeyframe() }
-        feed.onBitrate = { [weak pipeline] bps in pipeline?.setBitrate(kbps: max(Int(bps / 1000), 1)) }
+        feed.onBitrate = { [weak pipeline] bps in pipeline?.setBitrate(kbps: max(bps / 1000, 1)) }
         server.endpoint.onViewersChanged = { [weak pipeline] count, event in
             print("krakl-agent: \(event); \(count) watching")
             if event.hasSuffix("joined") { pipeline?.requestKeyframe() }

@@ -80,6 +80,6 @@ public protocol ViewerVideoFeed: AnyObject {
     func send(frame: [UInt8], keyframe: Bool, captureNanoseconds: UInt64, width: Int, height: Int)
     /// A viewer asked for a keyframe (PLI/FIR, or it just joined); any thread.
     var onKeyframeRequest: (() -> Void)? { get set }
-    /// The bitrate the weakest viewer can take, bit/s; any thread.
-    var onBitrate: ((Double) -> Void)? { get set }
+    /// The encoder's new target, bit/s (the weakest viewer's estimate, above a floor); any thread.
+    var onBitrate: ((Int) -> Void)? { get set }
 }
