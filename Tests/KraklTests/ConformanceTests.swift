@@ -53,7 +53,7 @@ struct ConformanceTests {
 
         expectAllPass(try conformance(dir + "/libbouncing_box.so", ["frames=60"]))
 
-        let run = try Harness.agent(["--plugins", dir + "/plugins.json", "--backend", "bouncing-box", "--frames", "45", "-q"])
+        let run = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", dir + "/plugins.json", "--backend", "bouncing-box", "--frames", "45", "-q"])
         #expect(run.status == 0, "\(run.stderr)")
         #expect(run.stdout.contains("summary: 45 frames"), "\(run.stdout)")
     }

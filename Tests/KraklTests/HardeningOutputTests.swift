@@ -24,7 +24,7 @@ struct HardeningOutputTests {
     func agent(_ misbehave: String, options: [String] = [], _ flags: [String], timeout: Double = 60) throws -> Harness.Result {
         try Harness.requireBuild()
         let registry = try Self.fixture.get()
-        return try Harness.agent(["--plugins", registry, "-q", "-o", "misbehave=\(misbehave)"] + options.flatMap { ["-o", $0] } + flags,
+        return try Harness.agent(["--record", "krakl-recording.webm", "--plugins", registry, "-q", "-o", "misbehave=\(misbehave)"] + options.flatMap { ["-o", $0] } + flags,
                                  timeout: timeout)
     }
 

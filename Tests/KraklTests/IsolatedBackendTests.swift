@@ -287,13 +287,13 @@ struct IsolatedBackendTests {
     @Test func agentSurvivesAConstructorThatExitsOrCrashes() throws {
         try requireHost()
         let (_, plugins) = try registry(isolate: "true")
-        let exited = try Harness.agent(["--plugins", plugins, "--seconds", "1", "-q"], environment: ["KRAKL_FIXTURE_CONSTRUCTOR": "exit"])
+        let exited = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", plugins, "--seconds", "1", "-q"], environment: ["KRAKL_FIXTURE_CONSTRUCTOR": "exit"])
         #expect(exited.status == 24 && exited.stderr == "krakl-agent: backend bad crashed: its process exited with status 4 while its library was loaded\n",
                 "exit \(exited.status): \(exited.stderr)")
-        let crashed = try Harness.agent(["--plugins", plugins, "--seconds", "1", "-q"], environment: ["KRAKL_FIXTURE_CONSTRUCTOR": "crash"])
+        let crashed = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", plugins, "--seconds", "1", "-q"], environment: ["KRAKL_FIXTURE_CONSTRUCTOR": "crash"])
         #expect(crashed.status == 24 && crashed.stderr == "krakl-agent: backend bad crashed: SIGSEGV while its library was loaded\n",
                 "exit \(crashed.status): \(crashed.stderr)")
-        let inProcess = try Harness.agent(["--plugins", plugins, "--no-isolate", "--seconds", "1", "-q"], environment: ["KRAKL_FIXTURE_CONSTRUCTOR": "exit"])
+        let inProcess = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", plugins, "--no-isolate", "--seconds", "1", "-q"], environment: ["KRAKL_FIXTURE_CONSTRUCTOR": "exit"])
         #expect(inProcess.status == 4, "--no-isolate loads it into the agent, whose process it ends: exit \(inProcess.status)")
         let sources = try Harness.agent(["--plugins", plugins, "sources"])
         #expect(sources.status == 0 && sources.stdout.contains("fixture"), "\(sources.stdout)\(sources.stderr)")
@@ -309,14 +309,14 @@ struct IsolatedBackendTests {
             _ = try Harness.compileBackend(Harness.repoRoot + "/Tests/Fixtures/fixture_backend.c", into: dir, name: "fixture", defines: defines)
             try "{\"version\": 1, \"default\": \"fixture\", \"backends\": {\"fixture\": {\"library\": \"libfixture.so\"}}}"
                 .write(toFile: dir + "/plugins.json", atomically: true, encoding: .utf8)
-            let inProcess = try Harness.agent(["--plugins", dir + "/plugins.json", "--frames", "3", "-q"])
-            let isolated = try Harness.agent(["--plugins", dir + "/plugins.json", "--frames", "3", "-q", "--isolate"])
+            let inProcess = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", dir + "/plugins.json", "--frames", "3", "-q"])
+            let isolated = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", dir + "/plugins.json", "--frames", "3", "-q", "--isolate"])
             #expect(inProcess.status == status && isolated.status == status, "\(defines): \(inProcess.status) / \(isolated.status)")
             #expect(inProcess.stderr == isolated.stderr, "\(defines): \(inProcess.stderr) / \(isolated.stderr)")
         }
         try "{\"version\": 1, \"default\": \"gone\", \"backends\": {\"gone\": {\"library\": \"libgone.so\", \"isolate\": true}}}"
             .write(toFile: dir + "/plugins.json", atomically: true, encoding: .utf8)
-        let missing = try Harness.agent(["--plugins", dir + "/plugins.json", "-q"])
+        let missing = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", dir + "/plugins.json", "-q"])
         #expect(missing.status == 7 && missing.stderr.contains("libgone.so does not exist"), "\(missing.stderr)")
     }
 
@@ -337,7 +337,7 @@ struct IsolatedBackendTests {
         let (_, pinned) = try registry(isolate: "false")
         #expect(try !BackendSelection(registryPath: pinned, name: nil, overrides: []).isolated)
         // The agent: a constructor that exits takes only the child down, with no flag and no field.
-        let exited = try Harness.agent(["--plugins", plugins, "--seconds", "1", "-q"], environment: ["KRAKL_FIXTURE_CONSTRUCTOR": "exit"])
+        let exited = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", plugins, "--seconds", "1", "-q"], environment: ["KRAKL_FIXTURE_CONSTRUCTOR": "exit"])
         #expect(exited.status == 24, "exit \(exited.status): \(exited.stderr)")
     }
 
