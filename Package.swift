@@ -54,6 +54,9 @@ let package = Package(
         .systemLibrary(name: "CZbar", pkgConfig: "zbar"),
         .target(name: "CStbImage"),
         .target(name: "KraklScan", dependencies: ["KraklCore", "KraklBackendABI", "CYuv", "KraklRoom", "CZbar", "CStbImage"], swiftSettings: swift5),
+        // The built-in viewer: a bounded HTTP/1.1 server, WHEP's rules and the viewer page, over a
+        // ViewerPeerFactory protocol (the WebRTC answerer lives in KraklRTC).
+        .target(name: "KraklViewer", dependencies: ["KraklCore"], swiftSettings: swift5),
         // One sharing session: the lifecycle state machine and the only wiring of source,
         // encoder, publisher and room driver (krakl-agent and krakl-rtc-probe are command lines over it).
         .target(name: "KraklSession", dependencies: ["KraklCore", "KraklEncoder", "KraklRTC", "KraklRoom"], swiftSettings: swift5),
@@ -64,11 +67,11 @@ let package = Package(
         // agent through a shared-memory ring (isolated mode); a C shim for memfd seals and close_range.
         .target(name: "CBackendHost"),
         .executableTarget(name: "BackendHost", dependencies: ["KraklCore", "KraklBackendABI", "CBackendHost"], swiftSettings: swift5),
-        .executableTarget(name: "Agent", dependencies: ["KraklCore", "KraklEncoder", "KraklRTC", "KraklRoom", "KraklSession", "KraklScan", "ZeroFill"], swiftSettings: swift5),
+        .executableTarget(name: "Agent", dependencies: ["KraklCore", "KraklEncoder", "KraklRTC", "KraklRoom", "KraklSession", "KraklScan", "KraklViewer", "ZeroFill"], swiftSettings: swift5),
         // Test-only: runs the publisher against a given SDP answer (issue 6 item 8).
         .executableTarget(name: "RTCProbe", dependencies: ["KraklBackendABI", "KraklCore", "KraklEncoder", "KraklRTC", "KraklSession"], swiftSettings: swift5),
         // bench/: krakl vs ffmpeg vs GStreamer on the same content (docs/PERFORMANCE.md).
         .executableTarget(name: "KraklBench", dependencies: ["KraklCore"], path: "bench", exclude: ["xactivity.c", "portal_gst.py"], swiftSettings: swift5),
-        .testTarget(name: "KraklTests", dependencies: ["KraklCore", "KraklEncoder", "FrameStamp", "KraklRTC", "ZeroFill", "BackendKit", "KraklRoom", "KraklSession", "KraklScan"], swiftSettings: swift5),
+        .testTarget(name: "KraklTests", dependencies: ["KraklCore", "KraklEncoder", "FrameStamp", "KraklRTC", "ZeroFill", "BackendKit", "KraklRoom", "KraklSession", "KraklScan", "KraklViewer"], swiftSettings: swift5),
     ]
 )

@@ -2,6 +2,7 @@ import Foundation
 import KraklCore
 import KraklEncoder
 import KraklRTC
+import KraklViewer
 
 /// The command line, parsed. Parsing never exits: errors are HostError
 /// .usage / .invalidOption so main() can print them and pick the status.
@@ -23,8 +24,15 @@ struct Arguments {
     var conformanceGroup: String?
     var verbose = false
     var quiet = false
-    /// Where the encoded screen goes until the publisher exists; nil: capture only.
-    var record: String? = "krakl-recording.webm"
+    /// --record FILE: record the encoded screen to FILE instead of sharing it to the viewer.
+    var record: String?
+    /// --no-record: capture only (no encoder, no viewer).
+    var captureOnly = false
+    /// The built-in viewer (the default without a join code): where it listens, how many may watch,
+    /// and whether a token is required on loopback too.
+    var listen = ListenAddress(host: "127.0.0.1")
+    var maximumViewers = 4
+    var viewerToken = false
     var encoder = EncoderSettings()
     var dumpInput: String?
     var statsJSON: String?
@@ -52,6 +60,8 @@ struct Arguments {
             return next
         }
         var positional: [String] = []
+        var listenGiven: (host: String, port: UInt16?)?
+        var viewerPort: UInt16?
         while let word = rest.popFirst() {
             // --flag=value is the same as --flag value.
             var flag = word
@@ -85,7 +95,27 @@ struct Arguments {
                 let suffix = path.lowercased()
                 guard suffix.hasSuffix(".webm") || suffix.hasSuffix(".ivf") else { throw .usage("--record \(path): the file must end in .webm or .ivf") }
                 record = path
-            case "--no-record": record = nil
+                captureOnly = false
+            case "--no-record":
+                record = nil
+                captureOnly = true
+            case "--listen":
+                let text = try value(for: flag)
+                // Port 0 (an explicit ":0") is any free port; the printed URL shows the one chosen.
+                let explicitPort = text.hasPrefix("[") ? text.contains("]:") : text.filter({ $0 == ":" }).count == 1
+                guard let address = ListenAddress(text) else {
+                    throw .usage("--listen \(text): give an IP address of this machine, optionally with :PORT (e.g. 127.0.0.1:8990, 192.168.1.5, [::1]:9000)")
+                }
+                listenGiven = (address.host, explicitPort ? address.port : nil)
+            case "--viewer-port":
+                let text = try value(for: flag)
+                guard let port = UInt16(text) else { throw .usage("--viewer-port \(text): give a port from 1 to 65535 (0: any free port)") }
+                viewerPort = port
+            case "--max-viewers":
+                let text = try value(for: flag)
+                guard let n = Int(text), (1...64).contains(n) else { throw .usage("--max-viewers \(text): give 1 to 64") }
+                maximumViewers = n
+            case "--viewer-token": viewerToken = true
             case "--codec":
                 let text = try value(for: flag)
                 guard let codec = VideoCodec(rawValue: text) else { throw .usage("--codec \(text): use vp8 or vp9") }
@@ -168,6 +198,13 @@ struct Arguments {
         case "help": command = .help; return
         default: throw .usage("unknown command \(positional[0]) (commands: run, code, backends, sources, conformance)")
         }
+        if let port = listenGiven?.port, let other = viewerPort, port != other {
+            throw .usage("--listen names port \(port) and --viewer-port \(other): give one")
+        }
+        listen = ListenAddress(host: listenGiven?.host ?? "127.0.0.1", port: listenGiven?.port ?? viewerPort ?? ListenAddress.defaultPort)
+        if (listenGiven != nil || viewerPort != nil || viewerToken) && !sharesToViewer {
+            throw .usage("--listen, --viewer-port and --viewer-token are for the viewer, which runs without --join, --record or --no-record")
+        }
         let expected: Int
         switch command {
         case .conformance, .code: expected = 2
@@ -175,13 +212,18 @@ struct Arguments {
         }
         if positional.count > expected { throw .usage("unexpected argument \(positional[expected])") }
     }
+
+    /// A run that shares to the built-in viewer: no join code, no recording, not capture only.
+    var sharesToViewer: Bool { command == .run && record == nil && !captureOnly }
 }
 
 let helpText = """
 krakl-agent: share this machine's screen into a video room. Given a join code
 (from the conference page's QR code) it joins the room as the code's identity
 and publishes the screen only, until you stop it or the room ends. Without a
-join code it records the encoded screen to a file.
+join code it shares the screen to its own viewer: a page at
+http://127.0.0.1:8990/ (and a WHEP endpoint for any WHEP player); with
+--record FILE it records the encoded screen to a file instead.
 
 USAGE
   krakl-agent --join CODE|@FILE|- [--once] [--backend NAME] [--option KEY=VALUE]...
@@ -190,7 +232,10 @@ USAGE
   krakl-agent --scan [--backend NAME] [--scan-timeout S] [--scan-only] [--once] [SHARING OPTIONS]
   krakl-agent code CODE|@FILE|-
   krakl-agent [run] [--backend NAME] [--option KEY=VALUE]... [--frames N] [--seconds S]
-                    [--record FILE.webm|FILE.ivf | --no-record] [ENCODER OPTIONS]
+                    [--listen ADDR[:PORT]] [--viewer-port N] [--max-viewers N] [--viewer-token]
+                    [ENCODER OPTIONS]
+  krakl-agent [run] [--backend NAME] [--option KEY=VALUE]... [--frames N] [--seconds S]
+                    --record FILE.webm|FILE.ivf | --no-record [ENCODER OPTIONS]
   krakl-agent backends
   krakl-agent sources [--backend NAME] [--option KEY=VALUE]...
   krakl-agent conformance LIBRARY.so [--option KEY=VALUE]... [--expect-end] [--timeout S]
@@ -217,10 +262,14 @@ COMMANDS
                   after --scan-timeout S (default 120). Ctrl-C stops.
   code CODE       Check a join code and print what it would do: service, URL, room,
                   identity, expiry (the token is shown as its first 8 characters only).
-  run (default)   Capture from a backend, encode, record to krakl-recording.webm (or
-                  --record FILE), and print live status (capture fps, damage share,
-                  latency; encoded kbit/s, encode time, active blocks) until Ctrl-C,
-                  --frames or --seconds, then a summary.
+  run (default)   Capture from a backend, encode, share to the built-in viewer and print
+                  its URL (docs/viewer.md), with live status (capture fps, damage share,
+                  latency; encoded kbit/s, encode time, active blocks; viewers) until
+                  Ctrl-C, --frames, --seconds or the source's end, then a summary. With
+                  --record FILE the encoded screen goes to FILE instead; --no-record
+                  captures only. Without --backend the viewer shows the real screen:
+                  pipewire on a Wayland session ($WAYLAND_DISPLAY), x11 when $DISPLAY is
+                  set, else the registry's default (the test pattern); the choice is printed.
   backends        List the backends in plugins.json and whether each one loads.
   sources         List what a backend can capture (X11: the screen and each XRandR
                   monitor), with the option value that selects it.
@@ -248,13 +297,19 @@ OPTIONS
                           default: every interface that is up, loopback excluded).
       --connect-timeout S (--join) ICE and DTLS must be up S seconds after the room's
                           answer (default 15), else the session ends as connection lost.
+      --listen ADDR[:PORT] (viewer) Listen on this IP address (default 127.0.0.1:8990).
+                          Any address that is not loopback requires an access token: a
+                          random one is made and shown once, in the printed URL (#token=…).
+      --viewer-port N     (viewer) The port (default 8990; 0: any free port).
+      --max-viewers N     (viewer) Viewers at once (default 4; more get 503 Retry-After).
+      --viewer-token      (viewer) Require the token on loopback too.
       --expect-end        (conformance) The options make the source end; check that.
       --timeout S         (conformance) Wait at most S seconds for frames, create() or
                           start() (default 10); the run's bound grows with it.
 ENCODER OPTIONS
-      --record FILE       Write the encoded screen to FILE (.webm or .ivf).
-                          Default: krakl-recording.webm in the current folder.
-      --no-record         Capture only: no encoding, no file.
+      --record FILE       Write the encoded screen to FILE (.webm or .ivf) instead of
+                          sharing it to the viewer.
+      --no-record         Capture only: no encoding, no file, no viewer.
       --codec vp8|vp9     Codec (default vp8).
       --bitrate KBPS      Target bitrate, CBR (default 2500).
       --max-size WxH      Scale down to fit within this (default 1920x1080).
@@ -262,7 +317,8 @@ ENCODER OPTIONS
                           time; a frame that comes a little early is not delayed.
       --refresh S         Re-encode an unchanged screen every S seconds so late or
                           lossy receivers recover (default 1 when recording; 0 = off,
-                          the default in a room, where receivers ask with PLI/NACK).
+                          the default in a room and for the viewer, where receivers ask
+                          with PLI/NACK).
       --keyframe-interval S  A keyframe at least every S seconds (default 0: on
                           request only; SIGUSR1 requests one, at most one per 0.3 s).
       --encoder-threads N libvpx threads (default 0: 2 at 720p and up on 4+ cores, else 1).
@@ -336,4 +392,6 @@ EXIT STATUS
   scanning the screen (--scan):
   50 no join code found within --scan-timeout   51 the screen source ended first
    0 stopped with Ctrl-C (nothing found)
+  the built-in viewer:
+  52 the viewer cannot listen: the port is in use, or the address is not this machine's
 """

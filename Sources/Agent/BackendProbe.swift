@@ -49,20 +49,15 @@ enum BackendProbe {
         // channel open after the child died).
         channel.forEach { _ = fcntl($0, F_SETFD, FD_CLOEXEC) }
         defer { close(channel[0]) }
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-        posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
-        posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
-        posix_spawn_file_actions_adddup2(&actions, channel[1], 3)   // dup2 clears close-on-exec on 3
-        let arguments = ["krakl-agent", subcommand, path]
-        var argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
-        defer { argv.forEach { free($0) } }
-        var pid: pid_t = 0
-        let status = posix_spawn(&pid, "/proc/self/exe", &actions, nil, &argv, environ)
+        let child = ChildSpawn(executable: "/proc/self/exe", arguments: ["krakl-agent", subcommand, path],
+                               descriptors: [0: .devNull, 1: .devNull, 2: .devNull, 3: .copy(channel[1])])
+        let spawned = child.spawn()
         close(channel[1])
-        guard status == 0 else { return .fails("cannot probe it: \(String(cString: strerror(status)))") }
+        let pid: pid_t
+        switch spawned {
+        case .success(let child): pid = child
+        case .failure(let error): return .fails("cannot probe it: \(error)")
+        }
 
         let deadline = MonotonicClock.milliseconds() + budgetSeconds * 1000
         var output = ""
@@ -101,12 +96,6 @@ enum BackendProbe {
         case "entry": return "in krakl_backend_v1()"
         default: return "before loading it"
         }
-    }
-
-    private static func signalName(_ number: Int32) -> String {
-        let names: [Int32: String] = [SIGSEGV: "SIGSEGV", SIGABRT: "SIGABRT", SIGBUS: "SIGBUS", SIGILL: "SIGILL",
-                                      SIGFPE: "SIGFPE", SIGKILL: "SIGKILL", SIGTERM: "SIGTERM", SIGTRAP: "SIGTRAP"]
-        return names[number] ?? "signal \(number)"
     }
 
     /// Reads the child's markers until it closes the channel or the deadline passes (a short,

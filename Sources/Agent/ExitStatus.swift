@@ -2,6 +2,7 @@ import Glibc
 import KraklCore
 import KraklRoom
 import KraklSession
+import KraklViewer
 
 // The agent's exit statuses, all in one place (documented in docs/exit-codes.md
 // and --help). Libraries throw typed errors and end sessions with typed
@@ -76,4 +77,9 @@ extension RoomError {
         case .badReply: return 38
         }
     }
+}
+
+extension ViewerServerError {
+    /// The built-in viewer cannot listen (port in use, not this machine's address).
+    var exitStatus: Int32 { 52 }
 }

@@ -31,7 +31,7 @@ enum JoinCodeSource: Equatable {
             let data = (try? handle.read(upToCount: JoinCode.maximumLength + 64)) ?? Data()
             return String(decoding: data, as: UTF8.self)
         case .standardInput:
-            return readLine(strippingNewline: true) ?? ""
+            return StandardInputLine.read(limit: JoinCode.maximumLength + 64)
         }
     }
 }
@@ -208,5 +208,28 @@ final class StatusMeter {
         let loss = rtc.fractionLost.map { String(format: "%.1f %%", $0 * 100) } ?? "-"
         return String(format: "%@ | %@ as \"%@\" | %@ | %@ | rtt %@ | loss %@ | %5.0f kbit/s | %4.1f fps",
                       status.state.name, status.room ?? "-", status.identity, status.service, rtc.state, rtt, loss, kbps, fps)
+    }
+}
+
+/// One line from fd 0, read with read(2). Not the standard library's `readLine`: it retries
+/// getline while errno is EINTR, and at end of input getline fails without touching errno, so a
+/// stale EINTR from an earlier Ctrl-C made an idle agent spin at full CPU once stdin closed.
+enum StandardInputLine {
+    /// The line without its newline; "" at end of input or on a read error. A line longer than
+    /// `limit` is cut there (the rest, up to 1 MiB, is read and dropped, so the next line starts clean).
+    static func read(limit: Int) -> String {
+        var bytes: [UInt8] = []
+        var byte: UInt8 = 0
+        var interruptions = 0
+        var total = 0
+        while total < 1 << 20 {
+            total += 1
+            let n = Glibc.read(STDIN_FILENO, &byte, 1)
+            if n < 0 && errno == EINTR && interruptions < 100 { interruptions += 1; continue }
+            guard n == 1, byte != UInt8(ascii: "\n") else { break }
+            if bytes.count < limit { bytes.append(byte) }
+        }
+        if bytes.last == UInt8(ascii: "\r") { bytes.removeLast() }
+        return String(decoding: bytes, as: UTF8.self)
     }
 }

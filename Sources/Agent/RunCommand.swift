@@ -2,6 +2,7 @@ import Foundation
 import KraklBackendABI
 import KraklCore
 import KraklEncoder
+import KraklViewer
 import ZeroFill
 
 /// Receives frames on the backend's thread: checks them, counts them,
@@ -128,13 +129,25 @@ func checkRecordingPath(_ path: String) throws(HostError) {
 /// ends the run the same way, since nobody reads the status any more; the summary is then not
 /// printed (there is nowhere to print it) but the recording is complete.
 func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(HostError) -> Int32 {
-    let selection = try selectedBackend(arguments)
+    // Sharing to the viewer shows the real screen when there is one; a recording keeps the registry's default.
+    let choice = arguments.sharesToViewer ? chooseScreenBackend(registryPath: arguments.plugins, given: arguments.backend) : nil
+    let selection = try BackendSelection(registryPath: arguments.plugins, name: choice?.name ?? arguments.backend,
+                                         overrides: arguments.options, isolate: arguments.isolate)
     let (entry, options) = (selection.entry, selection.options)
+    if let choice, !choice.why.isEmpty { print("krakl-agent: backend \(entry.name): \(choice.why)") }
     let control = ControlPipe.shared
     control.catchSignals([SIGPIPE, SIGUSR1])
     let run = CaptureRun(backend: entry.name, frameLimit: arguments.frames, logger: logger)
 
-    // Every output is opened (or its place checked) before the backend is created.
+    // Every output is opened (or its place checked) before the backend is created; the viewer's
+    // port too, so a taken one ends the run before any sharing dialog.
+    var viewer: ViewerRun?
+    if arguments.sharesToViewer {
+        do throws(ViewerServerError) { viewer = try ViewerRun(arguments, logger: logger) } catch {
+            fputs("krakl-agent: \(error.description)\n", stderr)
+            return error.exitStatus
+        }
+    }
     let statsFile: OutputFile?
     let frameLog: FrameLog?
     if let record = arguments.record { try checkRecordingPath(record) }
@@ -146,6 +159,15 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
                 if record.lowercased().hasSuffix(".ivf") { return try IVFWriter(path: record, codec: codec, width: width, height: height) }
                 return try WebMWriter(path: record, codec: codec, width: width, height: height)
             }, onFailure: { run.encoderFailed($0) }, onWarning: { logger(entry.name, .warning, $0) })
+        } else if let viewer {
+            var settings = arguments.encoder
+            // Viewers ask for what they miss (PLI, NACK), as in a room: no idle refresh unless asked for.
+            if !arguments.refreshGiven { settings.refreshInterval = 0 }
+            let sink = ViewerFeedSink(viewer.feed)
+            let pipeline = try EncoderPipeline(settings: settings, dumpInput: arguments.dumpInput, frameLog: frameLog, output: { _, _, _ in sink },
+                                               onFailure: { run.encoderFailed($0) }, onWarning: { logger(entry.name, .warning, $0) })
+            viewer.attach(pipeline)
+            run.pipeline = pipeline
         }
     } catch {
         throw error.hostError
@@ -165,6 +187,7 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
         run.pipeline?.finish()
         throw error
     }
+    viewer?.start()
     let isTerminal = isatty(STDOUT_FILENO) == 1
     let second: UInt64 = 1_000_000_000
     let begun = MonotonicClock.nanoseconds()
@@ -186,6 +209,7 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
             if printing {
                 var line = statusLine(run.statistics.snapshot(window: true), total: run.statistics.frameCount)
                 if let pipeline = run.pipeline { line += " | " + encoderStatus(pipeline.statistics.summary(window: true)) }
+                if let viewer { line += " | " + viewer.statusText }
                 if isTerminal { print("\r\u{1B}[K" + line, terminator: "") } else { print(line) }
                 fflush(stdout)
                 // EPIPE (the reader left) or EIO (the terminal is gone): nobody sees the status any more.
@@ -205,6 +229,8 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     }
     let reason = run.finishReason ?? "stopped"
     if isTerminal && printing { print("") }
+    // Viewers are told first (their peers close, the page says sharing ended), then the source stops.
+    viewer?.stop(reason: reason)
 
     // The end runs whatever happened: a source that hung in stop() or destroy() (the watchdog
     // gives up on it) still gets every output completed and the summary printed.
@@ -226,13 +252,17 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
                  summary.latencyMs.p50, summary.latencyMs.p99, summary.latencyMs.max))
     if summary.invalidFrames > 0 { print("dropped \(summary.invalidFrames) invalid frames from the backend") }
     let encoded = run.pipeline?.statistics.summary()
-    if let pipeline = run.pipeline, let e = encoded, let record = arguments.record {
+    if let pipeline = run.pipeline, let e = encoded {
         print(String(format: "encoded: %d frames (%d keyframes, %d refreshes), %.0f kbit/s, encode p50 %.2f ms p99 %.2f ms, active blocks %.1f%%, %d captured frames merged into later ones, %d dropped by rate control",
                      e.frames, e.keyframes, e.refreshFrames, e.bitrateKbps, e.encodeMs.p50, e.encodeMs.p99, e.activeShareMean * 100, e.skippedFrames, e.droppedFrames))
         if e.correctedTimestamps > 0 { print("corrected \(e.correctedTimestamps) backend timestamps (stepped back, jumped or stood still)") }
         if e.coalescedKeyframeRequests > 0 { print("merged \(e.coalescedKeyframeRequests) keyframe requests into earlier ones (at most one keyframe per \(pipeline.settings.keyframeRequestSpacing) s)") }
-        let written = pipeline.outputStarted ? record : "none (no frame was encoded)"
-        print(String(format: "encoder path CPU: %.2f s (conversion on the capture thread + encoder thread); recording: %@", e.cpuSeconds, written))
+        if let record = arguments.record {
+            let written = pipeline.outputStarted ? record : "none (no frame was encoded)"
+            print(String(format: "encoder path CPU: %.2f s (conversion on the capture thread + encoder thread); recording: %@", e.cpuSeconds, written))
+        } else {
+            print(String(format: "encoder path CPU: %.2f s (conversion on the capture thread + encoder thread); shared to the built-in viewer", e.cpuSeconds))
+        }
     }
     var statsFailure: HostError?
     if let statsFile {

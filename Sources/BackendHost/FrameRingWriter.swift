@@ -52,6 +52,7 @@ final class FrameRingWriter: @unchecked Sendable {
     private var carried = Damage.none
     private var dropped: UInt32 = 0
     private var stalled = false
+    private var warnedCursor = false
     /// Copy statistics for the bench: bytes copied, frames written.
     private(set) var copiedBytes = 0
 
@@ -212,6 +213,12 @@ final class FrameRingWriter: @unchecked Sendable {
            height <= WireLimits.maximumCursorSide, Int(cursor.stride) >= width * 4 {
             for row in 0..<height { memcpy(target + row * width * 4, pixels + row * Int(cursor.stride), width * 4) }
             pixelsOffset = UInt64(offset)
+        } else if cursor.pixels != nil && (width > WireLimits.maximumCursorSide || height > WireLimits.maximumCursorSide) && !warnedCursor {
+            warnedCursor = true
+            var w = WireWriter(.log)
+            w.i32(LogLevel.warning.rawValue)
+            w.text("isolated mode: a \(width)x\(height) cursor image is larger than \(WireLimits.maximumCursorSide)x\(WireLimits.maximumCursorSide); cursor images that large reach the agent without their pixels (position and serial only)")
+            socket.send(w)
         }
         return FrameMessage.Cursor(visible: cursor.visible, x: cursor.x, y: cursor.y, hotspotX: cursor.hotspot_x, hotspotY: cursor.hotspot_y,
                                    width: cursor.width, height: cursor.height, stride: pixelsOffset == nil ? cursor.stride : UInt32(width * 4),

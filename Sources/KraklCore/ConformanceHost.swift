@@ -73,17 +73,8 @@ final class CallbackRecorder: @unchecked Sendable {
     init(backend: String, optionsText: String, echo: BackendLogger?) {
         self.backend = backend
         self.echo = echo
-        host = .allocate(capacity: 1)
-        var value = krakl_host()
-        value.struct_size = UInt32(MemoryLayout<krakl_host>.size)
-        value.abi_version = UInt32(KRAKL_ABI_MAJOR << 16 | KRAKL_ABI_MINOR)
-        value.log = recorderLog
-        value.frame = recorderFrame
-        value.event = recorderEvent
-        value.option = recorderOption
-        value.check_options = recorderCheckOptions
-        value.source_found = recorderSourceFound
-        host.initialize(to: value)
+        host = HostCallbacks(log: recorderLog, frame: recorderFrame, event: recorderEvent, option: recorderOption,
+                             checkOptions: recorderCheckOptions, sourceFound: recorderSourceFound).makeHost()
         host.pointee.host_data = Unmanaged.passUnretained(self).toOpaque()
         options = HostContext(backend: backend, optionsText: optionsText, sink: nil, logger: { [unowned self] _, level, message in
             self.log(level, message)
@@ -341,14 +332,7 @@ private let recorderFrame: @convention(c) (UnsafeMutableRawPointer?, UnsafePoint
 private let recorderEvent: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<krakl_event>?) -> Void = { data, raw in
     guard let raw else { return }
     let event = copyBySizeRule(raw, declaredSize: Int(raw.pointee.struct_size), as: krakl_event.self)
-    let kind: SourceEvent.Kind
-    switch event.type {
-    case KRAKL_EVENT_SOURCE_ENDED.rawValue: kind = .sourceEnded
-    case KRAKL_EVENT_FORMAT_CHANGED.rawValue: kind = .formatChanged
-    case KRAKL_EVENT_ERROR.rawValue: kind = .error
-    default: kind = .unknown(event.type)
-    }
-    CallbackRecorder.from(data).event(SourceEvent(kind: kind, error: event.error, message: event.message.map { String(cString: $0) },
+    CallbackRecorder.from(data).event(SourceEvent(kind: .init(eventType: event.type), error: event.error, message: event.message.map { String(cString: $0) },
                                                   format: event.format, width: Int(event.width), height: Int(event.height)))
 }
 

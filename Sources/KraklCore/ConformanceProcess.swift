@@ -16,36 +16,21 @@ final class ConformanceProcess {
         guard pipe(&fds) == 0 else { return .failure(SpawnError(reason: "pipe: \(String(cString: strerror(errno)))")) }
         // Only the child's fd 3 may hold the write end (its end is what tells the parent it is gone).
         for fd in fds { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
-        var (reader, writer) = (fds[0], fds[1])
-        // dup2 onto fd 3 clears close-on-exec; from fd 3 itself it would not.
-        if writer == ConformanceChannel.descriptor {
-            writer = fcntl(writer, F_DUPFD_CLOEXEC, 10)
-            close(ConformanceChannel.descriptor)
-        }
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-        posix_spawn_file_actions_adddup2(&actions, 2, 1)
-        posix_spawn_file_actions_adddup2(&actions, writer, ConformanceChannel.descriptor)
-        let argv = arguments.map { strdup($0) } + [nil]
-        defer { argv.forEach { free($0) } }
-        // The Swift runtime's crash backtracer would print pages for a backend's
-        // crash, take seconds, and return from its handler for a raise()d signal
-        // (so the "crashed" process went on): the FAIL line says what happened.
-        var environment = ProcessInfo.processInfo.environment
-        environment["SWIFT_BACKTRACE"] = "enable=no"
-        let envp = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
-        defer { envp.forEach { free($0) } }
-        var pid: pid_t = 0
-        let status = posix_spawn(&pid, arguments[0], &actions, nil, argv, envp)
+        let (reader, writer) = (fds[0], fds[1])
+        // The FAIL line says what a backend's crash was, not the Swift runtime's backtracer.
+        let child = ChildSpawn(executable: arguments[0], arguments: arguments,
+                               descriptors: [0: .devNull, 1: .copy(2), ConformanceChannel.descriptor: .copy(writer)],
+                               environment: ChildSpawn.environmentWithoutBacktrace(replacing: true))
+        let spawned = child.spawn()
         close(writer)
-        guard status == 0 else {
+        switch spawned {
+        case .failure(let error):
             close(reader)
-            return .failure(SpawnError(reason: "\(arguments[0]): \(String(cString: strerror(status)))"))
+            return .failure(SpawnError(reason: "\(arguments[0]): \(error)"))
+        case .success(let pid):
+            _ = fcntl(reader, F_SETFL, fcntl(reader, F_GETFL) | O_NONBLOCK)
+            return .success(ConformanceProcess(pid: pid, reader: reader))
         }
-        _ = fcntl(reader, F_SETFL, fcntl(reader, F_GETFL) | O_NONBLOCK)
-        return .success(ConformanceProcess(pid: pid, reader: reader))
     }
 
     struct SpawnError: Error { let reason: String }
@@ -104,11 +89,4 @@ final class ConformanceProcess {
 enum WaitStatus {
     static func signal(_ status: Int32) -> Int32? { status & 0x7f != 0 && status & 0x7f != 0x7f ? status & 0x7f : nil }
     static func exitCode(_ status: Int32) -> Int32 { (status >> 8) & 0xff }
-
-    static func signalName(_ signal: Int32) -> String {
-        let names: [Int32: String] = [SIGSEGV: "SIGSEGV", SIGBUS: "SIGBUS", SIGABRT: "SIGABRT", SIGILL: "SIGILL", SIGFPE: "SIGFPE",
-                                      SIGTRAP: "SIGTRAP", SIGKILL: "SIGKILL", SIGTERM: "SIGTERM", SIGINT: "SIGINT", SIGPIPE: "SIGPIPE",
-                                      SIGSYS: "SIGSYS", SIGHUP: "SIGHUP", SIGQUIT: "SIGQUIT"]
-        return names[signal] ?? "signal \(signal)"
-    }
 }

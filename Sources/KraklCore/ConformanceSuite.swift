@@ -114,7 +114,7 @@ public final class ConformanceSuite {
                     failure = "the check did not finish within its bound (\(Self.seconds(Double(state.deadline - started) / 1e9)) s after its process started)"
                 }
             } else if let status, let signal = WaitStatus.signal(status) {
-                failure = "the backend crashed with \(WaitStatus.signalName(signal)) \(during)"
+                failure = "the backend crashed with \(signalName(signal)) \(during)"
             } else if let status {
                 failure = "the backend ended the process (exit status \(WaitStatus.exitCode(status))) \(during)"
             } else {

@@ -18,17 +18,8 @@ final class HostSlot: @unchecked Sendable {
     nonisolated(unsafe) private static var retired: [HostSlot] = []
 
     private init() {
-        host = .allocate(capacity: 1)
-        var value = krakl_host()
-        value.struct_size = UInt32(MemoryLayout<krakl_host>.size)
-        value.abi_version = UInt32(KRAKL_ABI_MAJOR << 16 | KRAKL_ABI_MINOR)
-        value.log = hostLog
-        value.frame = hostFrame
-        value.event = hostEvent
-        value.option = hostOption
-        value.check_options = hostCheckOptions
-        value.source_found = hostSourceFound
-        host.initialize(to: value)
+        host = HostCallbacks(log: hostLog, frame: hostFrame, event: hostEvent, option: hostOption,
+                             checkOptions: hostCheckOptions, sourceFound: hostSourceFound).makeHost()
         // Retained for the life of the process (see above); host_data is this slot.
         host.pointee.host_data = Unmanaged.passRetained(self).toOpaque()
     }
@@ -216,14 +207,7 @@ private let hostEvent: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<k
     guard let raw, let context = HostSlot.from(data)?.current else { return }
     // Size rule: read only what the backend wrote.
     let event = copyBySizeRule(raw, declaredSize: Int(raw.pointee.struct_size), as: krakl_event.self)
-    let kind: SourceEvent.Kind
-    switch event.type {
-    case KRAKL_EVENT_SOURCE_ENDED.rawValue: kind = .sourceEnded
-    case KRAKL_EVENT_FORMAT_CHANGED.rawValue: kind = .formatChanged
-    case KRAKL_EVENT_ERROR.rawValue: kind = .error
-    default: kind = .unknown(event.type)
-    }
-    context.event(SourceEvent(kind: kind, error: event.error, message: BackendText.read(event.message),
+    context.event(SourceEvent(kind: .init(eventType: event.type), error: event.error, message: BackendText.read(event.message),
                               format: event.format, width: Int(event.width), height: Int(event.height)))
 }
 

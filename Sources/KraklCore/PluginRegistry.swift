@@ -250,12 +250,11 @@ public struct BackendSelection: @unchecked Sendable {
     }
 
     /// The sources the options could select, as list_sources reports them; nil when the
-    /// backend cannot list (it has no list_sources).
+    /// backend cannot list (it has no list_sources). Listed in a child process (krakl-backend-host)
+    /// even for a backend that captures in the agent's process: a list_sources that crashes or
+    /// hangs ends that child, and throws `.backendCrashed` / `.backendHung`, not the agent.
     public func listSources(logger: @escaping BackendLogger) throws(HostError) -> [(name: String, description: String)]? {
-        if let library {
-            guard library.canListSources else { return nil }
-            return try library.listSources(backendName: entry.name, options: options, logger: logger)
-        }
+        if let library, !library.canListSources { return nil }
         return try IsolatedBackendSource.listSources(libraryPath: entry.library, backendName: entry.name, options: options,
                                                      logger: logger, settings: isolationSettings)
     }

@@ -135,6 +135,12 @@ public final class HTTPClient: @unchecked Sendable {
         return Array(head.utf8) + (request.body.map { [UInt8]($0) } ?? [])
     }
 
+    /// Running requests fail at once ("cancelled"); later ones are sent as usual.
+    public func cancelRunning() {
+        let connections = lock.withLock { Array(running.values) }
+        for connection in connections { connection.cancel() }
+    }
+
     /// Ends the client: running requests fail at once, no new ones are sent.
     public func invalidate() {
         lock.lock()

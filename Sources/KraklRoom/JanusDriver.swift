@@ -66,6 +66,8 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
     /// An end was told to `onEvent` (or we are leaving): no second one.
     private var ended = false
     private var leaving = false
+    /// Set by `abandonJoin`: the join's requests fail at once (leave's are still sent).
+    private var abandoned = false
     private var stopPolling = false
     /// Why the session cannot answer any more (its long-poll found it gone).
     private var sessionGone: String?
@@ -255,7 +257,20 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
     }
 
     /// POSTs one request and returns Janus's reply; a Janus `error` reply throws.
+    public func abandonJoin() {
+        state.lock()
+        abandoned = true
+        let joining = !leaving
+        state.broadcast()
+        state.unlock()
+        if joining { control.cancelRunning() }
+    }
+
     private func post(_ path: [String], _ request: JanusRequest, step: String, timeout: Double? = nil) throws(RoomError) -> JanusMessage {
+        state.lock()
+        let stopped = abandoned && !leaving
+        state.unlock()
+        if stopped { throw .unreachable("\(step): the join was stopped") }
         let body: Data
         do { body = try JSONEncoder().encode(request) } catch {
             throw .badReply("\(step): cannot encode the request: \(error)")
@@ -323,6 +338,7 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
         while true {
             if let reply = arrived[transaction] { return reply }
             if leaving { throw .unreachable("\(step): cancelled by leave") }
+            if abandoned { throw .unreachable("\(step): the join was stopped") }
             if let gone = sessionGone { throw .unreachable("\(step): \(gone)") }
             if !state.wait(until: deadline), arrived[transaction] == nil {
                 throw .unreachable("\(step): no answer from Janus within \(Self.seconds(timeouts.event)) s")

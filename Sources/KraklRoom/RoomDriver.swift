@@ -32,6 +32,16 @@ public protocol RoomDriver: AnyObject, Sendable {
     /// step bounded (about 2 s in all); never throws: leaving must always
     /// finish. Safe to call more than once.
     func leave()
+
+    /// The person stopped while `publish` or `restart` is still waiting on the server: from any
+    /// thread, makes that call throw at once instead of at its time-out (a silent server kept a
+    /// Ctrl-C waiting 7 s). `leave` still works afterwards, so the server side is cleaned up.
+    func abandonJoin()
+}
+
+extension RoomDriver {
+    /// Drivers without a way to cut a request short wait for its time-out.
+    public func abandonJoin() {}
 }
 
 /// What the server answered to `publish`.

@@ -65,6 +65,8 @@ public final class WhipDriver: RoomDriver, @unchecked Sendable {
     private var currentOffer: String?
     private var trickling = true
     private var left = false
+    /// Set by `abandonJoin`: publish fails at its next step (leave is unaffected).
+    private var abandoned = false
 
     /// - Parameters:
     ///   - endpoint: the WHIP endpoint URL (http or https).
@@ -268,9 +270,18 @@ public final class WhipDriver: RoomDriver, @unchecked Sendable {
 
     private func checkNotLeft() throws(RoomError) {
         lock.lock()
-        let gone = left
+        let (gone, stopped) = (left, abandoned)
         lock.unlock()
         if gone { throw .unreachable("the WHIP session was left") }
+        if stopped { throw .unreachable("the join was stopped") }
+    }
+
+    public func abandonJoin() {
+        lock.withLock { abandoned = true }
+        leftSignal.lock()
+        leftSignal.broadcast()
+        leftSignal.unlock()
+        client.cancelRunning()
     }
 
     /// Sleeps for a Retry-After, cut short by `leave()`.
@@ -280,7 +291,7 @@ public final class WhipDriver: RoomDriver, @unchecked Sendable {
         defer { leftSignal.unlock() }
         while Date() < deadline {
             lock.lock()
-            let gone = left
+            let gone = left || abandoned
             lock.unlock()
             if gone { break }
             _ = leftSignal.wait(until: deadline)

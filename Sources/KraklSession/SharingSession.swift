@@ -158,7 +158,12 @@ public final class SharingSession: @unchecked Sendable {
     }
 
     /// Asks to stop; the session leaves and then calls `onFinished(.userStopped)`.
-    public func stop() { post(.stop) }
+    public func stop() {
+        // The control loop may be inside the driver's publish or restart, waiting on a silent server:
+        // cut that wait short here, or the stop would queue behind it until the request's time-out.
+        driver.abandonJoin()
+        post(.stop)
+    }
 
     /// Ends the session because of something its owner decided (e.g. a time limit): as stop, with another reason.
     public func end(_ event: SharingLifecycle.Event) { post(event) }
@@ -382,9 +387,11 @@ public final class SharingSession: @unchecked Sendable {
         var settings = configuration.encoder
         settings.codec = codec
         let sink = PublisherSink(publisher)
-        let capture = lock.withLock { self.capture }
+        let (capture, backend) = lock.withLock { (self.capture, self.selection?.entry.name ?? "session") }
+        let logger = self.logger
         let pipeline = try EncoderPipeline(settings: settings, dumpInput: configuration.dumpInput, output: { _, _, _ in sink },
-                                           onFailure: { [weak self] error in self?.post(.failure("encoder: \(error.message)")) })
+                                           onFailure: { [weak self] error in self?.post(.failure("encoder: \(error.message)")) },
+                                           onWarning: { logger(backend, .warning, $0) })
         // Weak: the pipeline's sink holds the publisher, so strong captures here would be a cycle
         // that keeps encoder, sockets' event loop and libvpx's buffers alive after the session.
         publisher.onKeyframeRequest = { [weak pipeline] in pipeline?.requestKeyframe() }

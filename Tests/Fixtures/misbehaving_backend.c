@@ -6,7 +6,9 @@
  *
  * Without "misbehave" (or "none") it is a well-behaved source: BGRx frames
  * with a bar moving down the picture, damage naming the bar's old and new
- * rows (the whole frame first), timestamps from CLOCK_MONOTONIC.
+ * rows (the whole frame first), timestamps from CLOCK_MONOTONIC. With
+ * "cursor": N (1...1024) every frame carries an N×N cursor image whose byte
+ * i of row y is (7 y + i) mod 256 (serial 1).
  *
  * Behaviours ("after_ms" says when the capture thread starts misbehaving):
  *   ts-back          one timestamp 5 s earlier than the first frame's, then on normally
@@ -55,7 +57,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char *const known_keys[] = {"misbehave", "after_ms", "fps", "width", "height", "seed"};
+static const char *const known_keys[] = {"misbehave", "after_ms", "fps", "width", "height", "seed", "cursor"};
 
 static const char *const random_pool[] = {
     "none", "ts-back", "ts-ahead", "ts-constant", "hang-stop", "hang-destroy", "slow-stop",
@@ -80,6 +82,8 @@ struct krakl_source {
     int have_thread, have_second;
     volatile int running;
     uint8_t *pixels;
+    int cursor_side;
+    uint8_t *cursor_pixels;
     uint64_t first_ns, last_ns;
     uint64_t sequence;
     int frames_since_start;
@@ -142,6 +146,19 @@ static void send_frame(struct krakl_source *s, int width, int height, uint64_t s
     f.timestamp_ns = stamp;
     f.sequence = s->sequence++;
     if (is(s, "all-invalid")) f.plane[0] = NULL;
+    krakl_cursor cursor;
+    if (s->cursor_pixels) {
+        memset(&cursor, 0, sizeof cursor);
+        cursor.struct_size = sizeof cursor;
+        cursor.visible = 1;
+        cursor.x = width / 2;
+        cursor.y = height / 2;
+        cursor.width = cursor.height = (uint32_t)s->cursor_side;
+        cursor.stride = (uint32_t)s->cursor_side * 4;
+        cursor.pixels = s->cursor_pixels;
+        cursor.serial = 1;
+        f.cursor = &cursor;
+    }
     int first = s->frames_since_start == 0;
     if (!first || partial_first) {
         f.damage_count = 2;
@@ -322,6 +339,13 @@ static int fixture_create(const char *options_json, const krakl_host *host, krak
         send_frame(s, s->width, s->height, next_stamp(s), 0);
         send_event(s, KRAKL_EVENT_ERROR, -EIO, "an event from inside create()", 0, 0);
     }
+    s->cursor_side = (int)option_long(host, "cursor", 0);
+    if (s->cursor_side > 0 && s->cursor_side <= 1024) {
+        size_t row = (size_t)s->cursor_side * 4;
+        s->cursor_pixels = malloc(row * (size_t)s->cursor_side);
+        for (size_t y = 0; s->cursor_pixels && y < (size_t)s->cursor_side; y++)
+            for (size_t i = 0; i < row; i++) s->cursor_pixels[y * row + i] = (uint8_t)(7 * y + i);
+    }
     *out = s;
     return 0;
 }
@@ -371,6 +395,7 @@ static void fixture_destroy(krakl_source *s) {
      * which is the least of that backend's problems). */
     if (is(s, "after-stop")) return;
     free(s->pixels);
+    free(s->cursor_pixels);
     free(s);
 }
 

@@ -34,7 +34,7 @@ struct AgentCommandTests {
     @Test func captureRunPrintsStatusAndSummary() throws {
         try Harness.requireBuild()
         let registry = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
-        let result = try Harness.agent(["--plugins", registry, "--backend", "file", "--option", "scene=typing",
+        let result = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", registry, "--backend", "file", "--option", "scene=typing",
                                         "--option", "width=640", "--option", "height=480", "--frames", "60"])
         #expect(result.status == 0, "\(result.stderr)")
         #expect(result.stdout.contains("capturing from file [fps=30 scene=typing width=640 height=480]"), "\(result.stdout)")
@@ -57,7 +57,7 @@ struct AgentCommandTests {
     @Test func sourceEndIsANormalEnd() throws {
         try Harness.requireBuild()
         let registry = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
-        let result = try Harness.agent(["--plugins", registry, "-o", "width=320", "-o", "height=240", "-o", "frames=10", "-o", "fps=60", "-q"])
+        let result = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", registry, "-o", "width=320", "-o", "height=240", "-o", "frames=10", "-o", "fps=60", "-q"])
         #expect(result.status == 0)
         #expect(result.stdout.contains("stopped: the source ended: played 10 frame intervals"), "\(result.stdout)")
     }

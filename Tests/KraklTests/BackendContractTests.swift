@@ -412,7 +412,7 @@ struct BackendContractTests {
                       ("hang-start", Int32(22), "its start() did not return within 5 s")])
     func undefinedReturnValuesAndHangsExitWithTheirStatus(behaviour: String, status: Int32, words: String) throws {
         try Harness.requireBuild()
-        let result = try Harness.agent(["--plugins", try Self.registry(), "--option", "misbehave=\(behaviour)", "--frames", "5", "-q"], timeout: 30)
+        let result = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", try Self.registry(), "--option", "misbehave=\(behaviour)", "--frames", "5", "-q"], timeout: 30)
         #expect(!result.timedOut)
         #expect(result.status == status, "exit \(result.status): \(result.stderr)")
         #expect(result.stderr.contains(words), "\(result.stderr)")
@@ -455,7 +455,7 @@ struct BackendContractTests {
 
     @Test func escapeSequencesFromABackendNeverReachTheTerminal() throws {
         try Harness.requireBuild()
-        let result = try Harness.agent(["--plugins", try Self.registry(), "--option", "misbehave=escape-log", "--option", "after_ms=0",
+        let result = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", try Self.registry(), "--option", "misbehave=escape-log", "--option", "after_ms=0",
                                         "--frames", "10", "-q"], timeout: 30)
         #expect(result.status == 13, "the ERROR event fails the run: exit \(result.status)")
         #expect(!result.stderr.utf8.contains(0x1B) && !result.stdout.utf8.contains(0x1B), "\(result.stderr.debugDescription)")
@@ -464,7 +464,7 @@ struct BackendContractTests {
 
     @Test func aFloodingBackendCostsTheAgentNoMoreThanTheCap() throws {
         try Harness.requireBuild()
-        let result = try Harness.agent(["--plugins", try Self.registry(), "--option", "misbehave=flood", "--seconds", "2", "-q"], timeout: 30)
+        let result = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", try Self.registry(), "--option", "misbehave=flood", "--seconds", "2", "-q"], timeout: 30)
         #expect(result.status == 0, "\(result.stderr)")
         #expect(result.stderr.contains("dropped frames beyond 240 a second"), "\(result.stderr)")
         let frames = result.stdout.split(separator: "\n").first { $0.hasPrefix("summary:") }.flatMap { Int($0.split(separator: " ")[1]) }
@@ -529,7 +529,7 @@ struct BackendContractTests {
         try #require(fd >= 0)
         ftruncate(fd, 50 << 20)
         close(fd)
-        let result = try Harness.agent(["--plugins", path, "--frames", "1"], timeout: 30)
+        let result = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", path, "--frames", "1"], timeout: 30)
         #expect(result.status == 4, "exit \(result.status): \(result.stderr)")
         #expect(result.stderr.contains("it is 52428800 bytes; a registry may be at most 1024 KiB"), "\(result.stderr)")
     }
@@ -537,12 +537,12 @@ struct BackendContractTests {
     @Test func aDirectoryOrFIFOAsRegistryIsNamedAndNeverBlocks() throws {
         try Harness.requireBuild()
         let dir = try Harness.temporaryDirectory()
-        let folder = try Harness.agent(["--plugins", dir, "--frames", "1"], timeout: 30)
+        let folder = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", dir, "--frames", "1"], timeout: 30)
         #expect(folder.status == 4)
         #expect(folder.stderr.contains("it is a directory, not a file"), "\(folder.stderr)")
         let fifo = dir + "/plugins.json"
         try #require(mkfifo(fifo, 0o644) == 0)
-        let piped = try Harness.agent(["--plugins", fifo, "--frames", "1"], timeout: 30)
+        let piped = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", fifo, "--frames", "1"], timeout: 30)
         #expect(!piped.timedOut, "blocked on the FIFO")
         #expect(piped.status == 4)
         #expect(piped.stderr.contains("it is a FIFO (named pipe), not a regular file"), "\(piped.stderr)")

@@ -22,7 +22,7 @@ struct BadInputTests {
         let dir = try Harness.temporaryDirectory()
         let path = dir + "/plugins.json"
         try "{\n  \"version\": 1,\n  \"default\": \"file\"\n  \"backends\": {}\n}\n".write(toFile: path, atomically: true, encoding: .utf8)
-        let result = try Harness.agent(["--plugins", path, "--frames", "1"])
+        let result = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", path, "--frames", "1"])
         expectFailure(result, status: 5, ["\(path):3:20:", "expected ',' or '}'"])
     }
 
@@ -39,22 +39,22 @@ struct BadInputTests {
           }
         }
         """.write(toFile: path, atomically: true, encoding: .utf8)
-        expectFailure(try Harness.agent(["--plugins", path]), status: 5, ["\(path):5:26:", "needs \"library\""])
+        expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--plugins", path]), status: 5, ["\(path):5:26:", "needs \"library\""])
         try "{\"version\": 1, \"default\": \"nope\", \"backends\": {\"a\": {\"library\": \"x.so\"}}}"
             .write(toFile: path, atomically: true, encoding: .utf8)
-        expectFailure(try Harness.agent(["--plugins", path]), status: 5, ["\(path):1:27:", "\"nope\"", "not among the backends (a)"])
+        expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--plugins", path]), status: 5, ["\(path):1:27:", "\"nope\"", "not among the backends (a)"])
     }
 
     @Test func unreadableRegistry() throws {
         try Harness.requireBuild()
-        expectFailure(try Harness.agent(["--plugins", "/nonexistent/plugins.json"]), status: 4,
+        expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--plugins", "/nonexistent/plugins.json"]), status: 4,
                       ["/nonexistent/plugins.json", "no such file", "--plugins"])
     }
 
     @Test func unknownBackendListsTheKnownOnes() throws {
         try Harness.requireBuild()
         let registry = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
-        expectFailure(try Harness.agent(["--plugins", registry, "--backend", "wayland"]), status: 6,
+        expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--plugins", registry, "--backend", "wayland"]), status: 6,
                       ["no backend named \"wayland\"", "known backends: file, x11, pipewire"])
     }
 
@@ -63,7 +63,7 @@ struct BadInputTests {
         let dir = try Harness.temporaryDirectory()
         try "{\"version\": 1, \"default\": \"gone\", \"backends\": {\"gone\": {\"library\": \"lib/libgone.so\"}}}"
             .write(toFile: dir + "/plugins.json", atomically: true, encoding: .utf8)
-        expectFailure(try Harness.agent(["--plugins", dir + "/plugins.json"]), status: 7,
+        expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--plugins", dir + "/plugins.json"]), status: 7,
                       ["backend gone", "\(dir)/lib/libgone.so does not exist"])
     }
 
@@ -73,7 +73,7 @@ struct BadInputTests {
         try "not an ELF file".write(toFile: dir + "/libjunk.so", atomically: true, encoding: .utf8)
         try "{\"version\": 1, \"default\": \"junk\", \"backends\": {\"junk\": {\"library\": \"libjunk.so\"}}}"
             .write(toFile: dir + "/plugins.json", atomically: true, encoding: .utf8)
-        expectFailure(try Harness.agent(["--plugins", dir + "/plugins.json"]), status: 8, ["cannot load \(dir)/libjunk.so"])
+        expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--plugins", dir + "/plugins.json"]), status: 8, ["cannot load \(dir)/libjunk.so"])
     }
 
     /// Registers a fixture built with `defines` and runs the agent on it.
@@ -83,7 +83,7 @@ struct BadInputTests {
         _ = try Harness.compileBackend(Harness.repoRoot + "/Tests/Fixtures/fixture_backend.c", into: dir, name: "fixture", defines: defines)
         try "{\"version\": 1, \"default\": \"fixture\", \"backends\": {\"fixture\": {\"library\": \"libfixture.so\"}}}"
             .write(toFile: dir + "/plugins.json", atomically: true, encoding: .utf8)
-        return try Harness.agent(["--plugins", dir + "/plugins.json", "--frames", "3", "-q"] + extra)
+        return try Harness.agent(["--record", "krakl-recording.webm", "--plugins", dir + "/plugins.json", "--frames", "3", "-q"] + extra)
     }
 
     @Test func libraryWithoutEntrySymbol() throws {
@@ -109,23 +109,23 @@ struct BadInputTests {
     @Test func badBackendOptionFailsCreate() throws {
         try Harness.requireBuild()
         let registry = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
-        expectFailure(try Harness.agent(["--plugins", registry, "--option", "scene=karaoke"]), status: 16,
+        expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--plugins", registry, "--option", "scene=karaoke"]), status: 16,
                       ["option scene=karaoke is not valid: use one of static, typing, scrolling, video", "EINVAL"])
-        expectFailure(try Harness.agent(["--plugins", registry, "--option", "scnee=typing"]), status: 16,
+        expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--plugins", registry, "--option", "scnee=typing"]), status: 16,
                       ["unknown option \"scnee\"", "known options: scene,"])
     }
 
     @Test func invalidOptionSyntax() throws {
         try Harness.requireBuild()
-        expectFailure(try Harness.agent(["--option", "scene"]), status: 3, ["--option scene is not key=value"])
-        expectFailure(try Harness.agent(["--option", "a b=1"]), status: 3, ["may hold only letters"])
-        expectFailure(try Harness.agent(["--option", "size={\"w\":1}"]), status: 3, ["objects and arrays are not accepted"])
+        expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--option", "scene"]), status: 3, ["--option scene is not key=value"])
+        expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--option", "a b=1"]), status: 3, ["may hold only letters"])
+        expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--option", "size={\"w\":1}"]), status: 3, ["objects and arrays are not accepted"])
     }
 
     @Test func usageErrors() throws {
         try Harness.requireBuild()
         expectFailure(try Harness.agent(["--fast"]), status: 2, ["unknown flag --fast", "--help"])
-        expectFailure(try Harness.agent(["--frames", "-3"]), status: 2, ["--frames -3"])
+        expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--frames", "-3"]), status: 2, ["--frames -3"])
         expectFailure(try Harness.agent(["conformance"]), status: 2, ["needs the path"])
     }
 

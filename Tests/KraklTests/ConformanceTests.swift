@@ -53,7 +53,7 @@ struct ConformanceTests {
 
         expectAllPass(try conformance(dir + "/libbouncing_box.so", ["frames=60"]))
 
-        let run = try Harness.agent(["--plugins", dir + "/plugins.json", "--backend", "bouncing-box", "--frames", "45", "-q"])
+        let run = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", dir + "/plugins.json", "--backend", "bouncing-box", "--frames", "45", "-q"])
         #expect(run.status == 0, "\(run.stderr)")
         #expect(run.stdout.contains("summary: 45 frames"), "\(run.stdout)")
     }
@@ -214,7 +214,7 @@ struct ConformanceTests {
         // The delivery group's child is now in start(), which never returns.
         let parent = agent.process.processIdentifier
         let deliveryChild = { () -> [pid_t] in
-            let text = (try? String(contentsOfFile: "/proc/\(parent)/task/\(parent)/children", encoding: .utf8)) ?? ""
+            let text = procText("/proc/\(parent)/task/\(parent)/children")
             return text.split(separator: " ").compactMap { pid_t($0) }.filter { pid in
                 let command = (try? Data(contentsOf: URL(fileURLWithPath: "/proc/\(pid)/cmdline"))) ?? Data()
                 return String(decoding: command, as: UTF8.self).contains("\u{0}delivery\u{0}")

@@ -179,7 +179,7 @@ struct EncoderRecordingTests {
                 && !unwritable.stdout.contains("capturing from"), "exit \(unwritable.status): \(unwritable.stderr)")
         let extensionless = try Harness.agent(["--record", "out.mp4"])
         #expect(extensionless.status == 2 && extensionless.stderr.contains("must end in .webm or .ivf"))
-        let tiny = try Harness.agent(["--max-size", "8x8"])
+        let tiny = try Harness.agent(["--record", "krakl-recording.webm", "--max-size", "8x8"])
         #expect(tiny.status == 2 && tiny.stderr.contains("--max-size 8x8"))
     }
 }

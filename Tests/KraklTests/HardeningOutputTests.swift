@@ -24,7 +24,7 @@ struct HardeningOutputTests {
     func agent(_ misbehave: String, options: [String] = [], _ flags: [String], timeout: Double = 60) throws -> Harness.Result {
         try Harness.requireBuild()
         let registry = try Self.fixture.get()
-        return try Harness.agent(["--plugins", registry, "-q", "-o", "misbehave=\(misbehave)"] + options.flatMap { ["-o", $0] } + flags,
+        return try Harness.agent(["--record", "krakl-recording.webm", "--plugins", registry, "-q", "-o", "misbehave=\(misbehave)"] + options.flatMap { ["-o", $0] } + flags,
                                  timeout: timeout)
     }
 
@@ -152,7 +152,11 @@ struct HardeningOutputTests {
         #expect(Harness.waitForExit(reader, seconds: 10))
         let stats = (try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: dir + "/stats.json")))) as? [String: Any] ?? [:]
         let encoded = stats["encoded_frames"] as? Int ?? -1
-        #expect(encoded >= 30 && text.contains("codec_name=vp8") && text.contains("nb_read_frames=\(encoded)"), "ffprobe: \(text), encoded \(encoded)")
+        let captured = stats["captured_frames"] as? Int ?? -1
+        // Every frame the encoder wrote plays. Not "30 encoded": on a loaded machine the encoder merges
+        // captured frames into later ones (30 captured, 19-22 encoded with two CPU hogs beside it).
+        #expect(captured >= 30, "captured \(captured)")
+        #expect(encoded >= 1 && text.contains("codec_name=vp8") && text.contains("nb_read_frames=\(encoded)"), "ffprobe: \(text), encoded \(encoded)")
     }
 
     /// A FIFO that nobody reads would block the encoder's open for ever (and the run's end with
@@ -315,7 +319,7 @@ struct HardeningOutputTests {
                                       "-o", "after_ms=0", "--no-record"])
         #expect(agent.read(until: " fps |", count: 2), "no status lines: \(agent.output)")
         func rssKB() -> Int {
-            let status = (try? String(contentsOfFile: "/proc/\(agent.process.processIdentifier)/status", encoding: .utf8)) ?? ""
+            let status = procText("/proc/\(agent.process.processIdentifier)/status")
             let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
             return Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") ?? 0
         }

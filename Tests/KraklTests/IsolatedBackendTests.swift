@@ -146,7 +146,7 @@ struct IsolatedBackendTests {
         }
         // A create() that fails is reported as in the agent: its code and its last error line.
         #expect(throws: HostError.createFailed(backend: "test", code: -EINVAL,
-                                               message: "unknown option \"bogus\" for backend test; known options: misbehave, after_ms, fps, width, height, seed")) {
+                                               message: "unknown option \"bogus\" for backend test; known options: misbehave, after_ms, fps, width, height, seed, cursor")) {
             _ = try isolated(fixture, ["bogus": .number("1")], sink: collector)
         }
         #expect(collector.events.isEmpty)
@@ -227,10 +227,10 @@ struct IsolatedBackendTests {
             let fds = ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? [])
                 .compactMap { try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/" + $0) }
                 .filter { $0.contains("krakl-frames") }.count
-            let maps = ((try? String(contentsOfFile: "/proc/self/maps", encoding: .utf8)) ?? "").split(separator: "\n")
+            let maps = procText("/proc/self/maps").split(separator: "\n")
                 .filter { $0.contains("krakl-frames") }.count
             let threads = ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? [])
-                .filter { ((try? String(contentsOfFile: "/proc/self/task/\($0)/comm", encoding: .utf8)) ?? "").hasPrefix("krakl-isolated") }.count
+                .filter { procText("/proc/self/task/\($0)/comm").hasPrefix("krakl-isolated") }.count
             return (fds, maps, threads)
         }
         let before = (fds: count("/proc/self/fd"), threads: count("/proc/self/task"))
@@ -287,13 +287,13 @@ struct IsolatedBackendTests {
     @Test func agentSurvivesAConstructorThatExitsOrCrashes() throws {
         try requireHost()
         let (_, plugins) = try registry(isolate: "true")
-        let exited = try Harness.agent(["--plugins", plugins, "--seconds", "1", "-q"], environment: ["KRAKL_FIXTURE_CONSTRUCTOR": "exit"])
+        let exited = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", plugins, "--seconds", "1", "-q"], environment: ["KRAKL_FIXTURE_CONSTRUCTOR": "exit"])
         #expect(exited.status == 24 && exited.stderr == "krakl-agent: backend bad crashed: its process exited with status 4 while its library was loaded\n",
                 "exit \(exited.status): \(exited.stderr)")
-        let crashed = try Harness.agent(["--plugins", plugins, "--seconds", "1", "-q"], environment: ["KRAKL_FIXTURE_CONSTRUCTOR": "crash"])
+        let crashed = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", plugins, "--seconds", "1", "-q"], environment: ["KRAKL_FIXTURE_CONSTRUCTOR": "crash"])
         #expect(crashed.status == 24 && crashed.stderr == "krakl-agent: backend bad crashed: SIGSEGV while its library was loaded\n",
                 "exit \(crashed.status): \(crashed.stderr)")
-        let inProcess = try Harness.agent(["--plugins", plugins, "--no-isolate", "--seconds", "1", "-q"], environment: ["KRAKL_FIXTURE_CONSTRUCTOR": "exit"])
+        let inProcess = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", plugins, "--no-isolate", "--seconds", "1", "-q"], environment: ["KRAKL_FIXTURE_CONSTRUCTOR": "exit"])
         #expect(inProcess.status == 4, "--no-isolate loads it into the agent, whose process it ends: exit \(inProcess.status)")
         let sources = try Harness.agent(["--plugins", plugins, "sources"])
         #expect(sources.status == 0 && sources.stdout.contains("fixture"), "\(sources.stdout)\(sources.stderr)")
@@ -309,14 +309,14 @@ struct IsolatedBackendTests {
             _ = try Harness.compileBackend(Harness.repoRoot + "/Tests/Fixtures/fixture_backend.c", into: dir, name: "fixture", defines: defines)
             try "{\"version\": 1, \"default\": \"fixture\", \"backends\": {\"fixture\": {\"library\": \"libfixture.so\"}}}"
                 .write(toFile: dir + "/plugins.json", atomically: true, encoding: .utf8)
-            let inProcess = try Harness.agent(["--plugins", dir + "/plugins.json", "--frames", "3", "-q"])
-            let isolated = try Harness.agent(["--plugins", dir + "/plugins.json", "--frames", "3", "-q", "--isolate"])
+            let inProcess = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", dir + "/plugins.json", "--frames", "3", "-q"])
+            let isolated = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", dir + "/plugins.json", "--frames", "3", "-q", "--isolate"])
             #expect(inProcess.status == status && isolated.status == status, "\(defines): \(inProcess.status) / \(isolated.status)")
             #expect(inProcess.stderr == isolated.stderr, "\(defines): \(inProcess.stderr) / \(isolated.stderr)")
         }
         try "{\"version\": 1, \"default\": \"gone\", \"backends\": {\"gone\": {\"library\": \"libgone.so\", \"isolate\": true}}}"
             .write(toFile: dir + "/plugins.json", atomically: true, encoding: .utf8)
-        let missing = try Harness.agent(["--plugins", dir + "/plugins.json", "-q"])
+        let missing = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", dir + "/plugins.json", "-q"])
         #expect(missing.status == 7 && missing.stderr.contains("libgone.so does not exist"), "\(missing.stderr)")
     }
 
@@ -337,7 +337,7 @@ struct IsolatedBackendTests {
         let (_, pinned) = try registry(isolate: "false")
         #expect(try !BackendSelection(registryPath: pinned, name: nil, overrides: []).isolated)
         // The agent: a constructor that exits takes only the child down, with no flag and no field.
-        let exited = try Harness.agent(["--plugins", plugins, "--seconds", "1", "-q"], environment: ["KRAKL_FIXTURE_CONSTRUCTOR": "exit"])
+        let exited = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", plugins, "--seconds", "1", "-q"], environment: ["KRAKL_FIXTURE_CONSTRUCTOR": "exit"])
         #expect(exited.status == 24, "exit \(exited.status): \(exited.stderr)")
     }
 
@@ -363,6 +363,49 @@ struct IsolatedBackendTests {
                 #expect(first(inProcess.stderr) == first(isolated.stderr), "\(define): \(inProcess.stderr) / \(isolated.stderr)")
             } else {
                 #expect(first(isolated.stderr).contains("dropped an invalid frame"), "\(isolated.stderr)")
+            }
+        }
+    }
+
+    /// `sources` lists in a child process even for a backend that captures in the agent's: a
+    /// list_sources() that crashes is one error line and exit 24, not the agent's death.
+    @Test func sourcesSurvivesAListSourcesThatCrashesInProcess() throws {
+        try requireHost()
+        let (_, plugins) = try registry(isolate: "false")
+        let crashed = try Harness.agent(["--plugins", plugins, "sources", "-o", "misbehave=list-crash"])
+        #expect(crashed.status == 24 && crashed.stderr == "krakl-agent: backend bad crashed: SIGSEGV in list()\n",
+                "exit \(crashed.status): \(crashed.stderr)")
+        let listed = try Harness.agent(["--plugins", plugins, "--no-isolate", "sources"])
+        #expect(listed.status == 0 && listed.stdout.contains("fixture  the misbehaving fixture's only source"), "\(listed.stdout)\(listed.stderr)")
+    }
+
+    // MARK: - Cursor images
+
+    /// Cursor images up to 512×512 reach the sink with their pixels, byte for byte (they used to
+    /// stop at 256×256); a larger one comes without them, and the child says so once.
+    @Test func cursorImagesUpTo512ComeWithTheirPixels() throws {
+        try requireHost()
+        let fixture = try Self.misbehaving.get()
+        func expectedPixels(_ side: Int) -> [UInt8] {
+            (0..<side).flatMap { y in (0..<side * 4).map { i in UInt8(truncatingIfNeeded: 7 * y + i) } }
+        }
+        for side in [300, 512, 600] {
+            let sink = CursorSink(), log = LogLines()
+            let source = try IsolatedBackendSource(libraryPath: fixture, backendName: "test", options: object(["cursor": .number("\(side)")]),
+                                                   sink: sink, logger: log.logger, settings: lossless)
+            try source.start()
+            let seen = sink.waitForCursors(3, timeout: 10)
+            try source.stop()
+            try source.destroy()
+            try #require(seen.count >= 3, "\(side): \(seen.count) frames with a cursor")
+            #expect(seen.allSatisfy { $0.width == side && $0.height == side }, "\(side): \(seen.map { "\($0.width)x\($0.height)" })")
+            if side <= WireLimits.maximumCursorSide {
+                let expected = expectedPixels(side)
+                #expect(seen.allSatisfy { $0.pixels == expected }, "\(side): the cursor's pixels differ or are missing")
+                #expect(log.matching("cursor image").isEmpty, "\(log.all)")
+            } else {
+                #expect(seen.allSatisfy { $0.pixels == nil }, "\(side): pixels past the limit")
+                #expect(log.matching("a 600x600 cursor image is larger than 512x512").count == 1, "\(log.all)")
             }
         }
     }
@@ -395,4 +438,33 @@ final class SlowSink: FrameSink, @unchecked Sendable {
     }
 
     func event(_ event: SourceEvent) { next.event(event) }
+}
+
+/// Keeps the cursor of every frame that had one: its size, and a tight copy of its image.
+final class CursorSink: FrameSink, @unchecked Sendable {
+    struct Seen { let width: Int, height: Int, pixels: [UInt8]? }
+    private let condition = NSCondition()
+    private var seen: [Seen] = []
+
+    func frame(_ frame: UnsafePointer<krakl_frame>) {
+        guard let cursor = frame.pointee.cursor?.pointee else { return }
+        let width = Int(cursor.width), height = Int(cursor.height)
+        let pixels = cursor.pixels.map { base in
+            (0..<height).flatMap { row in Array(UnsafeBufferPointer(start: base + row * Int(cursor.stride), count: width * 4)) }
+        }
+        condition.lock()
+        seen.append(Seen(width: width, height: height, pixels: pixels))
+        condition.broadcast()
+        condition.unlock()
+    }
+
+    func event(_ event: SourceEvent) {}
+
+    /// Waits (bounded) for `count` frames with a cursor; what came by then.
+    func waitForCursors(_ count: Int, timeout: Double) -> [Seen] {
+        condition.lock()
+        defer { condition.unlock() }
+        _ = condition.wait(while: { seen.count < count }, until: Date().addingTimeInterval(timeout))
+        return seen
+    }
 }

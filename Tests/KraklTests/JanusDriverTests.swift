@@ -241,7 +241,7 @@ func threadCount() -> Int { (try? FileManager.default.contentsOfDirectory(atPath
     static func describeSocket(_ link: String) -> String {
         guard link.hasPrefix("socket:["), let inode = link.dropFirst(8).split(separator: "]").first else { return link }
         for table in ["tcp", "tcp6", "udp", "udp6", "unix", "netlink"] {
-            let text = (try? String(contentsOfFile: "/proc/self/net/" + table, encoding: .utf8)) ?? ""
+            let text = procText("/proc/self/net/" + table)
             if let line = text.split(separator: "\n").first(where: { $0.split(separator: " ").contains(Substring(inode)) }) {
                 return "\(table): \(line.split(separator: " ").prefix(4).joined(separator: " "))"
             }

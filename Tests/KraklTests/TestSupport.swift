@@ -333,3 +333,22 @@ func skipTest(_ reason: String) {
         Issue.record(Comment(rawValue: "skipped under scripts/test, where every component must be installed: \(reason)"))
     }
 }
+
+/// The whole text of a /proc file. Foundation's `String(contentsOfFile:)` stops after one read
+/// there (procfs reports size 0 and hands out about a page per read), so in a test process with
+/// many mappings a line past the first 4 KB of /proc/self/maps was never seen.
+func procText(_ path: String) -> String {
+    let fd = open(path, O_RDONLY | O_CLOEXEC)
+    guard fd >= 0 else { return "" }
+    defer { close(fd) }
+    var bytes: [UInt8] = []
+    var chunk = [UInt8](repeating: 0, count: 65536)
+    // Bounded: no /proc file a test reads comes near 64 MB.
+    while bytes.count < 64 << 20 {
+        let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        if n < 0 && errno == EINTR { continue }
+        guard n > 0 else { break }
+        bytes += chunk[..<n]
+    }
+    return String(decoding: bytes, as: UTF8.self)
+}

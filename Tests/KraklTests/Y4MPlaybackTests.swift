@@ -59,12 +59,12 @@ struct Y4MPlaybackTests {
         try "YUV4MPEG2 W64 H64 F30:1 C444\nFRAME\n".write(toFile: dir + "/c444.y4m", atomically: true, encoding: .utf8)
         // Exit 17: no such file; 16: not a Y4M file; 18: a Y4M we cannot play.
         for (file, message, status) in [("missing.y4m", "cannot open", 17), ("text.y4m", "is not a Y4M file", 16), ("c444.y4m", "C444 is not supported", 18)] as [(String, String, Int32)] {
-            let result = try Harness.agent(["--plugins", registry, "--option", "path=\(dir)/\(file)", "--frames", "1"])
+            let result = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", registry, "--option", "path=\(dir)/\(file)", "--frames", "1"])
             #expect(result.status == status && result.stderr.contains(message), "\(file): exit \(result.status): \(result.stderr)")
         }
         // A file cut short inside a frame: an error event, then the source ends; the agent says so (exit 13).
         try ("YUV4MPEG2 W64 H64 F30:1\nFRAME\n" + String(repeating: "x", count: 100)).write(toFile: dir + "/short.y4m", atomically: true, encoding: .utf8)
-        let short = try Harness.agent(["--plugins", registry, "--option", "path=\(dir)/short.y4m", "-q"], timeout: 30)
+        let short = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", registry, "--option", "path=\(dir)/short.y4m", "-q"], timeout: 30)
         #expect(short.status == 13 && short.stderr.contains("truncated"), "exit \(short.status): \(short.stderr)")
     }
 }

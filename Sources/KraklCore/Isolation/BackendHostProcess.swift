@@ -30,16 +30,6 @@ public enum ChildEnd: Equatable, Sendable {
     }
 }
 
-/// "SIGSEGV" for 11: the names people search for.
-public func signalName(_ number: Int32) -> String {
-    let names: [Int32: String] = [
-        SIGHUP: "SIGHUP", SIGINT: "SIGINT", SIGQUIT: "SIGQUIT", SIGILL: "SIGILL", SIGTRAP: "SIGTRAP", SIGABRT: "SIGABRT",
-        SIGBUS: "SIGBUS", SIGFPE: "SIGFPE", SIGKILL: "SIGKILL", SIGUSR1: "SIGUSR1", SIGSEGV: "SIGSEGV", SIGUSR2: "SIGUSR2",
-        SIGPIPE: "SIGPIPE", SIGALRM: "SIGALRM", SIGTERM: "SIGTERM", SIGSYS: "SIGSYS", SIGXCPU: "SIGXCPU", SIGXFSZ: "SIGXFSZ",
-    ]
-    return names[number] ?? "signal \(number)"
-}
-
 /// krakl-backend-host, spawned for one source: its pid, reaped exactly once.
 final class BackendHostProcess: @unchecked Sendable {
     let pid: pid_t
@@ -70,36 +60,15 @@ final class BackendHostProcess: @unchecked Sendable {
         guard access(executable, X_OK) == 0 else {
             throw .libraryUnloadable(path: executable, reason: "the isolated-mode helper is missing or not executable; build it (swift build) or point $KRAKL_BACKEND_HOST at krakl-backend-host")
         }
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-        posix_spawn_file_actions_adddup2(&actions, socket, 3)
-        var attributes = posix_spawnattr_t()
-        posix_spawnattr_init(&attributes)
-        defer { posix_spawnattr_destroy(&attributes) }
-        var defaults = sigset_t(), empty = sigset_t()
-        sigemptyset(&empty)
-        sigemptyset(&defaults)
-        for number in [SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD] { sigaddset(&defaults, number) }
-        posix_spawnattr_setsigdefault(&attributes, &defaults)
-        posix_spawnattr_setsigmask(&attributes, &empty)
-        posix_spawnattr_setpgroup(&attributes, 0)
-        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP))
-        let argv = ([executable] + arguments).map { strdup($0) } + [nil]
-        defer { argv.forEach { free($0) } }
         // The helper is a Swift program: without this, a backend's crash prints the Swift runtime's
         // page-long crash report on the agent's stderr, where the agent prints one line saying why.
-        var environment = ProcessInfo.processInfo.environment
-        if environment["SWIFT_BACKTRACE"] == nil { environment["SWIFT_BACKTRACE"] = "enable=no" }
-        let envp = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
-        defer { envp.forEach { free($0) } }
-        var child: pid_t = 0
-        let status = posix_spawn(&child, executable, &actions, &attributes, argv, envp)
-        guard status == 0 else {
-            throw .libraryUnloadable(path: executable, reason: "cannot start the isolated-mode helper: \(String(cString: strerror(status)))")
+        var child = ChildSpawn(executable: executable, arguments: [executable] + arguments, descriptors: [0: .devNull, 3: .copy(socket)],
+                               environment: ChildSpawn.environmentWithoutBacktrace(replacing: false))
+        child.detachedSignals = true
+        switch child.spawn() {
+        case .success(let spawned): pid = spawned
+        case .failure(let error): throw .libraryUnloadable(path: executable, reason: "cannot start the isolated-mode helper: \(error)")
         }
-        pid = child
     }
 
     /// SIGKILL, remembering why (the reason wins over the signal when it is reaped).

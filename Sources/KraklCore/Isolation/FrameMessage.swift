@@ -90,8 +90,9 @@ public struct FrameMessage: Sendable {
 
     public var encoded: WireWriter {
         var w = WireWriter(.frame)
-        for value in [generation, slot, format, width, height, planeCount] { w.u32(value) }
-        strides.forEach { w.u32($0) }
+        w.u32(generation)
+        w.u32(slot)
+        w.shape(WireFrameShape(format: format, width: width, height: height, planeCount: planeCount, strides: strides))
         offsets.forEach { w.u64($0) }
         w.u64(timestamp)
         w.u64(sequence)
@@ -99,7 +100,7 @@ public struct FrameMessage: Sendable {
         w.u32((damageUnchecked ? 1 : 0) | (damageNull ? 2 : 0))
         w.u32(damageNullCount)
         w.u32(UInt32(damage.count))
-        for r in damage { [r.x, r.y, r.width, r.height].forEach { w.i32($0) } }
+        damage.forEach { w.rect($0) }
         if let c = cursor {
             w.u32(1)
             w.u32(c.visible)
@@ -117,12 +118,8 @@ public struct FrameMessage: Sendable {
     public init(reading r: inout WireReader) throws(WireError) {
         generation = try r.u32()
         slot = try r.u32()
-        format = try r.u32()
-        width = try r.u32()
-        height = try r.u32()
-        planeCount = try r.u32()
-        strides = []
-        for _ in 0..<Int(KRAKL_MAX_PLANES) { strides.append(try r.u32()) }
+        let shape = try r.shape()
+        (format, width, height, planeCount, strides) = (shape.format, shape.width, shape.height, shape.planeCount, shape.strides)
         offsets = []
         for _ in 0..<Int(KRAKL_MAX_PLANES) { offsets.append(try r.u64()) }
         timestamp = try r.u64()
@@ -137,9 +134,7 @@ public struct FrameMessage: Sendable {
         guard count <= WireLimits.maximumRects else { throw WireError("\(count) damage rectangles in a frame message (at most \(WireLimits.maximumRects))") }
         damage = []
         damage.reserveCapacity(count)
-        for _ in 0..<count {
-            damage.append(krakl_rect(x: try r.i32(), y: try r.i32(), width: try r.i32(), height: try r.i32()))
-        }
+        for _ in 0..<count { damage.append(try r.rect()) }
         switch try r.u32() {
         case 0: cursor = nil
         case 1:

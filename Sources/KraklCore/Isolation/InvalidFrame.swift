@@ -38,26 +38,22 @@ public struct InvalidFrame: Sendable {
 
     public var encoded: WireWriter {
         var w = WireWriter(.invalidFrame)
-        for value in [structSize, format, width, height, planeCount] { w.u32(value) }
-        strides.forEach { w.u32($0) }
+        w.u32(structSize)
+        w.shape(WireFrameShape(format: format, width: width, height: height, planeCount: planeCount, strides: strides))
         planePresent.forEach { w.u32($0 ? 1 : 0) }
         w.u64(timestamp)
         w.u64(sequence)
         w.u32(damageCount)
         w.u32(damagePresent ? 1 : 0)
         w.u32(UInt32(damage.count))
-        for r in damage { [r.x, r.y, r.width, r.height].forEach { w.i32($0) } }
+        damage.forEach { w.rect($0) }
         return w
     }
 
     public init(reading r: inout WireReader) throws(WireError) {
         structSize = try r.u32()
-        format = try r.u32()
-        width = try r.u32()
-        height = try r.u32()
-        planeCount = try r.u32()
-        strides = []
-        for _ in 0..<Int(KRAKL_MAX_PLANES) { strides.append(try r.u32()) }
+        let shape = try r.shape()
+        (format, width, height, planeCount, strides) = (shape.format, shape.width, shape.height, shape.planeCount, shape.strides)
         planePresent = []
         for _ in 0..<Int(KRAKL_MAX_PLANES) { planePresent.append(try r.u32() != 0) }
         timestamp = try r.u64()
@@ -67,7 +63,7 @@ public struct InvalidFrame: Sendable {
         let count = try r.u32()
         guard count <= 1 else { throw WireError("\(count) rectangles in an invalid-frame message") }
         damage = []
-        for _ in 0..<count { damage.append(krakl_rect(x: try r.i32(), y: try r.i32(), width: try r.i32(), height: try r.i32())) }
+        for _ in 0..<count { damage.append(try r.rect()) }
         try r.finish()
     }
 }

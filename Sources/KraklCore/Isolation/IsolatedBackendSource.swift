@@ -280,26 +280,25 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
         if let answer, !answer.hung { return answer }
         if let answer {
             // The child's own watchdog gave up on the backend; a thread of it is stuck for good.
-            delivery.withLock { delivering = false }
-            process.kill(because: .killedAfterHang(name))
-            state.lock()
-            _ = state.wait(while: { end == nil }, until: Date().addingTimeInterval(5))
-            endReported = true
-            state.unlock()
-            throw .backendHung(backend: backendName, call: name, budgetSeconds: Double(answer.code) / 1000)
+            throw killHung(name, budgetSeconds: Double(answer.code) / 1000)
         }
         if let ended {
             if expectingExit { return Reply(call: kind, ok: true, code: 0, message: "") }
             throw .backendCrashed(backend: backendName, reason: ended.reason + " in \(name)()")
         }
-        // Nothing of a hung source may reach the sink after this call returns.
+        throw killHung(name, budgetSeconds: budget)
+    }
+
+    /// Kills the child of a call that hung and waits (bounded) for the reader to see it go; the
+    /// error to throw. Nothing of a hung source may reach the sink after the call returns.
+    private func killHung(_ call: String, budgetSeconds: Double) -> HostError {
         delivery.withLock { delivering = false }
-        process.kill(because: .killedAfterHang(name))
+        process.kill(because: .killedAfterHang(call))
         state.lock()
         _ = state.wait(while: { end == nil }, until: Date().addingTimeInterval(5))
         endReported = true
         state.unlock()
-        throw .backendHung(backend: backendName, call: name, budgetSeconds: budget)
+        return .backendHung(backend: backendName, call: call, budgetSeconds: budgetSeconds)
     }
 
     /// `.backendCrashed` when the child died on its own; with `once`, only the first time.
@@ -378,14 +377,7 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
             let type = try r.u32(), error = try r.i32(), format = try r.u32(), width = try r.u32(), height = try r.u32()
             let hasMessage = try r.u32(), text = try r.text()
             try r.finish()
-            let kind: SourceEvent.Kind
-            switch type {
-            case KRAKL_EVENT_SOURCE_ENDED.rawValue: kind = .sourceEnded
-            case KRAKL_EVENT_FORMAT_CHANGED.rawValue: kind = .formatChanged
-            case KRAKL_EVENT_ERROR.rawValue: kind = .error
-            default: kind = .unknown(type)
-            }
-            let event = SourceEvent(kind: kind, error: error, message: hasMessage != 0 ? text : nil, format: format,
+            let event = SourceEvent(kind: .init(eventType: type), error: error, message: hasMessage != 0 ? text : nil, format: format,
                                     width: Int(width), height: Int(height))
             delivery.withLock { if delivering { sink?.event(event) } }
         case .reply:

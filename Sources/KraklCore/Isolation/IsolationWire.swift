@@ -1,4 +1,5 @@
 import Glibc
+import KraklBackendABI
 
 // The messages between the agent and krakl-backend-host (isolated mode), over an AF_UNIX
 // SOCK_SEQPACKET socketpair: one message a datagram, so a message is never split or merged,
@@ -43,8 +44,9 @@ public enum WireLimits {
     /// the socket's send buffer, about 208 KB by default).
     public static let maximumOptions = 64 * 1024
     public static let maximumSlots: UInt32 = 8
-    /// A cursor image larger than this on a side travels without its pixels.
-    public static let maximumCursorSide = 256
+    /// A cursor image larger than this on a side travels without its pixels (the child warns
+    /// once): room for it is in every slot (1 MiB), and even HiDPI cursors at 4x scale fit.
+    public static let maximumCursorSide = 512
     public static let cursorBytes = maximumCursorSide * maximumCursorSide * 4
 }
 
@@ -69,6 +71,25 @@ public struct WireWriter {
         u32(UInt32(utf8.count))
         bytes.append(contentsOf: utf8)
     }
+}
+
+/// The fields that say what a frame's planes are, as both frame messages carry them.
+public struct WireFrameShape: Equatable, Sendable {
+    public var format: UInt32
+    public var width: UInt32
+    public var height: UInt32
+    public var planeCount: UInt32
+    /// Always KRAKL_MAX_PLANES of them.
+    public var strides: [UInt32]
+}
+
+extension WireWriter {
+    public mutating func shape(_ shape: WireFrameShape) {
+        for value in [shape.format, shape.width, shape.height, shape.planeCount] { u32(value) }
+        shape.strides.forEach { u32($0) }
+    }
+
+    public mutating func rect(_ r: krakl_rect) { [r.x, r.y, r.width, r.height].forEach { i32($0) } }
 }
 
 public struct WireError: Error, CustomStringConvertible {
@@ -111,6 +132,17 @@ public struct WireReader {
         guard bytes.count - offset >= count else { throw WireError("a \(kind) message ends inside a text") }
         defer { offset += count }
         return String(decoding: UnsafeRawBufferPointer(rebasing: bytes[offset..<offset + count]), as: UTF8.self)
+    }
+
+    public mutating func shape() throws(WireError) -> WireFrameShape {
+        let format = try u32(), width = try u32(), height = try u32(), planeCount = try u32()
+        var strides: [UInt32] = []
+        for _ in 0..<Int(KRAKL_MAX_PLANES) { strides.append(try u32()) }
+        return WireFrameShape(format: format, width: width, height: height, planeCount: planeCount, strides: strides)
+    }
+
+    public mutating func rect() throws(WireError) -> krakl_rect {
+        krakl_rect(x: try i32(), y: try i32(), width: try i32(), height: try i32())
     }
 
     /// Fails unless every byte was read: a message with trailing bytes is malformed.

@@ -1,0 +1,207 @@
+/// The viewer's page: HTML, script and style served by the agent itself,
+/// with nothing from elsewhere (no URL outside this origin, so it works
+/// offline and leaks nothing), under a Content-Security-Policy that allows
+/// only this origin's script and style.
+///
+/// The script is a plain WHEP player: a recvonly RTCPeerConnection, its
+/// offer POSTed once ICE gathering completed (or after 2 s), the answer
+/// applied; live numbers from getStats; a message when sharing ends
+/// (`/status` says so, or the connection fails or closes); DELETE of the
+/// session when the page goes away (fetch keepalive: sendBeacon cannot
+/// DELETE). The access token comes from the URL fragment (#token=…), is kept
+/// for this tab only (sessionStorage), and is removed from the address bar.
+enum ViewerPage {
+    static let contentSecurityPolicy = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src data:; "
+        + "media-src 'self' blob:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+
+    static let html = """
+    <!doctype html>
+    <html lang="en">
+    <head>
+    <meta charset="utf-8">
+    <meta name="viewport" content="width=device-width, initial-scale=1">
+    <title>Shared screen · krakl</title>
+    <link rel="icon" href="data:,">
+    <link rel="stylesheet" href="/viewer.css">
+    </head>
+    <body>
+    <main>
+    <video id="video" autoplay muted playsinline></video>
+    <p id="state" role="status">Starting…</p>
+    <dl id="numbers">
+    <div><dt>Resolution</dt><dd id="resolution">–</dd></div>
+    <div><dt>Frames/s</dt><dd id="fps">–</dd></div>
+    <div><dt>Bitrate</dt><dd id="bitrate">–</dd></div>
+    <div><dt>Round trip</dt><dd id="rtt">–</dd></div>
+    <div><dt>Viewers</dt><dd id="viewers">–</dd></div>
+    </dl>
+    </main>
+    <script src="/viewer.js"></script>
+    </body>
+    </html>
+
+    """
+
+    static let style = """
+    html, body { margin: 0; height: 100%; background: #111; color: #eee; font: 15px/1.4 system-ui, sans-serif; }
+    main { display: flex; flex-direction: column; height: 100%; }
+    video { flex: 1; min-height: 0; width: 100%; background: #000; object-fit: contain; }
+    #state { margin: 0; padding: .4em .8em; background: #333; }
+    #state.live { background: #1d5e2f; }
+    #state.warn { background: #7a5b12; }
+    #state.ended { background: #7a1d1d; font-weight: bold; }
+    #numbers { display: flex; flex-wrap: wrap; gap: 1.5em; margin: 0; padding: .4em .8em; }
+    #numbers div { display: flex; gap: .4em; }
+    dt { color: #aaa; } dd { margin: 0; font-variant-numeric: tabular-nums; }
+
+    """
+
+    static let script = """
+    'use strict';
+    (() => {
+      const $ = (id) => document.getElementById(id);
+      const video = $('video');
+      const state = { text: 'Starting', ended: false, offerSent: false, resource: null, answered: false };
+      window.kraklViewer = state;   // read by tests
+
+      function say(text, kind) {
+        state.text = text;
+        $('state').textContent = text;
+        $('state').className = kind || '';
+      }
+      function show(id, text) { $(id).textContent = text; }
+
+      // The token travels in the fragment (never sent to a server); kept for this tab, then
+      // taken out of the address bar so it is not left on screen or in history.
+      let token = sessionStorage.getItem('kraklToken');
+      const match = /(?:^#|&)token=([A-Za-z0-9_-]+)/.exec(location.hash);
+      if (match) {
+        token = match[1];
+        sessionStorage.setItem('kraklToken', token);
+        history.replaceState(null, '', location.pathname + location.search);
+      }
+      const auth = token ? { Authorization: 'Bearer ' + token } : {};
+
+      let pc = null;
+      let statsTimer = null;
+      let last = null;
+
+      function gathered(peer, ms) {
+        if (peer.iceGatheringState === 'complete') return Promise.resolve();
+        return new Promise((resolve) => {
+          const timer = setTimeout(resolve, ms);
+          peer.addEventListener('icegatheringstatechange', () => {
+            if (peer.iceGatheringState === 'complete') { clearTimeout(timer); resolve(); }
+          });
+        });
+      }
+
+      // The session on the agent's side ends too (if it still exists), so the place is freed.
+      function release() {
+        if (state.resource) fetch(state.resource, { method: 'DELETE', headers: auth, keepalive: true }).catch(() => {});
+        state.resource = null;
+      }
+
+      function finish(text) {
+        if (state.ended) return;
+        state.ended = true;
+        say(text, 'ended');
+        clearInterval(statsTimer);
+        if (pc) { pc.close(); pc = null; }
+        release();
+      }
+
+      function retryLater(text, seconds) {
+        say(text + ' Trying again in ' + seconds + ' s.', 'warn');
+        setTimeout(connect, seconds * 1000);
+      }
+
+      async function connect() {
+        if (state.ended) return;
+        say('Connecting…');
+        pc = new RTCPeerConnection({ iceServers: [] });
+        const peer = pc;
+        peer.addTransceiver('video', { direction: 'recvonly' });
+        peer.ontrack = (event) => { video.srcObject = event.streams[0] || new MediaStream([event.track]); };
+        peer.onconnectionstatechange = () => {
+          const s = peer.connectionState;
+          if (s === 'connected') say('Watching the shared screen.', 'live');
+          else if (s === 'disconnected') say('The connection is interrupted…', 'warn');
+          else if (s === 'failed') finish('The connection failed: sharing ended, or the network is in the way.');
+          else if (s === 'closed') finish('The connection was closed: sharing ended.');
+        };
+        await peer.setLocalDescription(await peer.createOffer());
+        await gathered(peer, 2000);
+        let response;
+        try {
+          state.offerSent = true;
+          response = await fetch('/whep', { method: 'POST', headers: Object.assign({ 'Content-Type': 'application/sdp' }, auth),
+                                            body: peer.localDescription.sdp });
+        } catch (error) {
+          peer.close(); pc = null;
+          return retryLater('The agent cannot be reached.', 5);
+        }
+        if (response.status === 201) {
+          state.resource = response.headers.get('Location');
+          try {
+            await peer.setRemoteDescription({ type: 'answer', sdp: await response.text() });
+            state.answered = true;
+          } catch (error) {
+            return finish('The agent\\'s answer cannot be used: ' + error.message);
+          }
+          return;
+        }
+        const text = (await response.text()).trim();
+        peer.close(); pc = null;
+        if (response.status === 401) return finish('This viewer needs its access token: open the whole URL the agent printed (it ends in #token=…).');
+        if (response.status === 503) return retryLater(text, Number(response.headers.get('Retry-After')) || 10);
+        if (response.status === 410) return finish('Sharing has ended.');
+        finish('The agent did not accept this viewer (' + response.status + '): ' + text);
+      }
+
+      async function showStats() {
+        if (!pc) return;
+        const report = await pc.getStats();
+        let inbound = null, pairId = null;
+        const pairs = {};
+        report.forEach((s) => {
+          if (s.type === 'inbound-rtp' && s.kind === 'video') inbound = s;
+          if (s.type === 'transport' && s.selectedCandidatePairId) pairId = s.selectedCandidatePairId;
+          if (s.type === 'candidate-pair') pairs[s.id] = s;
+        });
+        if (inbound) {
+          show('resolution', inbound.frameWidth ? inbound.frameWidth + '×' + inbound.frameHeight : '–');
+          show('fps', inbound.framesPerSecond !== undefined ? inbound.framesPerSecond.toFixed(0) : '–');
+          if (last && inbound.timestamp > last.time) {
+            show('bitrate', ((inbound.bytesReceived - last.bytes) * 8 / (inbound.timestamp - last.time)).toFixed(0) + ' kbit/s');
+          }
+          last = { bytes: inbound.bytesReceived, time: inbound.timestamp };
+        }
+        const pair = pairs[pairId];
+        show('rtt', pair && pair.currentRoundTripTime !== undefined ? (pair.currentRoundTripTime * 1000).toFixed(0) + ' ms' : '–');
+      }
+
+      async function checkStatus() {
+        if (state.ended) return;
+        try {
+          const response = await fetch('/status', { headers: auth, cache: 'no-store' });
+          if (!response.ok) return;
+          const status = await response.json();
+          show('viewers', status.viewers + ' of ' + status.maximumViewers);
+          if (status.ended) finish('Sharing ended: ' + status.ended);
+        } catch (error) {
+          if (state.answered && (!pc || pc.connectionState !== 'connected')) finish('Sharing ended: the agent is gone.');
+        }
+      }
+
+      // Leaving the page ends the session at once (the agent frees the viewer's place).
+      addEventListener('pagehide', release);
+
+      statsTimer = setInterval(() => { showStats().catch(() => {}); }, 1000);
+      setInterval(() => { checkStatus(); }, 3000);
+      checkStatus();
+      connect().catch((error) => finish('The viewer failed: ' + error.message));
+    })();
+
+    """
+}

@@ -1,0 +1,275 @@
+import Foundation
+
+/// The viewer's rules, one per request: WHEP (draft-ietf-wish-whep, with
+/// the HTTP rules of WHIP, RFC 9725) for players, the page and its status
+/// for people. Pure request → response over the peers it keeps; the
+/// server's thread calls it, peers' close callbacks may come from any thread.
+public final class WhepEndpoint: @unchecked Sendable {
+    public struct Policy: Sendable {
+        /// Viewers at once; the next POST gets 503 with Retry-After.
+        public var maximumViewers = 4
+        /// Required as a Bearer token on everything but the page itself (nil: loopback, none needed).
+        public var token: ViewerAccessToken?
+        public var retryAfterSeconds = 10
+
+        public init() {}
+    }
+
+    public static let endpointPath = "/whep"
+    public static let resourcePrefix = "/whep/resource/"
+
+    public let policy: Policy
+    private let factory: ViewerPeerFactory
+    private let lock = NSLock()
+    private var resources: [String: Resource] = [:]
+    private var endedReason: String?
+
+    /// A viewer came or went (the count after it); any thread. Set before serving.
+    public var onViewersChanged: ((_ count: Int, _ event: String) -> Void)?
+
+    private struct Resource {
+        let peer: ViewerPeer
+        let etag: String
+        /// The offer's ICE username fragment: a PATCH with another one is an ICE restart.
+        let ufrag: String?
+    }
+
+    public init(factory: ViewerPeerFactory, policy: Policy) {
+        self.factory = factory
+        self.policy = policy
+    }
+
+    public var viewerCount: Int { lock.withLock { resources.count } }
+
+    /// Every viewer's numbers, for status lines.
+    public var viewerStats: [ViewerPeerStats] {
+        let peers = lock.withLock { resources.values.map(\.peer) }
+        return peers.map(\.stats)
+    }
+
+    /// Sharing is over: every peer is closed, new viewers are turned away, and `/status` says why
+    /// (a page still open shows it).
+    public func end(reason: String) {
+        let peers: [ViewerPeer] = lock.withLock {
+            endedReason = endedReason ?? reason
+            defer { resources = [:] }
+            return resources.values.map(\.peer)
+        }
+        for peer in peers { peer.close() }
+    }
+
+    // MARK: - Requests
+
+    public func handle(_ request: HTTPRequest) -> HTTPResponse {
+        var response = route(request)
+        response.headers += [("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff")]
+        response.headers += corsHeaders(request)
+        return response
+    }
+
+    private func route(_ request: HTTPRequest) -> HTTPResponse {
+        if policy.token == nil, let problem = foreignHost(request) { return .text(421, problem) }
+        let path = request.path
+        if request.method == "OPTIONS" { return options(path) }
+        switch path {
+        case "/", "/index.html":
+            return page(request, ViewerPage.html, type: "text/html; charset=utf-8")
+        case "/viewer.js":
+            return page(request, ViewerPage.script, type: "text/javascript; charset=utf-8")
+        case "/viewer.css":
+            return page(request, ViewerPage.style, type: "text/css; charset=utf-8")
+        case "/status":
+            guard request.method == "GET" || request.method == "HEAD" else { return notAllowed("GET, HEAD, OPTIONS") }
+            if let refusal = unauthorized(request) { return refusal }
+            return status()
+        case Self.endpointPath:
+            guard request.method == "POST" else { return notAllowed("POST, OPTIONS") }
+            if let refusal = unauthorized(request) { return refusal }
+            return post(request)
+        default:
+            guard path.hasPrefix(Self.resourcePrefix) else { return .text(404, "no such page") }
+            let id = String(path.dropFirst(Self.resourcePrefix.count))
+            guard request.method == "PATCH" || request.method == "DELETE" else { return notAllowed("PATCH, DELETE, OPTIONS") }
+            if let refusal = unauthorized(request) { return refusal }
+            return request.method == "DELETE" ? delete(id) : patch(id, request)
+        }
+    }
+
+    private func page(_ request: HTTPRequest, _ text: String, type: String) -> HTTPResponse {
+        guard request.method == "GET" || request.method == "HEAD" else { return notAllowed("GET, HEAD") }
+        return HTTPResponse(status: 200, headers: [("Content-Type", type), ("Content-Security-Policy", ViewerPage.contentSecurityPolicy),
+                                                   ("Referrer-Policy", "no-referrer"), ("X-Frame-Options", "DENY")],
+                            body: Array(text.utf8))
+    }
+
+    private func notAllowed(_ allow: String) -> HTTPResponse {
+        .text(405, "method not allowed here", headers: [("Allow", allow)])
+    }
+
+    private func options(_ path: String) -> HTTPResponse {
+        if path == Self.endpointPath {
+            return HTTPResponse(status: 204, headers: [("Allow", "POST, OPTIONS"), ("Accept-Post", "application/sdp")])
+        }
+        if path.hasPrefix(Self.resourcePrefix) {
+            return HTTPResponse(status: 204, headers: [("Allow", "PATCH, DELETE, OPTIONS"), ("Accept-Patch", "application/trickle-ice-sdpfrag")])
+        }
+        return HTTPResponse(status: 204, headers: [("Allow", "GET, HEAD, OPTIONS")])
+    }
+
+    /// 401 unless the request carries the token (when one is needed).
+    private func unauthorized(_ request: HTTPRequest) -> HTTPResponse? {
+        guard let token = policy.token else { return nil }
+        if token.accepts(authorization: request.header("Authorization")) { return nil }
+        let given = request.header("Authorization") != nil
+        return .text(401, "this viewer needs its access token: open the URL the agent printed (it ends in #token=…)",
+                     headers: [("WWW-Authenticate", given ? "Bearer realm=\"krakl-viewer\", error=\"invalid_token\"" : "Bearer realm=\"krakl-viewer\"")])
+    }
+
+    /// Without a token the viewer trusts that only this machine can reach it; a Host that is
+    /// not a loopback name is a page elsewhere that pointed its own name at 127.0.0.1 (DNS
+    /// rebinding), and is refused.
+    private func foreignHost(_ request: HTTPRequest) -> String? {
+        guard let host = request.header("Host") else { return nil }   // HTTP/1.0 clients: nothing to rebind
+        var name = host.lowercased()
+        if name.hasPrefix("[") { name = String(name.prefix { $0 != "]" }.dropFirst()) } else if let colon = name.lastIndex(of: ":") { name = String(name[..<colon]) }
+        if name == "localhost" || name.hasSuffix(".localhost") { return nil }
+        if let address = ListenAddress(name, defaultPort: 0), address.isLoopback { return nil }
+        return "this viewer answers only to loopback names (127.0.0.1, [::1], localhost) unless it has a token (--listen with another address, or --viewer-token)"
+    }
+
+    /// Any origin may call in when a token guards the viewer (the token is the permission; no
+    /// cookies are involved). Without one, only pages on this machine's loopback origins may:
+    /// otherwise any web site open in a browser here could watch the screen.
+    private func corsHeaders(_ request: HTTPRequest) -> [(name: String, value: String)] {
+        guard let origin = request.header("Origin") else { return [] }
+        let allowed: String
+        if policy.token != nil {
+            allowed = "*"
+        } else {
+            guard let url = URL(string: origin), let host = url.host, host == "localhost" || (ListenAddress(host.trimmingCharacters(in: CharacterSet(charactersIn: "[]")), defaultPort: 0)?.isLoopback ?? false) else { return [] }
+            allowed = origin
+        }
+        var headers: [(name: String, value: String)] = [
+            ("Access-Control-Allow-Origin", allowed),
+            ("Access-Control-Allow-Methods", "GET, POST, PATCH, DELETE, OPTIONS"),
+            ("Access-Control-Allow-Headers", "Authorization, Content-Type, If-Match"),
+            ("Access-Control-Expose-Headers", "Location, ETag, Accept-Patch, Accept-Post, Link, Retry-After"),
+            ("Access-Control-Max-Age", "600"),
+        ]
+        if allowed != "*" { headers.append(("Vary", "Origin")) }
+        return headers
+    }
+
+    private func status() -> HTTPResponse {
+        let (count, ended) = lock.withLock { (resources.count, endedReason) }
+        var object: [String: Any] = ["sharing": ended == nil, "viewers": count, "maximumViewers": policy.maximumViewers]
+        object["ended"] = ended ?? NSNull()
+        let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])) ?? Data("{}".utf8)
+        return HTTPResponse(status: 200, headers: [("Content-Type", "application/json")], body: [UInt8](data))
+    }
+
+    // MARK: - WHEP
+
+    private func post(_ request: HTTPRequest) -> HTTPResponse {
+        guard request.mediaType == "application/sdp" else {
+            return .text(415, "POST an SDP offer with Content-Type: application/sdp", headers: [("Accept-Post", "application/sdp")])
+        }
+        if let ended = lock.withLock({ endedReason }) { return .text(410, "sharing has ended: \(ended)") }
+        guard let offer = String(validating: request.body, as: UTF8.self), offer.hasPrefix("v=0") else {
+            return .text(400, "the body is not an SDP offer (it must start with v=0)")
+        }
+        // The server handles one request at a time, and the count is checked again when the peer
+        // is stored, so the limit holds even if that ever changes.
+        let id = Self.randomHex(16)
+        let admitted: Bool = lock.withLock {
+            guard resources.count < policy.maximumViewers else { return false }
+            return true
+        }
+        guard admitted else {
+            return .text(503, "\(policy.maximumViewers) viewers are watching already (--max-viewers); try again later",
+                         headers: [("Retry-After", "\(policy.retryAfterSeconds)")])
+        }
+        let peer: ViewerPeer
+        do throws(ViewerPeerError) {
+            peer = try factory.makePeer(offer: offer)
+        } catch {
+            return .text(error.httpStatus, error.description)
+        }
+        let etag = "\"\(Self.randomHex(8))\""
+        let resource = Resource(peer: peer, etag: etag, ufrag: Self.attribute("ice-ufrag", in: offer))
+        let count: Int? = lock.withLock {
+            // Sharing ended while the peer was made: it is not kept.
+            guard endedReason == nil, resources.count < policy.maximumViewers else { return nil }
+            resources[id] = resource
+            return resources.count
+        }
+        guard let count else {
+            peer.close()
+            return lock.withLock({ endedReason }) != nil ? .text(410, "sharing has ended")
+                : .text(503, "the viewers' places are taken; try again later", headers: [("Retry-After", "\(policy.retryAfterSeconds)")])
+        }
+        peer.onClosed = { [weak self] reason in self?.peerClosed(id, reason: reason) }
+        onViewersChanged?(count, "viewer \(id.prefix(6)) joined")
+        return HTTPResponse(status: 201, headers: [
+            ("Content-Type", "application/sdp"), ("Location", Self.resourcePrefix + id), ("ETag", etag),
+            ("Accept-Patch", "application/trickle-ice-sdpfrag"),
+        ], body: Array(peer.answer.utf8))
+    }
+
+    private func patch(_ id: String, _ request: HTTPRequest) -> HTTPResponse {
+        guard let resource = lock.withLock({ resources[id] }) else { return .text(404, "no such viewer session (it ended, or never was)") }
+        guard request.mediaType == "application/trickle-ice-sdpfrag" else {
+            return .text(415, "PATCH takes Content-Type: application/trickle-ice-sdpfrag", headers: [("Accept-Patch", "application/trickle-ice-sdpfrag")])
+        }
+        guard let fragment = String(validating: request.body, as: UTF8.self) else { return .text(400, "the fragment is not UTF-8 text") }
+        let ufrag = Self.attribute("ice-ufrag", in: fragment)
+        // An ICE restart (RFC 9725 §4.3.2: If-Match "*" and new credentials) needs a new answer
+        // from the peer; the viewer's peers do not restart: the player reconnects with a new POST.
+        if request.header("If-Match") == "*" || (ufrag != nil && ufrag != resource.ufrag) {
+            return .text(501, "ICE restarts are not supported by this viewer; make a new session (POST the offer again)")
+        }
+        if let match = request.header("If-Match"), match != resource.etag {
+            return .text(412, "the ETag does not match this session", headers: [("ETag", resource.etag)])
+        }
+        do throws(ViewerPeerError) {
+            try resource.peer.addRemoteCandidates(sdpFragment: fragment)
+        } catch {
+            return .text(error.httpStatus, error.description)
+        }
+        return HTTPResponse(status: 204, headers: [("ETag", resource.etag)])
+    }
+
+    private func delete(_ id: String) -> HTTPResponse {
+        let removed: (ViewerPeer, Int)? = lock.withLock {
+            guard let resource = resources.removeValue(forKey: id) else { return nil }
+            return (resource.peer, resources.count)
+        }
+        guard let (peer, count) = removed else { return .text(404, "no such viewer session (it ended, or never was)") }
+        peer.close()
+        onViewersChanged?(count, "viewer \(id.prefix(6)) left")
+        return .text(200, "the viewer session ended")
+    }
+
+    private func peerClosed(_ id: String, reason: String) {
+        let count: Int? = lock.withLock {
+            guard resources.removeValue(forKey: id) != nil else { return nil }
+            return resources.count
+        }
+        if let count { onViewersChanged?(count, "viewer \(id.prefix(6)) dropped: \(reason)") }
+    }
+
+    // MARK: - Helpers
+
+    static func randomHex(_ bytes: Int) -> String {
+        var generator = SystemRandomNumberGenerator()
+        return (0..<bytes).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &generator)) }.joined()
+    }
+
+    /// The value of the first `a=NAME:` line of an SDP text.
+    static func attribute(_ name: String, in sdp: String) -> String? {
+        for line in sdp.split(whereSeparator: { $0 == "\r\n" || $0 == "\n" || $0 == "\r" }) where line.hasPrefix("a=\(name):") {
+            return String(line.dropFirst(name.count + 3)).trimmingCharacters(in: .whitespaces)
+        }
+        return nil
+    }
+}
