@@ -10,10 +10,16 @@ import KraklViewer
 /// The viewer's WebRTC side: answers each viewer's offer and fans the one encoded stream out to
 /// every peer. This is the one place where the answerer is plugged in.
 func makeViewerAnswerer(_ arguments: Arguments, logger: @escaping BackendLogger) -> (factory: ViewerPeerFactory, feed: ViewerVideoFeed) {
-    // The answerer (KraklRTC, issue 14 part 1) is not in this build yet: the page, WHEP's HTTP
-    // rules and the token work, and each offer is refused with 501 saying why.
-    let pending = PendingViewerAnswerer()
-    return (pending, pending)
+    // The answerer (KraklRTC, issue 14 part 1): ICE-lite peers on the listen address, one fan-out.
+    // Without a network loop (cannot happen short of running out of descriptors) every offer gets a 501.
+    do {
+        let answerer = try RtcViewerAnswerer(listen: arguments.listen.host)
+        return (answerer, answerer)
+    } catch {
+        logger("viewer", .error, "the viewer's WebRTC answerer could not start: \(error)")
+        let pending = PendingViewerAnswerer()
+        return (pending, pending)
+    }
 }
 
 /// Stands in for the answerer until it exists: every offer gets a clear 501, frames are dropped.

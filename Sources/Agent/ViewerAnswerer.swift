@@ -1,0 +1,107 @@
+import Foundation
+import KraklCore
+import KraklRTC
+import KraklViewer
+
+/// The viewer's WebRTC side (the seam in Sources/KraklViewer/ViewerPeer.swift): each WHEP offer gets an
+/// answering `Publisher` (ICE-lite: the viewer's server sits on host candidates, and the browser does
+/// the checking) on one network loop shared by all viewers, fed by one `VideoFanout`.
+final class RtcViewerAnswerer: ViewerPeerFactory, ViewerVideoFeed, @unchecked Sendable {
+    let configuration: PublisherConfiguration
+    let fanout: VideoFanout
+    private let loop: EventLoop
+
+    /// - Parameter listen: the viewer's HTTP address: host candidates on that address only (any
+    ///   address of this machine, loopback included, when it is 0.0.0.0 or ::).
+    init(listen host: String, floorBitrate: Int = 300_000) throws {
+        var configuration = PublisherConfiguration()
+        if let ip = IPAddress(host), host != "0.0.0.0", host != "::" {
+            configuration.addresses = IceAddressPolicy(allowed: [ip])
+        } else {
+            configuration.addresses = IceAddressPolicy(includeLoopback: true)
+        }
+        configuration.label = "krakl-screen"
+        self.configuration = configuration
+        fanout = VideoFanout(floorBitrate: floorBitrate)
+        loop = try EventLoop(name: "krakl-viewers")
+        loop.start()
+    }
+
+    deinit { loop.stop(timeout: 2) }
+
+    func makePeer(offer: String) throws(ViewerPeerError) -> ViewerPeer {
+        let publisher: Publisher
+        do {
+            publisher = try Publisher(answering: offer, configuration: configuration, iceLite: true, loop: loop)
+        } catch let error as SdpError {
+            if case .malformedLine = error { throw .malformedOffer(error.description) }
+            throw .unacceptableOffer(error.description)
+        } catch {
+            throw .failure("\(error)")
+        }
+        let peer = RtcViewerPeer(publisher, fanout: fanout)
+        fanout.add(publisher)
+        publisher.start()
+        return peer
+    }
+
+    func send(frame: [UInt8], keyframe: Bool, captureNanoseconds: UInt64, width: Int, height: Int) {
+        fanout.send(frame: frame, keyframe: keyframe, captureNanoseconds: captureNanoseconds, width: width, height: height)
+    }
+
+    var onKeyframeRequest: (() -> Void)? {
+        get { fanout.onKeyframeRequest }
+        set { fanout.onKeyframeRequest = newValue }
+    }
+
+    var onBitrate: ((Int) -> Void)? {
+        get { fanout.onBitrate }
+        set { fanout.onBitrate = newValue }
+    }
+}
+
+/// One viewer: its answering publisher, taken out of the fan-out when it ends either way.
+final class RtcViewerPeer: ViewerPeer, @unchecked Sendable {
+    let publisher: Publisher
+    private weak var fanout: VideoFanout?
+    private let lock = NSLock()
+    private var closedHandler: ((String) -> Void)?
+
+    init(_ publisher: Publisher, fanout: VideoFanout) {
+        self.publisher = publisher
+        self.fanout = fanout
+        publisher.onClosed = { [weak self] reason in
+            guard let self else { return }
+            self.fanout?.remove(self.publisher)
+            self.lock.withLock { self.closedHandler }?(reason)
+        }
+    }
+
+    var answer: String { publisher.answerSDP ?? "" }
+
+    func addRemoteCandidates(sdpFragment: String) throws(ViewerPeerError) {
+        for line in sdpFragment.split(whereSeparator: \.isNewline) where line.hasPrefix("a=candidate:") {
+            do {
+                publisher.addRemoteCandidate(try IceCandidate(parsing: String(line)))
+            } catch {
+                throw .malformedFragment("\(error)")
+            }
+        }
+    }
+
+    func close() {
+        fanout?.remove(publisher)
+        publisher.close()
+    }
+
+    var onClosed: ((String) -> Void)? {
+        get { lock.withLock { closedHandler } }
+        set { lock.withLock { closedHandler = newValue } }
+    }
+
+    var stats: ViewerPeerStats {
+        let s = publisher.stats
+        let state = s.state == "checking" ? "connecting" : s.state
+        return ViewerPeerStats(state: state, bytesSent: s.bytesSent, roundTripMilliseconds: s.roundTripMilliseconds)
+    }
+}
