@@ -231,7 +231,10 @@ final class PeerTransport {
             case .localCandidate(let candidate):
                 delegate?.transportLocalCandidate(candidate)
             case .consentExpired:
-                end(.connectionLost("ICE consent expired: no answer to consent checks for \(configuration.ice.consentTimeout / 1_000_000_000) s (RFC 7675)"),
+                let seconds = configuration.ice.consentTimeout / 1_000_000_000
+                // An ICE-lite side asks nothing: what stopped is the peer's checking (a closed tab, a lost path).
+                end(.connectionLost(role.iceLite ? "ICE consent expired: no consent check from the peer for \(seconds) s (RFC 7675)"
+                                                 : "ICE consent expired: no answer to consent checks for \(seconds) s (RFC 7675)"),
                     state: "lost")
             case .failed(let reason):
                 end(.failed(reason), state: "failed")
