@@ -7,7 +7,11 @@ import KraklViewer
 /// The command line, parsed. Parsing never exits: errors are HostError
 /// .usage / .invalidOption so main() can print them and pick the status.
 struct Arguments {
-    enum Command: Equatable { case run, join(JoinCodeSource), code(JoinCodeSource), qr(String), scan, backends, sources, conformance(String), help, version }
+    enum Command: Equatable {
+        case run, join(JoinCodeSource), code(JoinCodeSource), qr(String), scan, backends, sources, conformance(String), help, version
+        /// `krakl-agent daemon`, and the commands that talk to it (docs/daemon.md).
+        case daemon, control(ControlCommand)
+    }
 
     var command: Command = .run
     var backend: String?
@@ -52,6 +56,8 @@ struct Arguments {
     /// --scan: the join code from a QR code on the screen (any backend's frames).
     var scan = false
     var scanTimeout = 120.0
+    /// --json: `status` and `watch` print the daemon's JSON lines.
+    var json = false
 
     init(_ words: [String], environment: [String: String] = ProcessInfo.processInfo.environment) throws(HostError) {
         var rest = words[...]
@@ -167,6 +173,7 @@ struct Arguments {
                 guard let ip = IPAddress(text) else { throw .usage("--address \(text): give an IP address of this machine") }
                 addresses.append(ip)
             case "--expect-end": expectEnd = true
+            case "--json": json = true
             case "--run-group": conformanceGroup = try value(for: flag)
             case "-v", "--verbose": verbose = true
             case "-q", "--quiet": quiet = true
@@ -196,7 +203,12 @@ struct Arguments {
             guard positional.count >= 2 else { throw .usage("conformance needs the path of a backend library (.so)") }
             command = .conformance(positional[1])
         case "help": command = .help; return
-        default: throw .usage("unknown command \(positional[0]) (commands: run, code, backends, sources, conformance)")
+        case "daemon": command = .daemon
+        case "status": command = .control(.status)
+        case "stop": command = .control(.stop)
+        case "watch": command = .control(.watch)
+        case "connect": command = .control(.connect(try ControlCommand.connectTarget(positional.dropFirst().first, qr: qr, scan: scan)))
+        default: throw .usage("unknown command \(positional[0]) (commands: run, code, backends, sources, conformance, daemon, status, connect, stop, watch)")
         }
         if let port = listenGiven?.port, let other = viewerPort, port != other {
             throw .usage("--listen names port \(port) and --viewer-port \(other): give one")
@@ -207,7 +219,7 @@ struct Arguments {
         }
         let expected: Int
         switch command {
-        case .conformance, .code: expected = 2
+        case .conformance, .code, .control(.connect(.code)): expected = 2
         default: expected = 1
         }
         if positional.count > expected { throw .usage("unexpected argument \(positional[expected])") }
