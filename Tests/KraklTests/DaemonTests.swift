@@ -288,9 +288,9 @@ import Testing
         #expect(connect.status == 0 && connect.stdout.contains("krakl-agent: sharing in ") && connect.stdout.contains("as \"Dee's screen\""), "connect: \(connect)")
         let status = try daemon.status()
         #expect(status["state"] as? String == "sharing" && status["identity"] as? String == "Dee's screen", "\(status)")
-        #expect(status["service"] as? String == "whip" && status["backend"] as? String == "file", "\(status)")
+        #expect(status["service"] as? String == "WHIP" && status["backend"] as? String == "file", "\(status)")
         let text = try daemon.client(["status"])
-        #expect(text.stdout.contains("as \"Dee's screen\" (whip, backend file)"), "\(text.stdout)")
+        #expect(text.stdout.contains("as \"Dee's screen\" (WHIP, backend file)"), "\(text.stdout)")
 
         // Live numbers once a second while sharing.
         let deadline = Date().addingTimeInterval(15)
@@ -320,7 +320,19 @@ import Testing
         #expect(bad.status == 2, "connect - with empty stdin: \(bad)")
         let garbage = try Harness.run(Harness.agent, ["connect", "-"], timeout: 20, environment: ["XDG_RUNTIME_DIR": daemon.runtime], stdin: "not a join code\n")
         #expect(garbage.status == 40, "connect with garbage: \(garbage)")
-        let second = try daemon.client(["connect", "@" + code])
+        let missing = try daemon.client(["connect", "--qr", "/nonexistent/picture.png"])
+        #expect(missing.status == 46 && missing.stderr.contains("/nonexistent/picture.png"), "connect --qr of a missing picture: \(missing)")
+        // The second share from a QR picture, named relative to the client's folder: the daemon reads it.
+        let second: Harness.Result
+        if Harness.which("qrencode") != nil {
+            let picture = try QRScanTests.qrencode(try String(contentsOfFile: code, encoding: .utf8), in: room.folder, name: "code-qr")
+            second = try Harness.run(Harness.agent, ["connect", "--qr", "code-qr.png"], timeout: 60,
+                                     environment: ["XDG_RUNTIME_DIR": daemon.runtime], currentDirectory: room.folder)
+            #expect(picture.hasSuffix("code-qr.png"))
+        } else {
+            skipTest("qrencode is not installed (Debian qrencode): connect --qr not checked")
+            second = try daemon.client(["connect", "@" + code])
+        }
         #expect(second.status == 0, "connect after stop: \(second)")
 
         // SIGTERM while sharing: the room is left (DELETE), then exit 0; the watcher's stream ends.
@@ -336,7 +348,7 @@ import Testing
         guard let room = try RoomSessionTests.WhipRoom(["--seconds", "900"]) else { return }
         let daemon = try Self.roomDaemon(room)
         let (code, _) = try room.codeFile(identity: "Cy")
-        let cycles = Int(ProcessInfo.processInfo.environment["KRAKL_DAEMON_CYCLES"] ?? "") ?? 20
+        let cycles = Int(ProcessInfo.processInfo.environment["KRAKL_DAEMON_CYCLES"] ?? "") ?? 100
         let pid = daemon.pid
         func cycle(_ index: Int) throws {
             let connect = try daemon.client(["connect", "@" + code])
@@ -348,11 +360,15 @@ import Testing
         try cycle(0)
         let start = Self.settled(pid)
         let began = MonotonicClock.milliseconds()
-        for index in 1...cycles { try cycle(index) }
+        var middle = start
+        for index in 1...cycles {
+            try cycle(index)
+            if index == cycles / 5 { middle = Self.resources(pid) }
+        }
         let seconds = (MonotonicClock.milliseconds() - began) / 1000
         let end = Self.settled(pid, like: start)
-        print(String(format: "%d connect/stop cycles through the daemon in %.1f s: fds %d → %d, threads %d → %d, RSS %d → %d KB",
-                     cycles, seconds, start.fds, end.fds, start.threads, end.threads, start.rssKB, end.rssKB))
+        print(String(format: "%d connect/stop cycles through the daemon in %.1f s: fds %d → %d, threads %d → %d, RSS %d → %d (after %d cycles) → %d KB",
+                     cycles, seconds, start.fds, end.fds, start.threads, end.threads, start.rssKB, middle.rssKB, cycles / 5, end.rssKB))
         #expect(end.fds == start.fds, "descriptors \(start.fds) → \(end.fds)")
         #expect(end.threads == start.threads, "threads \(start.threads) → \(end.threads)")
         #expect(end.rssKB - start.rssKB < 30 * 1024, "RSS \(start.rssKB) → \(end.rssKB) KB")
