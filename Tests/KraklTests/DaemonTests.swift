@@ -344,6 +344,23 @@ import Testing
         #expect(signature.count > 20 && !daemon.process.log.contains(signature), "the token's signature appeared in the daemon's output")
     }
 
+    /// A room that refuses: connect exits with the refusal's status and the daemon is idle and ready again.
+    @Test func aRefusedConnectLeavesTheDaemonReady() throws {
+        guard let room = try RoomSessionTests.WhipRoom(["--status", "403", "--status-count", "1"]) else { return }
+        let daemon = try Self.roomDaemon(room)
+        let (code, _) = try room.codeFile(identity: "Flo")
+        let refused = try daemon.client(["connect", "@" + code])
+        #expect(refused.status == 33 && refused.stderr.contains("Could not join the room"), "connect to a refusing room: \(refused)")
+        let idle = try daemon.status()
+        let lastEnd = idle["lastEnd"] as? [String: Any] ?? [:]
+        #expect(idle["state"] as? String == "idle" && lastEnd["reason"] as? String == "join-refused" && lastEnd["exitStatus"] as? Int == 33, "\(idle)")
+        let text = try daemon.client(["status"])
+        #expect(text.stdout.contains("idle") && text.stdout.contains("last session: Could not join the room"), "\(text.stdout)")
+        let accepted = try daemon.client(["connect", "@" + code])
+        #expect(accepted.status == 0, "the next connect: \(accepted)")
+        #expect(try daemon.client(["stop"]).status == 0)
+    }
+
     @Test func connectStopCyclesKeepTheDaemonFlat() throws {
         guard let room = try RoomSessionTests.WhipRoom(["--seconds", "900"]) else { return }
         let daemon = try Self.roomDaemon(room)
