@@ -452,8 +452,11 @@ final class ControlDaemon: @unchecked Sendable {
         let connects = pendingConnects, stops = pendingStops
         pendingConnects.removeAll()
         pendingStops.removeAll()
+        // A connect that never got to share failed, even when the reason (a stop) is not a failure by itself.
+        let connectStatus = reason.exitStatus == 0 ? 63 : reason.exitStatus
+        let words = reason == .userStopped ? "stopped before sharing began (\(reason.description))" : reason.description
         for connection in connects {
-            settle(connection, ControlReply(ok: false, event: "ended", error: reason.description, exitStatus: reason.exitStatus, status: idle))
+            settle(connection, ControlReply(ok: false, event: "ended", error: words, exitStatus: connectStatus, status: idle))
         }
         for connection in stops { settle(connection, ControlReply(ok: true, event: "ended", message: reason.description, status: idle)) }
         broadcast(ControlReply(ok: true, event: "ended", message: reason.description, status: idle))
