@@ -317,6 +317,19 @@ public final class IceAgent {
         }
     }
 
+    /// TURN servers learned after the offer (a WHIP server's `Link` headers): allocates on the new
+    /// ones; their relay candidates arrive as `.localCandidate` events, to trickle.
+    public func addTurnServers(_ servers: [TurnServer], now: UInt64, configuration turnConfiguration: TurnConfiguration = TurnConfiguration()) {
+        guard !lite else { return }
+        lastNow = now
+        for server in servers where !relays.contains(where: { $0.client.server == server }) {
+            guard let base = bases.first(where: { $0.ip.isIPv6 == server.address.ip.isIPv6 }) else { continue }
+            let client = TurnClient(server: server, configuration: turnConfiguration)
+            relays.append(Relay(client: client, base: base))
+            client.start(now: now)
+        }
+    }
+
     private func failRelayOnly() {
         guard phase != .failed, selected == nil else { return }
         phase = .failed

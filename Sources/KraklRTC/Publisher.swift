@@ -357,6 +357,16 @@ public final class Publisher: @unchecked Sendable {
         }
     }
 
+    /// TURN servers learned after the offer (a WHIP server's `Link` headers): their relay
+    /// candidates come as `.localCandidate` events, for the room driver to trickle.
+    public func addTurnServers(_ servers: [TurnServer]) {
+        guard !servers.isEmpty else { return }
+        loop.post { [self] in
+            transport.ice.addTurnServers(servers, now: MonotonicClock.nanoseconds())
+            transport.service()
+        }
+    }
+
     /// A candidate the peer trickled.
     public func addRemoteCandidate(_ candidate: IceCandidate) {
         loop.post { [self] in
