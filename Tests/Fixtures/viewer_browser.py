@@ -167,6 +167,10 @@ class Viewer:
     def open(self, command):
         started = monotonic_ms()
         self.driver.set_page_load_timeout(command.get("timeout", 30))
+        # A URL differing only in its fragment would not load the page again (same document).
+        self.driver.get("about:blank")
+        self.frames_taken = 0
+        started = monotonic_ms()
         self.driver.get(command["url"])
         deadline = time.monotonic() + command.get("timeout", 30)
         seen = []

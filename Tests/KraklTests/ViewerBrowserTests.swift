@@ -86,11 +86,15 @@ import Testing
             return opened
         }
 
+        /// Ends the browser (once; the fixture ends by itself after "vanish").
         func quit() {
-            process.type("{\"cmd\": \"quit\"}\n")
+            guard !quitted else { return }
+            quitted = true
+            if process.isRunning { process.type("{\"cmd\": \"quit\"}\n") }
             _ = process.waitForExit(seconds: 10)
             process.stop()
         }
+        private var quitted = false
     }
 
     /// Checks a `watch` reply (stamps advancing in the page) and prints Chromium's getStats numbers.
@@ -201,7 +205,7 @@ import Testing
     @Test func aListenThatNeedsTheTokenRefusesThePageWithoutIt() throws {
         guard try Self.browserPrerequisites() else { return }
         let (agent, url) = try Self.startAgent(["--viewer-token"])
-        let token = try #require(url.components(separatedBy: "#token=").last, url)
+        let token = try #require(url.components(separatedBy: "#token=").last, "\(url)")
         #expect(url.contains("#token=") && token.count >= 22, "\(url)")
         let bare = String(url.prefix { $0 != "#" })
         let port = try #require(ViewerAgentTests.port(of: bare))
