@@ -11,9 +11,10 @@ on stdout ({"ok": true, ...} or {"ok": false, "error": ...}):
                                              (requestVideoFrameCallback), getStats numbers, and
                                              capture → presented latency per frame
   {"cmd": "state"}                          the page's own state (window.kraklViewer) and stats
+  {"cmd": "leave"}                          leave the page (about:blank): it DELETEs its session
   {"cmd": "vanish"}                         SIGKILL Chromium: the tab is gone without a DELETE
                                              or a DTLS close (only ICE consent can tell the agent)
-  {"cmd": "quit"}                           close the browser normally and end
+  {"cmd": "quit"}                           leave the page, close the browser, end
 
 Before the page's own script runs, a script added over the DevTools protocol (1) records every
 RTCPeerConnection the page makes, for getStats, and (2) hooks the video's
@@ -142,6 +143,7 @@ class Viewer:
         self.driver = webdriver.Chrome(service=self.service, options=options)
         self.driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": HOOKS})
         self.frames_taken = 0
+        self.vanished = False
 
     def frames(self):
         """Frames presented since the last call."""
@@ -200,6 +202,7 @@ class Viewer:
         offset, rtt = self.clock_offset()
         stamped = [f for f in frames if f["frame"] is not None]
         numbers = [f["frame"] for f in stamped]
+        times = [f["p"] for f in frames]
         latencies = sorted(round(f["p"] + offset - unwrap(f["captureMs"], f["p"] + offset), 2) for f in stamped)
         return {
             "presented": len(frames), "stamps_read": len(stamped), "distinct_frames": len(set(numbers)),
@@ -207,6 +210,8 @@ class Viewer:
             "decreasing": sum(1 for a, b in zip(numbers, numbers[1:]) if b < a),
             "sizes": sorted({"%dx%d" % (f["w"], f["h"]) for f in frames}),
             "latency_ms": latencies, "clock_rtt_ms": rtt,
+            # The longest time the picture stood still (headless Chromium merges some callbacks: ~2 frames is normal).
+            "max_gap_ms": max((b - a for a, b in zip(times, times[1:])), default=None),
             "stats_before": before, "stats": after, "state": self.driver.execute_script(PAGE_STATE),
         }
 
@@ -224,7 +229,19 @@ class Viewer:
                 pass
         return {"killed": len(victims)}
 
+    def leave(self, command):
+        # Leaving the page, as closing its tab does: pagehide, and the page DELETEs its session (keepalive).
+        self.driver.get("about:blank")
+        return {}
+
     def close(self):
+        try:
+            if self.vanished:
+                raise RuntimeError("gone")
+            self.leave({})
+            time.sleep(0.3)  # the keepalive DELETE leaves from the browser; quitting at once could cut it
+        except Exception:
+            pass
         try:
             self.driver.quit()
         except Exception:
@@ -267,7 +284,7 @@ def main():
     args = parser.parse_args()
     viewer = Viewer(args)
     print(json.dumps({"ok": True, "ready": True, "browser": viewer.driver.capabilities.get("browserVersion")}), flush=True)
-    commands = {"open": viewer.open, "watch": viewer.watch, "state": viewer.state, "vanish": viewer.vanish}
+    commands = {"open": viewer.open, "watch": viewer.watch, "state": viewer.state, "leave": viewer.leave, "vanish": viewer.vanish}
     try:
         for line in sys.stdin:
             if not line.strip():
@@ -282,6 +299,7 @@ def main():
                 reply = {"ok": False, "cmd": command.get("cmd"), "error": "%s: %s" % (type(error).__name__, error)}
             print(json.dumps(reply), flush=True)
             if command["cmd"] == "vanish":
+                viewer.vanished = True
                 break
     finally:
         viewer.close()

@@ -139,6 +139,9 @@ import Testing
         #expect(opened["size"] as? String == "640x360", "\(opened)")
         #expect(agent.read(until: "1 watching"), "\(agent.output.suffix(600))")
         Self.checkWatched(try viewer.send(["cmd": "watch", "seconds": 3]), run: "viewer page", seconds: 3)
+        // Leaving the page (as closing the tab does): its pagehide DELETE frees the place at once.
+        _ = try viewer.send(["cmd": "leave"])
+        #expect(agent.read(until: "left; 0 watching", timeout: 10), "the page's DELETE did not arrive: \(agent.output.suffix(600))")
         viewer.quit()
         #expect(agent.stop() == 0)
     }
