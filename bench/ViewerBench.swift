@@ -98,15 +98,17 @@ func runViewerBench(seconds: Double, rounds: Int, loss: Bool) throws {
           + "all in namespace \(namespace.name); \(rounds) first-frame rounds, \(Int(seconds)) s per measurement")
 
     // 1. Page opened → first frame, a fresh browser each round (Chromium's start is before the navigation).
-    print("\nround | page opened → first frame presented | → first stamped frame | its capture → presented | page ready (bench's view)")
+    print("\nround | page opened → first frame presented | its capture → presented | page ready (bench's view) | on the way: peer made, ICE gathered, offer POSTed, answer in, connected, track")
     var firstFrames: [Double] = []
     for round in 1...rounds {
         let browser = try newBrowser("first-\(round)")
         let opened = browser.send(["cmd": "open", "url": url, "timeout": 30]) ?? [:]
         let first = opened["first_frame_ms"] as? Double ?? .nan
         if !first.isNaN { firstFrames.append(first) }
-        print(String(format: "%5d | %@ | %@ | %@ | %@%@", round, ms(first), ms(opened["first_stamped_ms"] as? Double ?? .nan),
-                     ms(opened["first_latency_ms"] as? Double ?? .nan), ms(opened["waited_ms"] as? Double ?? .nan),
+        let marks = opened["marks"] as? [String: Any] ?? [:]
+        let way = ["created", "gathered", "posted", "answered", "connected", "track"].map { ms(statNumber(marks, $0)) }.joined(separator: ", ")
+        print(String(format: "%5d | %@ | %@ | %@ | %@%@", round, ms(first),
+                     ms(opened["first_latency_ms"] as? Double ?? .nan), ms(opened["waited_ms"] as? Double ?? .nan), way,
                      opened["playing"] as? Bool == true ? "" : " (no video: \(opened["state"] ?? opened["error"] ?? "-"))"))
         browser.quit()
         // Its DELETE (pagehide) frees the place before the next round.
@@ -119,12 +121,31 @@ func runViewerBench(seconds: Double, rounds: Int, loss: Bool) throws {
     // 2 + 3. One viewer, then four: latency and the agent's CPU over the same seconds.
     let browsers = try (1...4).map { try newBrowser("watch-\($0)") }
     defer { browsers.forEach { $0.quit() } }
-    func watchAll(_ viewers: [ViewerBenchBrowser]) -> (replies: [[String: Any]], cpuPercent: Double) {
-        let cpu0 = processCpuSeconds(agentChild.pid), t0 = MonotonicClock.milliseconds()
-        viewers.forEach { $0.post(["cmd": "watch", "seconds": seconds]) }
-        let replies = viewers.map { $0.nextReply(timeout: seconds + 60) ?? [:] }
-        let cpu = (processCpuSeconds(agentChild.pid) - cpu0) / ((MonotonicClock.milliseconds() - t0) / 1000) * 100
-        return (replies, cpu)
+    /// The agent's once-a-second status lines while `body` ran: mean fps and encoded kbit/s (its work, to
+    /// compare CPU figures fairly: a starved browser lowers the bitrate the weakest viewer allows).
+    func agentWork(_ body: () -> Void) -> String {
+        let before = agentChild.stdout.count
+        body()
+        let lines = agentChild.stdout.dropFirst(before).split(separator: "\n").filter { $0.contains(" fps |") && $0.contains("| enc ") }
+        func mean(_ after: String) -> Double {
+            let values = lines.compactMap { line -> Double? in
+                guard let range = line.range(of: after) else { return nil }
+                return Double(line[..<range.lowerBound].split(separator: " ").last ?? "")
+            }
+            return values.isEmpty ? .nan : values.reduce(0, +) / Double(values.count)
+        }
+        return String(format: "agent: %.1f fps encoded at %.0f kbit/s", mean(" fps |"), mean(" kbit/s"))
+    }
+    func watchAll(_ viewers: [ViewerBenchBrowser]) -> (replies: [[String: Any]], cpuPercent: Double, work: String) {
+        var replies: [[String: Any]] = []
+        var cpu = Double.nan
+        let work = agentWork {
+            let cpu0 = processCpuSeconds(agentChild.pid), t0 = MonotonicClock.milliseconds()
+            viewers.forEach { $0.post(["cmd": "watch", "seconds": seconds]) }
+            replies = viewers.map { $0.nextReply(timeout: seconds + 60) ?? [:] }
+            cpu = (processCpuSeconds(agentChild.pid) - cpu0) / ((MonotonicClock.milliseconds() - t0) / 1000) * 100
+        }
+        return (replies, cpu, work)
     }
     func latencyText(_ watched: [String: Any]) -> String {
         let values = (watched["latency_ms"] as? [Double] ?? []).sorted()
@@ -149,8 +170,9 @@ func runViewerBench(seconds: Double, rounds: Int, loss: Bool) throws {
     usleep(3_000_000)
     let four = watchAll(browsers)
     for (n, watched) in four.replies.enumerated() { print(viewerLine("\(n + 1) of 4", watched)) }
-    print(String(format: "agent CPU: 1 viewer %.1f %%, 4 viewers %.1f %% of a core: ratio %.2f× (target ≤ 1.3×; one encoder)",
-                 one.cpuPercent, four.cpuPercent, four.cpuPercent / one.cpuPercent))
+    print(String(format: "agent CPU: 1 viewer %.1f %% of a core (%@), 4 viewers %.1f %% (%@): ratio %.2f× (target ≤ 1.3×; one encoder)",
+                 one.cpuPercent, one.work, four.cpuPercent, four.work, four.cpuPercent / one.cpuPercent))
+    print(String(format: "machine load over the 4-viewer seconds: %@", loadAverage()))
 
     // 4. Loss to one viewer: its port is the selected pair's local (peer-reflexive) one.
     guard loss else { return }
@@ -167,9 +189,9 @@ func runViewerBench(seconds: Double, rounds: Int, loss: Bool) throws {
     for (n, watched) in lossy.replies.enumerated() { print(viewerLine("\(n + 1) of 4\(n == 3 ? " (lossy)" : "")", watched)) }
     let lossyWatch = lossy.replies[3]
     print(String(format: "lossy viewer: decoded %.1f %% of what the clean viewers decoded (median %.0f frames; target ≥ 98 %%), "
-                 + "freezes %.0f (%.3f s), longest still picture %@ (target: no freeze > 300 ms); agent CPU %.1f %%",
+                 + "freezes %.0f (%.3f s), longest still picture %@ (target: no freeze > 300 ms); agent CPU %.1f %% (%@)",
                  statDelta(lossyWatch, "framesDecoded") / reference * 100, reference, statDelta(lossyWatch, "freezeCount"),
-                 statDelta(lossyWatch, "totalFreezesDuration"), ms(lossyWatch["max_gap_ms"] as? Double ?? .nan), lossy.cpuPercent))
+                 statDelta(lossyWatch, "totalFreezesDuration"), ms(lossyWatch["max_gap_ms"] as? Double ?? .nan), lossy.cpuPercent, lossy.work))
 }
 
 extension BenchNamespace {
@@ -185,4 +207,9 @@ extension BenchNamespace {
             guard done.status == 0 else { throw BenchError("nft \(step.joined(separator: " ")): \(done.stderr)") }
         }
     }
+}
+
+/// /proc/loadavg's first three numbers (how busy the shared machine was).
+func loadAverage() -> String {
+    ((try? String(contentsOfFile: "/proc/loadavg", encoding: .utf8)) ?? "").split(separator: " ").prefix(3).joined(separator: " ")
 }

@@ -41,7 +41,30 @@ HOOKS = r"""
   const Original = window.RTCPeerConnection;
   window.__kraklPeers = [];
   window.RTCPeerConnection = class extends Original {
-    constructor(...args) { super(...args); window.__kraklPeers.push(this); }
+    constructor(...args) {
+      super(...args);
+      window.__kraklPeers.push(this);
+      // Where the first frame's time goes (ms on the page's clock).
+      const marks = window.__kraklMarks;
+      marks.created = performance.now();
+      this.addEventListener('icegatheringstatechange', () => {
+        if (this.iceGatheringState === 'complete') marks.gathered = performance.now();
+      });
+      this.addEventListener('connectionstatechange', () => {
+        if (this.connectionState === 'connected' && !marks.connected) marks.connected = performance.now();
+      });
+      this.addEventListener('track', () => { if (!marks.track) marks.track = performance.now(); });
+    }
+  };
+  window.__kraklMarks = {};
+  const originalFetch = window.fetch;
+  window.fetch = function (resource, options) {
+    const marks = window.__kraklMarks;
+    const post = options && options.method === 'POST';
+    if (post) marks.posted = performance.now();
+    const answer = originalFetch.apply(this, arguments);
+    if (post) answer.then(() => { marks.answered = performance.now(); }, () => {});
+    return answer;
   };
   function readStamp(ctx, width) {
     const perRow = Math.floor(width / 16), bits = [];
@@ -191,7 +214,8 @@ class Viewer:
                 "first_stamped_ms": stamped[0]["p"] if stamped else None,
                 "first_latency_ms": (stamped[0]["p"] + offset - unwrap(stamped[0]["captureMs"], stamped[0]["p"] + offset))
                 if stamped else None,
-                "size": "%sx%s" % (seen[0]["w"], seen[0]["h"]) if seen else None, "clock_rtt_ms": rtt}
+                "size": "%sx%s" % (seen[0]["w"], seen[0]["h"]) if seen else None, "clock_rtt_ms": rtt,
+                "marks": self.driver.execute_script("return window.__kraklMarks || {}")}
 
     def watch(self, command):
         before = self.stats()
