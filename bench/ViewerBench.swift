@@ -10,8 +10,8 @@
 //  2. capture → presented latency: each presented frame's stamp (CLOCK_MONOTONIC ms of its capture)
 //     against its presentationTime mapped to CLOCK_MONOTONIC (selenium round trips, the shortest);
 //  3. the agent's CPU with 1 viewer and with 4 (schedstat of its threads over the same seconds);
-//  4. 5 % of the UDP to one viewer dropped (nftables on its port): its decoded share against a
-//     clean viewer's over the same seconds, its longest still picture, and the other viewers.
+//  4. two viewers left, 5 % of the UDP to one dropped (nftables on its port): its decoded share
+//     against the clean viewer's over the same seconds, its longest still picture, and the other's.
 import Foundation
 import KraklCore
 
@@ -180,15 +180,20 @@ func runViewerBench(seconds: Double, rounds: Int, loss: Bool) throws {
     guard let port = pairs.last?.split(separator: " ").first?.split(separator: ":").last.flatMap({ Int($0) }) else {
         throw BenchError("no candidate pair for viewer 4: \(pairs)")
     }
+    // Two viewers only (one clean, one lossy): four Chromiums decoding 1080p starve a 2-core machine,
+    // and their still pictures would hide what the loss does.
+    browsers[1].quit()
+    browsers[2].quit()
+    _ = agentChild.poll(timeout: 35) { _ in watching() == 2 ? true : nil }
     try namespace.dropUdp(percent: 5, toPort: port)
     usleep(1_000_000)
-    let lossy = watchAll(browsers)
-    let cleanDecoded = lossy.replies.dropLast().map { statDelta($0, "framesDecoded") }.sorted()
-    let reference = cleanDecoded.nearestRank(0.5) ?? .nan
-    print("\n5 % of the UDP to viewer 4 dropped (nftables, its port \(port)):")
-    for (n, watched) in lossy.replies.enumerated() { print(viewerLine("\(n + 1) of 4\(n == 3 ? " (lossy)" : "")", watched)) }
-    let lossyWatch = lossy.replies[3]
-    print(String(format: "lossy viewer: decoded %.1f %% of what the clean viewers decoded (median %.0f frames; target ≥ 98 %%), "
+    let lossy = watchAll([browsers[0], browsers[3]])
+    let reference = statDelta(lossy.replies[0], "framesDecoded")
+    print("\n5 % of the UDP to one of two viewers dropped (nftables, its port \(port)):")
+    print(viewerLine("clean", lossy.replies[0]))
+    print(viewerLine("lossy", lossy.replies[1]))
+    let lossyWatch = lossy.replies[1]
+    print(String(format: "lossy viewer: decoded %.1f %% of what the clean viewer decoded (%.0f frames; target ≥ 98 %%), "
                  + "freezes %.0f (%.3f s), longest still picture %@ (target: no freeze > 300 ms); agent CPU %.1f %% (%@)",
                  statDelta(lossyWatch, "framesDecoded") / reference * 100, reference, statDelta(lossyWatch, "freezeCount"),
                  statDelta(lossyWatch, "totalFreezesDuration"), ms(lossyWatch["max_gap_ms"] as? Double ?? .nan), lossy.cpuPercent, lossy.work))
