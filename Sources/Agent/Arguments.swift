@@ -7,7 +7,11 @@ import KraklViewer
 /// The command line, parsed. Parsing never exits: errors are HostError
 /// .usage / .invalidOption so main() can print them and pick the status.
 struct Arguments {
-    enum Command: Equatable { case run, join(JoinCodeSource), code(JoinCodeSource), qr(String), scan, backends, sources, conformance(String), help, version }
+    enum Command: Equatable {
+        case run, join(JoinCodeSource), code(JoinCodeSource), qr(String), scan, backends, sources, conformance(String), help, version
+        /// `krakl-agent daemon`, and the commands that talk to it (docs/daemon.md).
+        case daemon, control(ControlCommand)
+    }
 
     var command: Command = .run
     var backend: String?
@@ -52,6 +56,8 @@ struct Arguments {
     /// --scan: the join code from a QR code on the screen (any backend's frames).
     var scan = false
     var scanTimeout = 120.0
+    /// --json: `status` and `watch` print the daemon's JSON lines.
+    var json = false
 
     init(_ words: [String], environment: [String: String] = ProcessInfo.processInfo.environment) throws(HostError) {
         var rest = words[...]
@@ -167,6 +173,7 @@ struct Arguments {
                 guard let ip = IPAddress(text) else { throw .usage("--address \(text): give an IP address of this machine") }
                 addresses.append(ip)
             case "--expect-end": expectEnd = true
+            case "--json": json = true
             case "--run-group": conformanceGroup = try value(for: flag)
             case "-v", "--verbose": verbose = true
             case "-q", "--quiet": quiet = true
@@ -196,7 +203,12 @@ struct Arguments {
             guard positional.count >= 2 else { throw .usage("conformance needs the path of a backend library (.so)") }
             command = .conformance(positional[1])
         case "help": command = .help; return
-        default: throw .usage("unknown command \(positional[0]) (commands: run, code, backends, sources, conformance)")
+        case "daemon": command = .daemon
+        case "status": command = .control(.status)
+        case "stop": command = .control(.stop)
+        case "watch": command = .control(.watch)
+        case "connect": command = .control(.connect(try ControlCommand.connectTarget(positional.dropFirst().first, qr: qr, scan: scan)))
+        default: throw .usage("unknown command \(positional[0]) (commands: run, code, backends, sources, conformance, daemon, status, connect, stop, watch)")
         }
         if let port = listenGiven?.port, let other = viewerPort, port != other {
             throw .usage("--listen names port \(port) and --viewer-port \(other): give one")
@@ -207,7 +219,7 @@ struct Arguments {
         }
         let expected: Int
         switch command {
-        case .conformance, .code: expected = 2
+        case .conformance, .code, .control(.connect(.code)): expected = 2
         default: expected = 1
         }
         if positional.count > expected { throw .usage("unexpected argument \(positional[expected])") }
@@ -231,6 +243,9 @@ USAGE
   krakl-agent --qr IMAGE [--scan-only] [--once] [SHARING OPTIONS]
   krakl-agent --scan [--backend NAME] [--scan-timeout S] [--scan-only] [--once] [SHARING OPTIONS]
   krakl-agent code CODE|@FILE|-
+  krakl-agent daemon [SHARING OPTIONS]
+  krakl-agent connect CODE|@FILE|-|--qr FILE      krakl-agent stop
+  krakl-agent status [--json]                      krakl-agent watch [--json]
   krakl-agent [run] [--backend NAME] [--option KEY=VALUE]... [--frames N] [--seconds S]
                     [--listen ADDR[:PORT]] [--viewer-port N] [--max-viewers N] [--viewer-token]
                     [ENCODER OPTIONS]
@@ -262,6 +277,17 @@ COMMANDS
                   after --scan-timeout S (default 120). Ctrl-C stops.
   code CODE       Check a join code and print what it would do: service, URL, room,
                   identity, expiry (the token is shown as its first 8 characters only).
+  daemon          Keep an idle agent in the background, without a terminal, driven
+                  through a control socket ($XDG_RUNTIME_DIR/krakl/control.sock: owner
+                  only; docs/daemon.md). One session at a time; SIGTERM leaves the room,
+                  then exits 0. dist/krakl-agent.service runs it as a systemd user unit.
+  connect CODE    Ask the daemon to share into a join code's room (CODE, @FILE, - for
+                  stdin, or --qr FILE: the daemon reads the picture). Returns once the
+                  screen is shared (0) or with the status of why it could not be.
+  stop            Ask the daemon to stop sharing; returns once the room was left.
+  status          The daemon's state: idle (and how the last session ended) or the
+                  room, identity and live numbers; --json prints its JSON line.
+  watch           Follow the daemon: a line per event and every second while sharing.
   run (default)   Capture from a backend, encode, share to the built-in viewer and print
                   its URL (docs/viewer.md), with live status (capture fps, damage share,
                   latency; encoded kbit/s, encode time, active blocks; viewers) until
@@ -330,6 +356,7 @@ ENCODER OPTIONS
                           capture starts; one that cannot be written ends the run
                           with status 23. --record may name a FIFO (mkfifo live.webm):
                           WebM is then written as a live stream (no seeking needed).
+      --json              (status, watch) Print the daemon's JSON lines (docs/daemon.md).
   -v, --verbose           Show backends' info and debug log lines.
   -q, --quiet             No live status line; summary only.
   -h, --help              This text.      --version   The version.
@@ -394,4 +421,9 @@ EXIT STATUS
    0 stopped with Ctrl-C (nothing found)
   the built-in viewer:
   52 the viewer cannot listen: the port is in use, or the address is not this machine's
+  the daemon and its clients (daemon, status, connect, stop, watch):
+  60 another daemon already runs for this user   61 no daemon is running
+  62 the control socket cannot be made or used (no XDG_RUNTIME_DIR, not yours)
+  63 the daemon refused the request (already sharing: stop first; malformed)
+  64 the daemon's reply is unusable     connect: 30-49 as for --join and --qr
 """

@@ -83,3 +83,16 @@ extension ViewerServerError {
     /// The built-in viewer cannot listen (port in use, not this machine's address).
     var exitStatus: Int32 { 52 }
 }
+
+extension ControlError {
+    /// The daemon and its control socket (docs/daemon.md).
+    var exitStatus: Int32 {
+        switch self {
+        case .alreadyRunning: return 60
+        case .noDaemon: return 61
+        case .socket: return 62
+        case .badReply: return 64
+        }
+    }
+}
+// 63: the daemon refused the request (already sharing, malformed, unknown command): sent in its reply.

@@ -21,42 +21,60 @@ extension ImageFileError {
 /// `scanOnly`, which prints its summary instead), and the exit status for
 /// when there is not (0 after a summary).
 func runQRFile(path: String, scanOnly: Bool, now: Date = Date()) -> (code: String?, status: Int32) {
-    func fail(_ message: String, _ status: Int32) -> (code: String?, status: Int32) {
-        fputs("krakl-agent: \(message)\n", stderr)
-        return (nil, status)
+    switch judgeQRFile(path: path, now: now) {
+    case .failure(let failure):
+        for line in failure.lines { fputs("krakl-agent: \(line)\n", stderr) }
+        return (nil, failure.status)
+    case .success(let found):
+        if scanOnly {
+            print(found.invitation.summary(now: now))
+            return (nil, 0)
+        }
+        print("krakl-agent: \(path): \(found.words)")
+        return (found.invitation.code.text, 0)
     }
+}
+
+/// Why a picture gave no join code: what to say (a line each) and the exit status.
+struct QRFileFailure: Error {
+    let lines: [String]
+    let status: Int32
+    var message: String { lines.joined(separator: "; ") }
+}
+
+/// The join code in the picture at `path`, or why there is none (the daemon's connect --qr uses it too).
+func judgeQRFile(path: String, now: Date = Date()) -> Result<(invitation: Invitation, words: String), QRFileFailure> {
     let image: GrayImage
     do throws(ImageFileError) {
         image = try ImageFile.readGray(path: path)
     } catch {
-        return fail(error.description, error.exitStatus)
+        return .failure(QRFileFailure(lines: [error.description], status: error.exitStatus))
     }
     let result = ScanResult.classify(QRScanner().scan(image), now: now)
     switch result {
     case .nothing:
-        return fail("no QR code found in \(path) (\(image.width)x\(image.height) pixels)", 45)
+        return .failure(QRFileFailure(lines: ["no QR code found in \(path) (\(image.width)x\(image.height) pixels)"], status: 45))
     case .found(let invitation):
-        if scanOnly {
-            print(invitation.summary(now: now))
-            return (nil, 0)
-        }
-        print("krakl-agent: \(path): \(result)")
-        return (invitation.code.text, 0)
+        return .success((invitation, "\(result)"))
     case .conflicting:
-        return fail("\(path): \(result)", 49)
+        return .failure(QRFileFailure(lines: ["\(path): \(result)"], status: 49))
     case .noUsableCode(let findings):
         // The most useful status: a code that was meant for us beats a foreign QR.
         var status: Int32 = 48
         for finding in findings {
-            fputs("krakl-agent: \(path): \(finding)\n", stderr)
             switch finding {
             case .expired(let error): status = error.exitStatus
             case .unusableJoinCode(let error) where status == 48: status = error.exitStatus
             default: break
             }
         }
-        return (nil, status)
+        return .failure(QRFileFailure(lines: findings.map { "\(path): \($0)" }, status: status))
     }
+}
+
+/// The daemon's connect --qr: the join code's text, or what to tell the client.
+func readQRFile(path: String) -> Result<String, QRFileFailure> {
+    judgeQRFile(path: path).map { $0.invitation.code.text }
 }
 
 // `krakl-agent --scan`: the join code from a QR code on the screen. Any

@@ -71,6 +71,10 @@ do throws(HostError) {
         let (code, status) = runQRFile(path: path, scanOnly: arguments.scanOnly)
         guard let code else { exit(status) }
         exit(runJoin(arguments, source: .scanned(code), logger: logger))
+    case .daemon:
+        exit(runDaemon(arguments, logger: logger))
+    case .control(let command):
+        exit(runControlClient(command, json: arguments.json))
     case .code(let source):
         let text = try source.read()
         do throws(JoinCodeError) {

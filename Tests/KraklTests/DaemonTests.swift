@@ -1,0 +1,409 @@
+import Foundation
+import Glibc
+import KraklCore
+import Testing
+
+/// `krakl-agent daemon` and its clients, run as a person runs them: the real agent, each test with
+/// its own XDG_RUNTIME_DIR, a WHIP room (aiortc, Tests/Fixtures/whip_server.py) in the test's
+/// network namespace for the sharing parts (the daemon runs in that namespace too).
+@Suite(.serialized) struct DaemonTests {
+    /// A running daemon and the folder its socket is in.
+    final class Daemon {
+        let runtime: String
+        let process: DtlsTestProcess
+        var socketPath: String { runtime + "/krakl/control.sock" }
+
+        /// Starts `krakl-agent daemon EXTRA…` (in `namespace` when given, as `user` when given) and
+        /// waits until it listens.
+        init(runtime: String? = nil, namespace: RtcTestNamespace? = nil, extra: [String] = [], environment: [String: String] = [:],
+             user: String? = nil, waitReady: Bool = true) throws {
+            try Harness.requireBuild()
+            if let runtime { self.runtime = runtime } else {
+                self.runtime = try Harness.temporaryDirectory()
+                chmod(self.runtime, 0o700)
+            }
+            var command = ["/usr/bin/env", "XDG_RUNTIME_DIR=\(self.runtime)"] + environment.map { "\($0.key)=\($0.value)" }
+                + [Harness.agent, "daemon"] + extra
+            if let user { command = ["/usr/bin/setpriv", "--reuid=\(user)", "--regid=\(user)", "--clear-groups"] + command }
+            let (program, argv) = namespace?.command(command[0], Array(command.dropFirst())) ?? (command[0], Array(command.dropFirst()))
+            process = try DtlsTestProcess(program, argv)
+            if waitReady {
+                try #require(process.waitFor("listening on", timeout: 20), "the daemon did not start: \(process.log)")
+            }
+        }
+
+        deinit { process.stop() }
+
+        /// A client command (`status`, `connect …`, …) with this daemon's XDG_RUNTIME_DIR.
+        func client(_ arguments: [String], user: String? = nil, timeout: Double = 60) throws -> Harness.Result {
+            if let user {
+                return try Harness.run("/usr/bin/setpriv", ["--reuid=\(user)", "--regid=\(user)", "--clear-groups",
+                                                            "/usr/bin/env", "XDG_RUNTIME_DIR=\(runtime)", Harness.agent] + arguments, timeout: timeout)
+            }
+            return try Harness.run(Harness.agent, arguments, timeout: timeout, environment: ["XDG_RUNTIME_DIR": runtime])
+        }
+
+        /// `status --json`'s status object.
+        func status() throws -> [String: Any] {
+            let result = try client(["status", "--json"])
+            let object = try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any]
+            return try #require(object?["status"] as? [String: Any], "status --json: \(result.stdout) \(result.stderr)")
+        }
+
+        var pid: pid_t { pid_t(((try? status())?["pid"] as? Int) ?? -1) }
+    }
+
+    /// The daemon's descriptors, threads and resident memory.
+    static func resources(_ pid: pid_t) -> (fds: Int, threads: Int, rssKB: Int) {
+        let fds = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").count) ?? -1
+        let threads = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task").count) ?? -1
+        let rss = procText("/proc/\(pid)/status").split(separator: "\n").first { $0.hasPrefix("VmRSS:") }
+            .flatMap { Int($0.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") } ?? -1
+        return (fds, threads, rss)
+    }
+
+    /// A raw connection to the socket, for what the agent's own client never sends.
+    final class RawClient {
+        let fd: Int32
+        private var buffered: [UInt8] = []
+
+        init(_ path: String) throws {
+            fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+            var address = sockaddr_un()
+            address.sun_family = sa_family_t(AF_UNIX)
+            withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
+            let connected = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+            }
+            try #require(connected == 0, "connect \(path): \(String(cString: strerror(errno)))")
+            var timeout = timeval(tv_sec: 10, tv_usec: 0)
+            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        }
+
+        deinit { close(fd) }
+
+        func send(_ text: String) { sendBytes(Array(text.utf8)) }
+
+        func sendBytes(_ bytes: [UInt8]) {
+            var offset = 0
+            while offset < bytes.count {
+                let n = bytes[offset...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                guard n > 0 else { return }
+                offset += n
+            }
+        }
+
+        /// The next line as JSON (nil at end of stream or after 10 s).
+        func line() -> [String: Any]? {
+            var chunk = [UInt8](repeating: 0, count: 4096)
+            while !buffered.contains(10) {
+                let n = read(fd, &chunk, chunk.count)
+                guard n > 0 else { return nil }
+                buffered += chunk[0..<n]
+            }
+            let end = buffered.firstIndex(of: 10)!
+            let line = Array(buffered[..<end])
+            buffered.removeFirst(end + 1)
+            return (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any] ?? ["unparsed": String(decoding: line, as: UTF8.self)]
+        }
+
+        /// True when the daemon closed the connection: read gives 0, or ECONNRESET when it closed
+        /// before reading what we sent (a unix socket resets then). A timeout (EAGAIN) is still open.
+        func closedByPeer() -> Bool {
+            var byte: UInt8 = 0
+            let n = read(fd, &byte, 1)
+            return n == 0 || (n < 0 && errno == ECONNRESET)
+        }
+    }
+
+    // MARK: - Without a room
+
+    @Test func socketIsOwnerOnlyAndASecondDaemonIsRefused() throws {
+        let daemon = try Daemon()
+        var info = stat()
+        try #require(lstat(daemon.runtime + "/krakl", &info) == 0)
+        #expect(info.st_mode & 0o777 == 0o700, "folder mode \(String(info.st_mode & 0o777, radix: 8))")
+        try #require(lstat(daemon.socketPath, &info) == 0)
+        #expect(info.st_mode & S_IFMT == S_IFSOCK && info.st_mode & 0o777 == 0o600, "socket mode \(String(info.st_mode & 0o777, radix: 8))")
+
+        let status = try daemon.client(["status"])
+        #expect(status.status == 0 && status.stdout.contains("idle"), "\(status)")
+        let json = try daemon.status()
+        #expect(json["state"] as? String == "idle" && json["pid"] as? Int != nil, "\(json)")
+
+        let second = try Harness.run(Harness.agent, ["daemon"], timeout: 20, environment: ["XDG_RUNTIME_DIR": daemon.runtime])
+        #expect(second.status == 60, "a second daemon: exit \(second.status) \(second.stderr)")
+        #expect(second.stderr.contains("already running"), "\(second.stderr)")
+        #expect(try daemon.client(["status"]).status == 0, "the first daemon stopped answering")
+
+        let stop = try daemon.client(["stop"])
+        #expect(stop.status == 0 && stop.stdout.contains("not sharing"), "\(stop)")
+        let connect = try daemon.client(["connect", "--scan"])
+        #expect(connect.status == 2 && connect.stderr.contains("not supported by the daemon yet"), "\(connect)")
+
+        daemon.process.signal(SIGTERM)
+        #expect(daemon.process.waitForExit(seconds: 10) && daemon.process.exitStatus == 0, "exit: \(daemon.process.log)")
+        #expect(!FileManager.default.fileExists(atPath: daemon.socketPath), "the socket was left behind")
+        let none = try daemon.client(["status"])
+        #expect(none.status == 61 && none.stderr.contains("krakl-agent daemon &"), "no daemon: \(none)")
+    }
+
+    @Test func aStaleSocketIsReplaced() throws {
+        let first = try Daemon()
+        first.process.signal(SIGKILL)
+        #expect(first.process.waitForExit(seconds: 10))
+        #expect(FileManager.default.fileExists(atPath: first.socketPath), "a killed daemon leaves its socket")
+        let orphaned = try first.client(["status"])
+        #expect(orphaned.status == 61, "status against a stale socket: \(orphaned)")
+        let second = try Daemon(runtime: first.runtime)
+        #expect(second.process.log.contains("replacing a stale control socket"), "\(second.process.log)")
+        #expect(try second.client(["status"]).status == 0)
+    }
+
+    @Test func withoutARuntimeFolderTheErrorSaysWhatToSet() throws {
+        try Harness.requireBuild()
+        guard !FileManager.default.fileExists(atPath: "/run/user/\(getuid())") else {
+            print("/run/user/\(getuid()) exists here: the fallback is used, nothing to check")
+            return
+        }
+        let result = try Harness.run("/usr/bin/env", ["-u", "XDG_RUNTIME_DIR", Harness.agent, "status"], timeout: 20)
+        #expect(result.status == 62 && result.stderr.contains("XDG_RUNTIME_DIR is not set"), "\(result)")
+        let daemon = try Harness.run("/usr/bin/env", ["-u", "XDG_RUNTIME_DIR", Harness.agent, "daemon"], timeout: 20)
+        #expect(daemon.status == 62, "\(daemon)")
+    }
+
+    /// Another user cannot reach a daemon (the folder is 0700, the socket 0600), and a connection
+    /// that does get through (root's, which permissions do not stop) is refused by its uid (SO_PEERCRED).
+    @Test func otherUsersAreRefused() throws {
+        guard geteuid() == 0 else {
+            skipTest("running a client as another user needs root (setpriv)")
+            return
+        }
+        let mine = try Daemon()
+        let blocked = try mine.client(["status"], user: "65534")
+        #expect(blocked.status == 62 && blocked.stderr.contains("not allowed"), "nobody's status: \(blocked)")
+
+        // A daemon of nobody's, which root (this test) then tries to use.
+        let runtime = try Harness.temporaryDirectory()
+        chown(runtime, 65534, 65534)
+        chmod(runtime, 0o700)
+        let theirs = try Daemon(runtime: runtime, user: "65534")
+        let raw = try RawClient(theirs.socketPath)
+        raw.send(#"{"v":1,"cmd":"status"}"# + "\n")
+        let reply = raw.line() ?? [:]
+        #expect(reply["ok"] as? Bool == false && (reply["error"] as? String ?? "").contains("refused"), "root's request: \(reply)")
+        #expect(raw.closedByPeer(), "the refused connection stayed open")
+        let asRoot = try theirs.client(["status"])
+        #expect(asRoot.status == 62 && asRoot.stderr.contains("refused"), "root's client: \(asRoot)")
+        let owner = try theirs.client(["status"], user: "65534")
+        #expect(owner.status == 0 && owner.stdout.contains("idle"), "its owner's status: \(owner)")
+    }
+
+    @Test func malformedAndHugeMessagesGetErrorsAndTheDaemonServesOn() throws {
+        let daemon = try Daemon()
+        let pid = daemon.pid
+        let before = Self.resources(pid)
+        let raw = try RawClient(daemon.socketPath)
+        raw.send("this is not json\n")
+        let malformed = raw.line() ?? [:]
+        #expect(malformed["ok"] as? Bool == false && (malformed["error"] as? String ?? "").contains("malformed"), "\(malformed)")
+        raw.send(#"{"v":1}"# + "\n")
+        #expect(raw.line()?["ok"] as? Bool == false)
+        raw.send(#"{"v":99,"cmd":"status"}"# + "\n")
+        let version = (raw.line() ?? [:])["error"] as? String ?? ""
+        #expect(version.contains("version 99"), "\(version)")
+
+        // 10 MB in one line, then a good request on the same connection.
+        let huge = [UInt8](repeating: UInt8(ascii: "x"), count: 10 << 20)
+        raw.sendBytes(huge)
+        let during = Self.resources(pid)
+        raw.send("\n" + #"{"v":1,"cmd":"status"}"# + "\n")
+        let tooLong = raw.line() ?? [:]
+        #expect(tooLong["ok"] as? Bool == false && (tooLong["error"] as? String ?? "").contains("longer than 64 KB"), "\(tooLong)")
+        let after = raw.line() ?? [:]
+        #expect(after["ok"] as? Bool == true, "the request after 10 MB: \(after)")
+        let end = Self.resources(pid)
+        print("daemon while sent 10 MB: RSS \(before.rssKB) → \(during.rssKB) → \(end.rssKB) KB, fds \(before.fds) → \(end.fds)")
+        #expect(end.rssKB - before.rssKB < 8 * 1024, "RSS grew from \(before.rssKB) to \(end.rssKB) KB for a 10 MB message")
+        #expect(try daemon.client(["status"]).status == 0, "another client after the big message")
+    }
+
+    @Test(arguments: ["path", "abstract"])
+    func typeNotifyGetsReady(kind: String) throws {
+        let folder = try Harness.temporaryDirectory()
+        let name = kind == "path" ? folder + "/notify.sock" : "@krakl-test-notify-\(getpid())-\(UUID().uuidString.prefix(8))"
+        let fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
+        defer { close(fd) }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        var bytes = Array(name.utf8)
+        if kind == "abstract" { bytes[0] = 0 }
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: bytes) }
+        let length = kind == "path" ? MemoryLayout<sockaddr_un>.size : 2 + bytes.count
+        let bound = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(length)) } }
+        try #require(bound == 0, "bind \(name): \(String(cString: strerror(errno)))")
+        var timeout = timeval(tv_sec: 20, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+
+        let daemon = try Daemon(environment: ["NOTIFY_SOCKET": name], waitReady: false)
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        let n = recv(fd, &buffer, buffer.count, 0)
+        let message = n > 0 ? String(decoding: buffer[0..<n], as: UTF8.self) : ""
+        print("NOTIFY_SOCKET (\(kind)) got: \(message.replacingOccurrences(of: "\n", with: " | "))")
+        #expect(message.split(separator: "\n").contains("READY=1"), "no READY=1: \(message) \(daemon.process.log)")
+        #expect(message.contains("STATUS="), "\(message)")
+        // Ready means ready: the socket answers now.
+        #expect(try daemon.client(["status"]).status == 0)
+        daemon.process.signal(SIGTERM)
+        let stopping = recv(fd, &buffer, buffer.count, 0)
+        #expect(stopping > 0 && String(decoding: buffer[0..<max(0, stopping)], as: UTF8.self).contains("STOPPING=1"))
+        #expect(daemon.process.waitForExit(seconds: 10) && daemon.process.exitStatus == 0)
+    }
+
+    @Test func theUnitFileIsTypeNotify() throws {
+        let unit = try String(contentsOfFile: Harness.repoRoot + "/dist/krakl-agent.service", encoding: .utf8)
+        #expect(unit.contains("Type=notify") && unit.contains("ExecStart=") && unit.contains(" daemon"), "\(unit)")
+        if let analyze = Harness.which("systemd-analyze") {
+            let result = try Harness.run(analyze, ["verify", "--man=no", Harness.repoRoot + "/dist/krakl-agent.service"], timeout: 30)
+            print("systemd-analyze verify: status \(result.status) \(result.stderr)")
+            #expect(!result.stderr.contains("Unknown key") && !result.stderr.contains("Invalid"), "\(result.stderr)")
+        }
+    }
+
+    // MARK: - In a WHIP room
+
+    /// The daemon in the room's namespace, sharing the typing scene at 640x360 from 127.0.0.2.
+    static func roomDaemon(_ room: RoomSessionTests.WhipRoom) throws -> Daemon {
+        try Daemon(namespace: room.namespace, extra: ["--address", "127.0.0.2", "--plugins", room.registry, "--option", "scene=typing",
+                                                      "--option", "width=640", "--option", "height=360"])
+    }
+
+    @Test func connectStatusWatchStopThroughTheSocket() throws {
+        guard let room = try RoomSessionTests.WhipRoom() else { return }
+        let daemon = try Self.roomDaemon(room)
+        let (code, token) = try room.codeFile(identity: "Dee's screen")
+        let watch = try DtlsTestProcess("/usr/bin/env", ["XDG_RUNTIME_DIR=\(daemon.runtime)", Harness.agent, "watch", "--json"])
+        defer { watch.stop() }
+        #expect(watch.waitFor("\"state\":\"idle\"", timeout: 10), "watch's first line: \(watch.log)")
+
+        let connect = try daemon.client(["connect", "@" + code])
+        #expect(connect.status == 0 && connect.stdout.contains("krakl-agent: sharing in ") && connect.stdout.contains("as \"Dee's screen\""), "connect: \(connect)")
+        let status = try daemon.status()
+        #expect(status["state"] as? String == "sharing" && status["identity"] as? String == "Dee's screen", "\(status)")
+        #expect(status["service"] as? String == "WHIP" && status["backend"] as? String == "file", "\(status)")
+        let text = try daemon.client(["status"])
+        #expect(text.stdout.contains("as \"Dee's screen\" (WHIP, backend file)"), "\(text.stdout)")
+
+        // Live numbers once a second while sharing.
+        let deadline = Date().addingTimeInterval(15)
+        var live: [[String: Any]] = []
+        while Date() < deadline {
+            live = WhipTestServer.events(watch.log).filter { ($0["status"] as? [String: Any])?["kbps"] != nil && $0["event"] as? String == "status" }
+            if live.count >= 2 { break }
+            _ = watch.waitFor("\u{1}never\u{1}", timeout: 0.2)
+        }
+        #expect(live.count >= 2, "watch gave no live numbers: \(watch.log.suffix(800))")
+        let frames = (live.last?["status"] as? [String: Any])?["framesSent"] as? Int ?? 0
+        #expect(frames > 0, "\(live.last ?? [:])")
+
+        let again = try daemon.client(["connect", "@" + code])
+        #expect(again.status == 63 && again.stderr.contains("already sharing; stop first"), "second connect: \(again)")
+
+        let stop = try daemon.client(["stop"])
+        #expect(stop.status == 0 && stop.stdout.contains("You stopped sharing."), "stop: \(stop)")
+        #expect(room.server.requests("DELETE", atLeast: 1, timeout: 5).count == 1, "the room never saw DELETE")
+        #expect(watch.waitFor("\"event\":\"ended\"", timeout: 10), "watch missed the end: \(watch.log.suffix(400))")
+        let idle = try daemon.status()
+        let lastEnd = idle["lastEnd"] as? [String: Any] ?? [:]
+        #expect(idle["state"] as? String == "idle" && lastEnd["reason"] as? String == "user-stopped" && lastEnd["exitStatus"] as? Int == 0, "\(idle)")
+
+        // Ready again: a bad code is the join code's own status, a good one shares.
+        let bad = try daemon.client(["connect", "-"], timeout: 20)
+        #expect(bad.status == 2, "connect - with empty stdin: \(bad)")
+        let garbage = try Harness.run(Harness.agent, ["connect", "-"], timeout: 20, environment: ["XDG_RUNTIME_DIR": daemon.runtime], stdin: "not a join code\n")
+        #expect(garbage.status == 40, "connect with garbage: \(garbage)")
+        let missing = try daemon.client(["connect", "--qr", "/nonexistent/picture.png"])
+        #expect(missing.status == 46 && missing.stderr.contains("/nonexistent/picture.png"), "connect --qr of a missing picture: \(missing)")
+        // The second share from a QR picture, named relative to the client's folder: the daemon reads it.
+        let second: Harness.Result
+        if Harness.which("qrencode") != nil {
+            let picture = try QRScanTests.qrencode(try String(contentsOfFile: code, encoding: .utf8), in: room.folder, name: "code-qr")
+            second = try Harness.run(Harness.agent, ["connect", "--qr", "code-qr.png"], timeout: 60,
+                                     environment: ["XDG_RUNTIME_DIR": daemon.runtime], currentDirectory: room.folder)
+            #expect(picture.hasSuffix("code-qr.png"))
+        } else {
+            skipTest("qrencode is not installed (Debian qrencode): connect --qr not checked")
+            second = try daemon.client(["connect", "@" + code])
+        }
+        #expect(second.status == 0, "connect after stop: \(second)")
+
+        // SIGTERM while sharing: the room is left (DELETE), then exit 0; the watcher's stream ends.
+        daemon.process.signal(SIGTERM)
+        #expect(room.server.requests("DELETE", atLeast: 2, timeout: 5).count == 2, "SIGTERM did not leave the room")
+        #expect(daemon.process.waitForExit(seconds: 10) && daemon.process.exitStatus == 0, "exit: \(daemon.process.log.suffix(500))")
+        #expect(watch.waitForExit(seconds: 10) && watch.exitStatus == 0, "watch did not end with the daemon")
+        let signature = String(token.split(separator: ".").last ?? "")
+        #expect(signature.count > 20 && !daemon.process.log.contains(signature), "the token's signature appeared in the daemon's output")
+    }
+
+    /// A room that refuses: connect exits with the refusal's status and the daemon is idle and ready again.
+    @Test func aRefusedConnectLeavesTheDaemonReady() throws {
+        guard let room = try RoomSessionTests.WhipRoom(["--status", "403", "--status-count", "1"]) else { return }
+        let daemon = try Self.roomDaemon(room)
+        let (code, _) = try room.codeFile(identity: "Flo")
+        let refused = try daemon.client(["connect", "@" + code])
+        #expect(refused.status == 33 && refused.stderr.contains("Could not join the room"), "connect to a refusing room: \(refused)")
+        let idle = try daemon.status()
+        let lastEnd = idle["lastEnd"] as? [String: Any] ?? [:]
+        #expect(idle["state"] as? String == "idle" && lastEnd["reason"] as? String == "join-refused" && lastEnd["exitStatus"] as? Int == 33, "\(idle)")
+        let text = try daemon.client(["status"])
+        #expect(text.stdout.contains("idle") && text.stdout.contains("last session: Could not join the room"), "\(text.stdout)")
+        let accepted = try daemon.client(["connect", "@" + code])
+        #expect(accepted.status == 0, "the next connect: \(accepted)")
+        #expect(try daemon.client(["stop"]).status == 0)
+    }
+
+    @Test func connectStopCyclesKeepTheDaemonFlat() throws {
+        guard let room = try RoomSessionTests.WhipRoom(["--seconds", "900"]) else { return }
+        let daemon = try Self.roomDaemon(room)
+        let (code, _) = try room.codeFile(identity: "Cy")
+        let cycles = Int(ProcessInfo.processInfo.environment["KRAKL_DAEMON_CYCLES"] ?? "") ?? 100
+        let pid = daemon.pid
+        func cycle(_ index: Int) throws {
+            let connect = try daemon.client(["connect", "@" + code])
+            try #require(connect.status == 0, "cycle \(index) connect: \(connect)")
+            let stop = try daemon.client(["stop"])
+            try #require(stop.status == 0 && stop.stdout.contains("You stopped sharing."), "cycle \(index) stop: \(stop)")
+        }
+        // One warm-up cycle: what the first session makes once (libvpx tables, URLSession) is not a leak.
+        try cycle(0)
+        let start = Self.settled(pid)
+        let began = MonotonicClock.milliseconds()
+        var middle = start
+        for index in 1...cycles {
+            try cycle(index)
+            if index == cycles / 5 { middle = Self.resources(pid) }
+        }
+        let seconds = (MonotonicClock.milliseconds() - began) / 1000
+        let end = Self.settled(pid, like: start)
+        print(String(format: "%d connect/stop cycles through the daemon in %.1f s: fds %d → %d, threads %d → %d, RSS %d → %d (after %d cycles) → %d KB",
+                     cycles, seconds, start.fds, end.fds, start.threads, end.threads, start.rssKB, middle.rssKB, cycles / 5, end.rssKB))
+        #expect(end.fds == start.fds, "descriptors \(start.fds) → \(end.fds)")
+        #expect(end.threads == start.threads, "threads \(start.threads) → \(end.threads)")
+        #expect(end.rssKB - start.rssKB < 30 * 1024, "RSS \(start.rssKB) → \(end.rssKB) KB")
+        #expect(room.server.requests("DELETE", atLeast: cycles + 1, timeout: 5).count == cycles + 1)
+    }
+
+    /// The daemon's resources once idle work threads retired (libdispatch's after ~5 s): polled, bounded.
+    static func settled(_ pid: pid_t, like target: (fds: Int, threads: Int, rssKB: Int)? = nil) -> (fds: Int, threads: Int, rssKB: Int) {
+        let deadline = Date().addingTimeInterval(20)
+        var now = resources(pid)
+        while Date() < deadline {
+            if let target, now.fds == target.fds && now.threads <= target.threads { break }
+            if target == nil && now.threads <= 2 { break }
+            usleep(200_000)
+            now = resources(pid)
+        }
+        return now
+    }
+}
