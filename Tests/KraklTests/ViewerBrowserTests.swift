@@ -125,12 +125,12 @@ import Testing
         return [first, last]
     }
 
-    /// The agent's named threads (its network loop, control, encoder…), sorted. Threads still called by
-    /// the process's name are left out: libdispatch starts and retires such workers on its own.
+    /// The agent's own named threads (krakl-…: its network loop, control…), sorted. Threads still called
+    /// by the process's name and libdispatch's workers (com.apple.root.…-qos) are left out: they come and go.
     static func namedThreads(_ pid: pid_t) -> [String] {
         let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
         return tasks.map { procText("/proc/\(pid)/task/\($0)/comm").trimmingCharacters(in: .whitespacesAndNewlines) }
-            .filter { !$0.isEmpty && $0 != "krakl-agent" }.sorted()
+            .filter { $0.hasPrefix("krakl-") && $0 != "krakl-agent" }.sorted()
     }
 
     @Test func thePagePlaysLiveVideoWithAdvancingStamps() throws {
