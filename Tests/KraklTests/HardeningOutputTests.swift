@@ -254,7 +254,11 @@ struct HardeningOutputTests {
                 "ended by \(agent.process.terminationReason == .exit ? "exit" : "signal") \(agent.process.terminationStatus)")
         #expect(agent.output.contains("stopped: \(reason)") && agent.output.contains("summary:"), "\(agent.output)")
         #expect(try segmentSizeIsKnown(dir + "/out.webm"))
-        #expect(try EncoderRecordingTests.packets(dir + "/out.webm").count >= 20)
+        // Every frame the encoder wrote is in the finished file (a count, not "at least 20": a loaded
+        // machine merges captured frames, and one CI run encoded fewer than 20 before the signal).
+        let packets = try EncoderRecordingTests.packets(dir + "/out.webm").count
+        let encoded = agent.output.components(separatedBy: "encoded: ").dropFirst().first.flatMap { Int($0.prefix { $0.isNumber }) }
+        #expect(packets >= 1 && packets == encoded, "\(packets) packets in the file, the agent said \(encoded.map(String.init) ?? "nothing")")
     }
 
     /// `krakl-agent | head`: the reader of stdout goes away. The agent used to die of SIGPIPE with
@@ -281,7 +285,8 @@ struct HardeningOutputTests {
         #expect(process.terminationReason == .exit && process.terminationStatus == 0,
                 "ended by \(process.terminationReason == .exit ? "exit" : "signal") \(process.terminationStatus)")
         #expect(try segmentSizeIsKnown(dir + "/out.webm"))
-        #expect(try EncoderRecordingTests.packets(dir + "/out.webm").count >= 20)
+        // Two status lines went out, so frames were encoded; how many depends on the machine's load.
+        #expect(try EncoderRecordingTests.packets(dir + "/out.webm").count >= 1)
     }
 
     // MARK: item 6: statistics in fixed memory

@@ -396,6 +396,15 @@ func threadCount() -> Int { (try? FileManager.default.contentsOfDirectory(atPath
         var quick = JanusDriver.Timeouts()
         quick.request = 1
         kill(pid, SIGSTOP)
+        // kill() returns before every thread has stopped; a loaded CI run once had Janus answer
+        // "create" after it. Wait (bounded) until each of its threads shows state T.
+        let stopDeadline = Date().addingTimeInterval(5)
+        func allStopped() -> Bool {
+            let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+            return !tasks.isEmpty && tasks.allSatisfy { procText("/proc/\(pid)/task/\($0)/stat").contains(") T ") }
+        }
+        while !allStopped() && Date() < stopDeadline { usleep(5_000) }
+        #expect(allStopped(), "Janus (pid \(pid)) did not stop")
         let hung = JanusDriver(baseURL: JanusTestbed.api, room: "1", timeouts: quick)
         let (hungError, hungMs) = Self.timed { () -> RoomError? in
             do { _ = try hung.publish(offer: peer.publisher.offerSDP, identity: "Ada"); return nil } catch { return error as? RoomError }
