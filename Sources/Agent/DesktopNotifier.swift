@@ -1,6 +1,7 @@
 import CSdBus
 import Foundation
 import Glibc
+import KraklSession
 
 /// Desktop notifications (org.freedesktop.Notifications.Notify on the session bus, through
 /// libsystemd's sd-bus like the PipeWire backend's portal client): "sharing started" and "sharing
@@ -13,6 +14,7 @@ final class DesktopNotifier: @unchecked Sendable {
     private static let maximumInFlight = 3
 
     private let queue = DispatchQueue(label: "krakl-notify")
+    private let group = DispatchGroup()
     private let lock = NSLock()
     private var inFlight = 0
     /// The server's id of our last notification: the next one replaces it (one entry, not a pile).
@@ -30,6 +32,16 @@ final class DesktopNotifier: @unchecked Sendable {
         return nil
     }
 
+    /// "Your screen is being shared in ROOM as IDENTITY".
+    func sharingStarted(room: String?, identity: String) {
+        notify(summary: "Sharing your screen", body: "Your screen is being shared in \(room ?? "the room") as \(identity)")
+    }
+
+    /// The end, with the reason in the person's words; `shared`: it got as far as sharing.
+    func sharingEnded(_ reason: EndReason, shared: Bool) {
+        notify(summary: shared ? "Screen sharing ended" : "Screen sharing did not start", body: reason.description)
+    }
+
     /// Any thread; returns at once.
     func notify(summary: String, body: String) {
         let admitted = lock.withLock { () -> Bool in
@@ -38,7 +50,7 @@ final class DesktopNotifier: @unchecked Sendable {
             return true
         }
         guard admitted else { return }
-        queue.async { [self] in
+        queue.async(group: group) { [self] in
             let replaces = lock.withLock { lastID }
             let id = Self.send(summary: summary, body: body, replaces: replaces)
             lock.withLock {
@@ -46,6 +58,11 @@ final class DesktopNotifier: @unchecked Sendable {
                 inFlight -= 1
             }
         }
+    }
+
+    /// Before the process exits: waits (a bounded time) for notifications still on their way.
+    func finish() {
+        _ = group.wait(timeout: .now() + .microseconds(Int(Self.budgetMicroseconds) * Self.maximumInFlight))
     }
 
     /// One Notify call on a connection of its own; the server's id, or nil when it did not work.

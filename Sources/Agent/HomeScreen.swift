@@ -69,6 +69,7 @@ final class HomeScreen: @unchecked Sendable {
         ended.wait()
         loop.stop()
         screen.restore()
+        controller.finish()
     }
 
     // MARK: - Input
@@ -293,7 +294,7 @@ final class HomeScreen: @unchecked Sendable {
             lines.append(screen.fit("State:     scanning the screen for a join code's QR code"))
         } else {
             lines.append(screen.emphasis(screen.fit("State:     idle, not sharing"), colour: 33))
-            if let lastEnd { lines += screen.wrap("Last:      " + lastEnd, indent: "", limit: 3) }
+            if let lastEnd { lines += screen.wrap(lastEnd, label: "Last:      ") }
         }
         if let notice {
             lines.append("")

@@ -53,6 +53,9 @@ final class SessionController {
         self.onEvent = onEvent
     }
 
+    /// Before the process exits: lets the last notification out (bounded).
+    func finish() { notifier?.finish() }
+
     /// A session runs (from connect until its end).
     var isActive: Bool { session != nil }
 
@@ -121,10 +124,7 @@ final class SessionController {
             firstShare = true
         }
         let now = status()
-        if firstShare {
-            notifier?.notify(summary: "Sharing your screen",
-                             body: "Your screen is being shared in \(now.room ?? "the room") as \(now.identity ?? "you")")
-        }
+        if firstShare { notifier?.sharingStarted(room: now.room, identity: now.identity ?? "you") }
         onEvent(.moved(state, now))
     }
 
@@ -136,7 +136,7 @@ final class SessionController {
         stateSince = MonotonicClock.milliseconds()
         stopTicker()
         lastEnd = ControlEnd(reason: reason.name, message: reason.description, exitStatus: reason.exitStatus)
-        notifier?.notify(summary: shared ? "Screen sharing ended" : "Screen sharing did not start", body: reason.description)
+        notifier?.sharingEnded(reason, shared: shared)
         onEvent(.ended(reason, status()))
     }
 

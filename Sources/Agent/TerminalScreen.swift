@@ -91,9 +91,11 @@ final class TerminalScreen {
         return text.count <= room ? text : String(text.prefix(room - 1)) + "…"
     }
 
-    /// `text` broken at spaces into lines that fit, at most `limit` of them (the last one cut).
-    func wrap(_ text: String, indent: String = "", limit: Int = 3) -> [String] {
-        let room = max(10, columns - 1 - indent.count)
+    /// `text` broken at spaces into lines that fit, at most `limit` of them; the first line starts
+    /// with `label`, the others with as many spaces.
+    func wrap(_ text: String, label: String = "", limit: Int = 3) -> [String] {
+        let indent = String(repeating: " ", count: label.count)
+        let room = max(10, columns - 1 - label.count)
         var lines: [String] = []
         var current = ""
         for word in text.split(separator: " ") {
@@ -104,7 +106,7 @@ final class TerminalScreen {
         }
         if !current.isEmpty { lines.append(current) }
         if lines.count > limit { lines = Array(lines.prefix(limit)) }
-        return lines.map { fit(indent + $0) }
+        return lines.enumerated().map { fit(($0.offset == 0 ? label : indent) + $0.element) }
     }
 
     /// Bold (and a colour) around `text`, unless colours are off. Call after `fit`: the codes take no room.
