@@ -218,19 +218,28 @@ final class ControlDaemon: @unchecked Sendable {
             guard peer == getuid() else {
                 let who = peer.map { "uid \($0)" } ?? "an unknown user"
                 logger("daemon", .warning, "refused a control connection from \(who)")
-                _ = send(connection, .failure("refused: this daemon belongs to uid \(getuid()) and takes requests from that user only (you are \(who))",
+                turnAway(connection, .failure("refused: this daemon belongs to uid \(getuid()) and takes requests from that user only (you are \(who))",
                                               status: 62))
-                Glibc.close(fd)
                 continue
             }
             guard connections.count < Self.maximumConnections else {
-                _ = send(connection, .failure("too many control connections at once (\(Self.maximumConnections)); try again", status: 63))
-                Glibc.close(fd)
+                turnAway(connection, .failure("too many control connections at once (\(Self.maximumConnections)); try again", status: 63))
                 continue
             }
             connections[fd] = connection
             loop.watch(fd: fd) { [self] in readClient(connection) }
         }
+    }
+
+    /// One reply, then the connection is closed. What the client already sent is read and dropped
+    /// first (a little, without waiting): a unix socket closed with unread data resets the
+    /// connection, and the client would get ECONNRESET instead of the reply and the end.
+    private func turnAway(_ connection: ControlConnection, _ message: ControlReply) {
+        _ = send(connection, message)
+        shutdown(connection.fd, Int32(SHUT_WR))
+        var chunk = [UInt8](repeating: 0, count: 4096)
+        for _ in 0..<16 where read(connection.fd, &chunk, chunk.count) > 0 {}
+        Glibc.close(connection.fd)
     }
 
     private typealias Accept4 = @convention(c) (Int32, UnsafeMutablePointer<sockaddr>?, UnsafeMutablePointer<socklen_t>?, Int32) -> Int32
