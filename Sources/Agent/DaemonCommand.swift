@@ -179,12 +179,7 @@ final class ControlDaemon: @unchecked Sendable {
     // MARK: - Signals
 
     private func readSignals() {
-        var bytes = [UInt8](repeating: 0, count: 64)
-        let n = read(signalFD, &bytes, bytes.count)
-        guard n > 0 else { return }
-        for byte in bytes.prefix(n) where byte != 0 && byte != 255 {
-            quit(signal: Int32(byte))
-        }
+        for number in ControlPipe.signals(on: signalFD) { quit(signal: number) }
     }
 
     private func quit(signal number: Int32) {

@@ -75,11 +75,8 @@ final class HomeScreen: @unchecked Sendable {
     // MARK: - Input
 
     private func readSignals() {
-        var bytes = [UInt8](repeating: 0, count: 64)
-        let n = read(signalFD, &bytes, bytes.count)
-        guard n > 0 else { return }
-        for byte in bytes.prefix(n) where byte != 0 && byte != 255 {
-            switch Int32(byte) {
+        for number in ControlPipe.signals(on: signalFD) {
+            switch number {
             case SIGWINCH:
                 screen.measure()
                 redraw()
