@@ -42,6 +42,8 @@ final class TerminalScreen {
         withUnsafeMutableBytes(of: &settings.c_cc) { bytes in
             bytes[Int(VMIN)] = 1
             bytes[Int(VTIME)] = 0
+            // No Ctrl-Z: a suspended screen would leave the shell in raw mode and come back unredrawn.
+            bytes[Int(VSUSP)] = 0
         }
         guard tcsetattr(input, TCSANOW, &settings) == 0 else { throw .usage("cannot put the terminal in raw mode: \(String(cString: strerror(errno)))") }
         Self.active = self

@@ -79,9 +79,10 @@ import Testing
     /// The bash script the pane runs: the agent with `arguments` (its own environment), then its exit
     /// status and whether the terminal is back in canonical mode. `trap : INT` keeps bash itself alive
     /// when Ctrl-C reaches the whole foreground group (the agent still gets SIGINT).
-    static func paneScript(_ room: RoomSessionTests.WhipRoom, arguments: [String], environment: [String: String], folder: String) -> String {
-        let quoted = ([Harness.agent, "--address", "127.0.0.2", "--plugins", room.registry, "--option", "scene=typing",
-                       "--option", "width=640", "--option", "height=360"] + arguments).map { "'\($0)'" }.joined(separator: " ")
+    static func paneScript(_ room: RoomSessionTests.WhipRoom, arguments: [String], environment: [String: String], folder: String,
+                           source: [String] = ["--option", "scene=typing", "--option", "width=640", "--option", "height=360"]) -> String {
+        let quoted = ([Harness.agent, "--address", "127.0.0.2", "--plugins", room.registry] + source + arguments)
+            .map { "'\($0)'" }.joined(separator: " ")
         let env = environment.map { "\($0.key)='\($0.value)'" }.sorted().joined(separator: " ")
         return """
         trap : INT
@@ -196,6 +197,31 @@ import Testing
         #expect(bodies.first == "Your screen is being shared in \(room.server.room) as Ivy's screen", "\(bodies)")
         #expect(bodies.last?.hasPrefix("Sharing was ended by the room") == true, "\(bodies)")
         #expect(calls.allSatisfy { $0["app_name"] as? String == "krakl-agent" })
+    }
+
+    /// s scans the screen (the file backend playing a clip where the room's join code appears after
+    /// a second), shows its progress, finds the code and shares.
+    @Test func scanTheScreenThenShare() throws {
+        guard try ScreenScanTests.prerequisites(), let room = try RoomSessionTests.WhipRoom() else { return }
+        let folder = try Harness.temporaryDirectory()
+        let (code, _) = try room.codeFile(identity: "Kim's screen")
+        let codeText = try String(contentsOfFile: code, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        let clip = try ScreenScanTests.clip(try ScreenScanTests.qrPNG(codeText, pixels: 3, in: folder), size: "800x600", seconds: 12, fps: 5,
+                                            appearsAt: 6, x: 100, y: 50, in: folder)
+        let pane = try Pane(script: Self.paneScript(room, arguments: ["home"], environment: ["KRAKL_NO_NOTIFY": "1"], folder: folder,
+                                                    source: ["--backend", "file", "--option", "path=" + clip, "--option", "loop=true"]),
+                            folder: folder, namespace: room.namespace)
+        try #require(pane.waitFor("[s] scan the screen", timeout: 20).ok, "no home screen: \(pane.screen())")
+        pane.keys("s")
+        let scanning = pane.waitFor(timeout: 10) { $0.contains("frames looked at") || $0.contains("State:     sharing") }
+        #expect(scanning.screen.contains("[s] stop scanning") && scanning.screen.contains("State:     scanning the screen"),
+                "no scanning progress: \(scanning.screen)")
+        let sharing = pane.waitFor(timeout: 40) { $0.contains("State:     sharing") && $0.contains("Identity:  Kim's screen") }
+        print("after scanning:\n\(sharing.screen)")
+        #expect(sharing.ok, "the scanned code did not share: \(sharing.screen) \(procText(folder + "/agent.stderr"))")
+        pane.keys("x")
+        #expect(pane.waitFor("EXIT=0", timeout: 20).ok, "x did not leave and quit: \(pane.screen())")
+        #expect(room.server.requests("DELETE", atLeast: 1, timeout: 5).count == 1, "the room never saw DELETE")
     }
 
     /// A dbus-daemon of the test's own with the notification server on it (nil and SKIP without dbus-daemon).
