@@ -204,7 +204,14 @@ final class HomeScreen: @unchecked Sendable {
 
     private func quit() {
         guard !quitting else { return }
-        if let scanner { scanner.stop() }
+        if let scanner {
+            // The scan's thread owns a capture source: it is let go before the process ends.
+            quitAfterSession = true
+            notice = "Stopping the scan, then quitting…"
+            scanner.stop()
+            redraw()
+            return
+        }
         if controller.isActive {
             quitAfterSession = true
             notice = "Leaving the room, then quitting…"
@@ -246,11 +253,15 @@ final class HomeScreen: @unchecked Sendable {
 
     private func scanEnded(_ outcome: Result<String, HomeScan.Failure>) {
         scanner = nil
+        if quitAfterSession {
+            quitAfterSession = false
+            quit()
+            return
+        }
         switch outcome {
         case .success(let code): connect(code: code, qr: nil)
         case .failure(let failure): if let words = failure.words { notice = words }
         }
-        if quitting || quitAfterSession { quit() }
         redraw()
     }
 

@@ -111,6 +111,13 @@ import Testing
         try #require(home.ok, "no home screen: \(home.screen)")
         #expect(home.screen.contains("krakl-agent") && home.screen.contains("State:     idle"), "\(home.screen)")
 
+        // q, a picture that is not there: said at home, still idle.
+        pane.keys("q")
+        pane.type("/nonexistent/code.png")
+        pane.keys("Enter")
+        let missing = pane.waitFor("Cannot connect", timeout: 10)
+        #expect(missing.ok && missing.screen.contains("/nonexistent/code.png") && missing.screen.contains("State:     idle"), "\(missing.screen)")
+
         // c, the code pasted, Enter: sharing, with live numbers refreshed in place.
         pane.keys("c")
         #expect(pane.waitFor("Paste or type the join code", timeout: 10).ok)
