@@ -31,6 +31,8 @@ var x11Mode = false
 var pipewireMode = false
 var rtcMode = false
 var roomMode = false
+var viewerMode = false
+var viewerLoss = true
 var scanMode = false
 var isolateMode = false
 var soakMode = false
@@ -48,6 +50,8 @@ while let word = words.popFirst() {
     case "pipewire": pipewireMode = true
     case "rtc": rtcMode = true
     case "room": roomMode = true
+    case "viewer": viewerMode = true
+    case "--no-loss": viewerLoss = false
     case "scan": scanMode = true
     case "isolate": isolateMode = true
     case "soak": soakMode = true
@@ -63,7 +67,7 @@ while let word = words.popFirst() {
         let parts = (words.popFirst() ?? "").split(separator: "x").compactMap { Int($0) }
         if parts.count == 2 { (width, height) = (parts[0], parts[1]) }
     default:
-        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT']|room [--joins N]|scan [--rounds N]|soak [--minutes N] [--isolate]|isolate [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
+        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT']|room [--joins N]|viewer [--rounds N] [--seconds S] [--no-loss]|scan [--rounds N]|soak [--minutes N] [--isolate]|isolate [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
         exit(2)
     }
 }
@@ -177,6 +181,10 @@ if scanMode {
 }
 if roomMode {
     try runRoomBench(joins: joins)
+    exit(0)
+}
+if viewerMode {
+    try runViewerBench(seconds: seconds, rounds: roundsGiven ? rounds : 5, loss: viewerLoss)
     exit(0)
 }
 if rtcMode {

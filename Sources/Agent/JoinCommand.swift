@@ -82,8 +82,10 @@ func sharingConfiguration(_ arguments: Arguments, invitation: Invitation, logger
     for server in invitation.code.iceServers {
         if let address = server.stunAddress {
             configuration.publisher.stunServers.append(address)
+        } else if let turn = server.turnServer {
+            configuration.publisher.turnServers.append(turn)
         } else {
-            logger("agent", .warning, "ignoring ICE server \(server.url): only stun: with an IP address is supported so far (TURN and names: issue 16)")
+            logger("agent", .warning, "ignoring ICE server \(server.url): only stun: and turn: (UDP, with credentials) with an IP address are supported so far (turns:, TCP and names: issue 16)")
         }
     }
     return configuration

@@ -39,8 +39,11 @@ public struct IceConfiguration: Sendable {
 public enum IceEvent: Equatable, Sendable {
     /// A pair was nominated: media and DTLS go over it from now on (again after a restart).
     case selected(IceCandidatePair)
-    /// A server-reflexive candidate was learned from a STUN server: signal it (trickle).
+    /// A server-reflexive candidate was learned from a STUN server, or a relay candidate from a
+    /// TURN server: signal it (trickle).
     case localCandidate(IceCandidate)
+    /// A TURN server gave no allocation (or lost it); ICE goes on with the other candidates.
+    case relayFailed(String)
     /// RFC 7675: no consent response for the consent timeout; nothing more may be sent.
     case consentExpired
     case failed(String)
@@ -89,7 +92,24 @@ public final class IceAgent {
     public private(set) var consentResponses = 0
 
     private var bases: [TransportAddress]
+    /// One host candidate per base, signalled unless `relayOnly`.
+    private var hostCandidates: [IceCandidate] = []
     private var stunServers: [TransportAddress]
+    /// Only relay candidates are paired and signalled (`iceTransportPolicy: "relay"`).
+    public let relayOnly: Bool
+
+    /// One TURN allocation per server, on the first base of the server's address family.
+    private struct Relay {
+        var client: TurnClient
+        /// The host socket the client talks to its server from.
+        var base: TransportAddress
+        var candidate: IceCandidate?
+    }
+    private var relays: [Relay] = []
+    /// What went wrong with each TURN server, for the failure message.
+    public private(set) var relayErrors: [String] = []
+    /// The latest time the owner passed in: `drain()` wraps relayed checks with it.
+    private var lastNow: UInt64 = 0
 
     private struct Transaction {
         enum Kind { case check(IcePairKey, useCandidate: Bool), consent(IcePairKey), serverReflexive(base: TransportAddress, server: TransportAddress) }
@@ -126,15 +146,19 @@ public final class IceAgent {
     /// - Parameters:
     ///   - bases: the bound sockets' addresses; each becomes a host candidate.
     ///   - stunServers: servers to learn server-reflexive candidates from (none by default: no traffic leaves the host unasked).
-    ///   - lite: an ICE-lite agent (controlled, host candidates only; `controlling` and `stunServers` are ignored).
+    ///   - lite: an ICE-lite agent (controlled, host candidates only; `controlling`, `stunServers` and `turnServers` are ignored).
+    ///   - turnServers: servers to allocate relay candidates on (RFC 8656).
+    ///   - relayOnly: pair and signal relay candidates only; host sockets then only talk to the TURN servers.
     public init(credentials: IceCredentials = .random(), bases: [TransportAddress], controlling: Bool = true,
                 tieBreaker: UInt64 = UInt64.random(in: 0...UInt64.max), stunServers: [TransportAddress] = [],
-                configuration: IceConfiguration = IceConfiguration(), lite: Bool = false) {
+                configuration: IceConfiguration = IceConfiguration(), lite: Bool = false,
+                turnServers: [TurnServer] = [], relayOnly: Bool = false, turnConfiguration: TurnConfiguration = TurnConfiguration()) {
         local = credentials
         self.bases = bases
         self.lite = lite
+        self.relayOnly = relayOnly && !lite
         let controlling = controlling && !lite
-        let stunServers = lite ? [] : stunServers
+        let stunServers = lite || relayOnly ? [] : stunServers
         self.controlling = controlling
         self.tieBreaker = tieBreaker
         self.stunServers = stunServers
@@ -143,14 +167,27 @@ public final class IceAgent {
         for (index, base) in bases.enumerated() {
             // Local preference: earlier (IPv4 first) bases rank higher.
             let priority = IceCandidate.priority(kind: .host, localPreference: UInt16(65535 - min(index, 1000) * 10))
-            localCandidates.append(IceCandidate(foundation: "\(index + 1)", priority: priority, address: "\(base.ip)",
-                                                port: base.port, kind: .host))
+            hostCandidates.append(IceCandidate(foundation: "\(index + 1)", priority: priority, address: "\(base.ip)",
+                                               port: base.port, kind: .host))
+        }
+        if !self.relayOnly { localCandidates = hostCandidates }
+        if !lite {
+            for server in turnServers {
+                guard let base = bases.first(where: { $0.ip.isIPv6 == server.address.ip.isIPv6 }) else {
+                    relayErrors.append("TURN server \(server.address): no local address of its family")
+                    continue
+                }
+                relays.append(Relay(client: TurnClient(server: server, configuration: turnConfiguration), base: base))
+            }
         }
     }
 
     /// Starts gathering server-reflexive candidates (nothing to do without STUN servers).
     public func startGathering(now: UInt64) {
+        lastNow = now
         gather(from: stunServers, now: now)
+        for relay in relays { relay.client.start(now: now) }
+        if relayOnly, relays.isEmpty { failRelayOnly() }
     }
 
     /// STUN servers learned after the offer (a WHIP server's `Link` headers): gathers from the ones
@@ -195,8 +232,16 @@ public final class IceAgent {
         if !remoteCandidates.contains(where: { $0.transportAddress == candidate.transportAddress }) {
             remoteCandidates.append(candidate)
         }
-        for (index, base) in bases.enumerated() {
-            checkList.add(local: localCandidates[index], localBase: base, remote: candidate)
+        if !relayOnly {
+            for (index, base) in bases.enumerated() {
+                checkList.add(local: hostCandidates[index], localBase: base, remote: candidate)
+            }
+        }
+        for relay in relays {
+            guard let local = relay.candidate, let relayed = relay.client.relayedAddress,
+                  let key = checkList.add(local: local, localBase: relayed, remote: candidate) else { continue }
+            // The server drops what peers send to the relayed address until we permit them (RFC 8656 §9).
+            relay.client.permit(key.remote, now: now)
         }
     }
 
@@ -218,9 +263,124 @@ public final class IceAgent {
 
     /// Everything to send and report since the last call.
     public func drain() -> (transmits: [IceTransmit], events: [IceEvent]) {
+        pumpRelays()
+        // Checks and answers on a relay candidate travel inside Send indications or ChannelData.
+        if !relays.isEmpty {
+            transmits = transmits.compactMap { transmit in
+                guard let relay = relays.first(where: { $0.client.relayedAddress == transmit.localBase }) else { return transmit }
+                return relay.client.wrap(transmit.bytes, to: transmit.to, now: lastNow)
+                    .map { IceTransmit(localBase: relay.base, to: relay.client.server.address, bytes: $0) }
+            }
+            pumpRelays()
+        }
         defer { transmits.removeAll(keepingCapacity: true); events.removeAll(keepingCapacity: true) }
         return (transmits, events)
     }
+
+    // MARK: - TURN relays
+
+    /// Collects what the TURN clients want sent and what they report.
+    private func pumpRelays() {
+        for index in relays.indices {
+            let relay = relays[index]
+            let (datagrams, relayEvents) = relay.client.drain()
+            for datagram in datagrams { transmits.append(IceTransmit(localBase: relay.base, to: relay.client.server.address, bytes: datagram)) }
+            for event in relayEvents {
+                switch event {
+                case .allocated(let relayed, let mapped):
+                    guard phase != .failed else { continue }
+                    let candidate = IceCandidate(foundation: "r\(index + 1)",
+                                                 priority: IceCandidate.priority(kind: .relay, localPreference: UInt16(65535 - min(index, 1000) * 10)),
+                                                 address: "\(relayed.ip)", port: relayed.port, kind: .relay,
+                                                 relatedAddress: mapped.map { "\($0.ip)" }, relatedPort: mapped?.port)
+                    relays[index].candidate = candidate
+                    localCandidates.append(candidate)
+                    events.append(.localCandidate(candidate))
+                    for remote in remoteCandidates where remote.kind != .prflx { addRemoteCandidate(remote, now: lastNow) }
+                case .failed(let error):
+                    relayErrors.append(error.description)
+                    events.append(.relayFailed(error.description))
+                    if relayOnly, relays.allSatisfy({ if case .failed = $0.client.state { return true } else { return false } }) {
+                        failRelayOnly()
+                    }
+                case .permissionFailed(let peer, let error):
+                    relayErrors.append("permission for \(peer): \(error)")
+                case .channelBound, .closed:
+                    break
+                }
+            }
+        }
+        // Events above may have queued more (permissions for the pairs just made).
+        for relay in relays {
+            let (datagrams, _) = relay.client.drain()
+            for datagram in datagrams { transmits.append(IceTransmit(localBase: relay.base, to: relay.client.server.address, bytes: datagram)) }
+        }
+    }
+
+    /// TURN servers learned after the offer (a WHIP server's `Link` headers): allocates on the new
+    /// ones; their relay candidates arrive as `.localCandidate` events, to trickle.
+    public func addTurnServers(_ servers: [TurnServer], now: UInt64, configuration turnConfiguration: TurnConfiguration = TurnConfiguration()) {
+        guard !lite else { return }
+        lastNow = now
+        for server in servers where !relays.contains(where: { $0.client.server == server }) {
+            guard let base = bases.first(where: { $0.ip.isIPv6 == server.address.ip.isIPv6 }) else { continue }
+            let client = TurnClient(server: server, configuration: turnConfiguration)
+            relays.append(Relay(client: client, base: base))
+            client.start(now: now)
+        }
+    }
+
+    private func failRelayOnly() {
+        guard phase != .failed, selected == nil else { return }
+        phase = .failed
+        events.append(.failed(relays.isEmpty && relayErrors.isEmpty
+            ? "ICE failed: relay-only candidates were asked for but no TURN server is configured"
+            : "ICE failed: relay-only candidates were asked for and no TURN server gave an allocation: " + relayErrors.joined(separator: "; ")))
+    }
+
+    /// True when `from` is the TURN server the socket bound to `base` talks to: the datagram is
+    /// for `receiveFromRelayServer`, whatever its first byte.
+    public func isRelayServer(_ from: TransportAddress, base: TransportAddress) -> Bool {
+        relays.contains { $0.base == base && $0.client.server.address == from }
+    }
+
+    /// True when `base` is a relayed address (no socket of ours: send through `relayWrap`).
+    public func isRelayBase(_ base: TransportAddress) -> Bool {
+        relays.contains { $0.client.relayedAddress == base }
+    }
+
+    /// A datagram from a TURN server: responses go to its client; a peer's STUN inside a Data
+    /// indication or ChannelData is handled here (its base is the relayed address). Anything else
+    /// a peer relayed (DTLS, SRTP) is returned for the owner to demultiplex as if it had arrived on
+    /// `relayBase` from `peer`.
+    public func receiveFromRelayServer(_ datagram: [UInt8], from: TransportAddress, base: TransportAddress,
+                                       now: UInt64) -> (relayBase: TransportAddress, peer: TransportAddress, data: [UInt8])? {
+        lastNow = now
+        guard let relay = relays.first(where: { $0.base == base && $0.client.server.address == from }),
+              let (peer, data) = relay.client.receive(datagram, now: now), let relayed = relay.client.relayedAddress else { return nil }
+        if StunMessage.looksLikeStun(data) {
+            receive(data, from: peer, base: relayed, now: now)
+            return nil
+        }
+        return (relayed, peer, data)
+    }
+
+    /// The datagram to send (from a host socket, to the TURN server) that carries `bytes` from
+    /// `relayBase` to `to`; nil when that relay cannot carry it yet (queued) or at all.
+    public func relayWrap(_ bytes: [UInt8], relayBase: TransportAddress, to: TransportAddress, now: UInt64) -> IceTransmit? {
+        guard let relay = relays.first(where: { $0.client.relayedAddress == relayBase }),
+              let wire = relay.client.wrap(bytes, to: to, now: now) else { return nil }
+        return IceTransmit(localBase: relay.base, to: relay.client.server.address, bytes: wire)
+    }
+
+    /// Deallocates every TURN allocation (Refresh, lifetime 0); `drain()` then has the requests.
+    public func closeRelays(now: UInt64) {
+        lastNow = now
+        for relay in relays { relay.client.close(now: now) }
+    }
+
+    /// The TURN clients' states, for stats and tests.
+    public var relayStates: [TurnClient.State] { relays.map(\.client.state) }
 
     /// When `tick` must run next, or nil when nothing is timed.
     public var nextDeadline: UInt64? {
@@ -231,6 +391,7 @@ public final class IceAgent {
             consider(nextCheckAt)
         }
         for transaction in transactions.values { consider(transaction.nextRetransmit) }
+        for relay in relays { consider(relay.client.nextDeadline) }
         if needsNomination, controlling, nominating == nil, let best = checkList.bestSucceeded, let firstSuccessAt {
             // Nominate at once when no better pair is still possible, else after the wait.
             consider(checkList.higherPriorityPending(than: best.key) ? firstSuccessAt + configuration.nominationWait : firstSuccessAt)
@@ -244,6 +405,8 @@ public final class IceAgent {
     /// Runs what is due: the next paced check, retransmissions, nomination, consent.
     public func tick(now: UInt64) {
         guard phase != .failed else { return }
+        lastNow = now
+        for relay in relays { relay.client.tick(now: now) }
         // Retransmissions (and transactions that ran out).
         for (id, transaction) in transactions where transaction.nextRetransmit <= now {
             let limit: Int
@@ -301,9 +464,10 @@ public final class IceAgent {
         if selected == nil, phase == .checking, let remoteSetAt, now >= remoteSetAt + configuration.connectTimeout {
             phase = .failed
             let tried = checkList.pairs.count
-            events.append(.failed(tried == 0
+            let turn = relayErrors.isEmpty ? "" : "; TURN: " + relayErrors.joined(separator: "; ")
+            events.append(.failed((tried == 0
                 ? "ICE failed: the answer gave no usable candidate (IPv4/IPv6 UDP on an address family we have) within \(configuration.connectTimeout / 1_000_000_000) s"
-                : "ICE failed: none of \(tried) candidate pairs answered a connectivity check within \(configuration.connectTimeout / 1_000_000_000) s"))
+                : "ICE failed: none of \(tried) candidate pairs answered a connectivity check within \(configuration.connectTimeout / 1_000_000_000) s") + turn))
         }
     }
 
@@ -321,6 +485,9 @@ public final class IceAgent {
     /// Handles a datagram that `StunMessage.looksLikeStun` accepted, received on the socket
     /// bound to `base` from `from`. Malformed or unauthenticated messages are dropped.
     public func receive(_ datagram: [UInt8], from: TransportAddress, base: TransportAddress, now: UInt64) {
+        lastNow = now
+        // Relay-only: the host sockets are not candidates; a check arriving on one is not answered.
+        if relayOnly, bases.contains(base) { return }
         guard let message = try? StunMessage(parsing: datagram), message.method == StunMessage.bindingMethod else { return }
         switch message.messageClass {
         case .request: handleRequest(message, from: from, base: base, now: now)
@@ -382,7 +549,14 @@ public final class IceAgent {
     /// The source of a check: a known remote candidate, or a new peer-reflexive one (§7.3.1.3),
     /// then the triggered check on its pair (§7.3.1.4) and USE-CANDIDATE for a controlled agent (§7.3.1.5).
     private func learnRemote(from: TransportAddress, base: TransportAddress, priority: UInt32, useCandidate: Bool, now: UInt64) {
-        guard let baseIndex = bases.firstIndex(of: base) else { return }
+        let localCandidate: IceCandidate
+        if let baseIndex = bases.firstIndex(of: base), !relayOnly {
+            localCandidate = hostCandidates[baseIndex]
+        } else if let relay = relays.first(where: { $0.client.relayedAddress == base }), let candidate = relay.candidate {
+            localCandidate = candidate
+        } else {
+            return
+        }
         var remoteCandidate = remoteCandidates.first { $0.transportAddress == from }
         if remoteCandidate == nil {
             let candidate = IceCandidate(foundation: "prflx\(remoteCandidates.count)", priority: priority, address: "\(from.ip)",
@@ -390,7 +564,7 @@ public final class IceAgent {
             remoteCandidates.append(candidate)
             remoteCandidate = candidate
         }
-        guard let key = checkList.add(local: localCandidates[baseIndex], localBase: base, remote: remoteCandidate!),
+        guard let key = checkList.add(local: localCandidate, localBase: base, remote: remoteCandidate!),
               let pair = checkList[key] else { return }
         if lite {
             // No checks of our own: the peer's check proves the path, its nomination selects it,

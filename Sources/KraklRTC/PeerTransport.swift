@@ -76,7 +76,8 @@ final class PeerTransport {
         sockets = try addresses.map { try UdpSocket(bindTo: $0) }
         certificate = try Certificate()
         ice = IceAgent(bases: sockets.map(\.localAddress), controlling: role.iceControlling, stunServers: configuration.stunServers,
-                       configuration: configuration.ice, lite: role.iceLite)
+                       configuration: configuration.ice, lite: role.iceLite, turnServers: configuration.turnServers,
+                       relayOnly: configuration.relayOnly)
     }
 
     /// Network thread: watches the sockets and starts gathering.
@@ -136,9 +137,17 @@ final class PeerTransport {
 
     /// Protects and sends one RTP (or, with `rtcp`, RTCP) packet on the selected pair.
     func transmit(_ plain: [UInt8], rtcp: Bool) -> VideoSendStream.TransmitResult {
-        guard let pair = ice.selected, let socket = socket(for: pair.localBase), let srtpOut else { return .protectFailed }
+        guard let pair = ice.selected, let srtpOut else { return .protectFailed }
         guard let protected = try? (rtcp ? srtpOut.protect(rtcp: plain) : srtpOut.protect(rtp: plain)) else { return .protectFailed }
-        return socket.send(protected, to: pair.remoteAddress) ? .sent : .sendFailed
+        return send(protected, base: pair.localBase, to: pair.remoteAddress) ? .sent : .sendFailed
+    }
+
+    /// Sends from a host socket, or through the TURN server when `base` is a relayed address.
+    private func send(_ bytes: [UInt8], base: TransportAddress, to: TransportAddress) -> Bool {
+        if let socket = socket(for: base) { return socket.send(bytes, to: to) }
+        guard let wrapped = ice.relayWrap(bytes, relayBase: base, to: to, now: MonotonicClock.nanoseconds()),
+              let socket = socket(for: wrapped.localBase) else { return false }
+        return socket.send(wrapped.bytes, to: wrapped.to)
     }
 
     /// Network thread: says goodbye to the peer (the RTCP `bye` if media was up, then DTLS
@@ -146,6 +155,9 @@ final class PeerTransport {
     func shutDown(bye: [UInt8]?) {
         if !finished, let bye, srtpOut != nil, ice.selected != nil { _ = transmit(bye, rtcp: true) }
         if let dtls { sendDtls(dtls.close()) }
+        // Deallocate relays: one Refresh (lifetime 0) each, not waited for.
+        ice.closeRelays(now: MonotonicClock.nanoseconds())
+        for transmit in ice.drain().transmits { socket(for: transmit.localBase)?.send(transmit.bytes, to: transmit.to) }
         finished = true
         if let scheduled { loop.cancel(scheduled.id) }
         scheduled = nil
@@ -166,27 +178,39 @@ final class PeerTransport {
             guard let (bytes, from) = socket.receive(&receiveBuffer) else { break }
             // Per datagram: handlers below run service(), which moves the clock on.
             let now = MonotonicClock.nanoseconds()
-            guard let first = bytes.first else { continue }
+            if ice.isRelayServer(from, base: socket.localAddress) {
+                // TURN responses, and what peers sent to our relayed address (STUN is handled inside).
+                if let relayed = ice.receiveFromRelayServer(bytes, from: from, base: socket.localAddress, now: now) {
+                    demultiplex(relayed.data, from: relayed.peer, base: relayed.relayBase, now: now)
+                }
+                continue
+            }
+            demultiplex(bytes, from: from, base: socket.localAddress, now: now)
+        }
+        service()
+    }
+
+    /// RFC 7983 by the first byte: STUN to ICE, DTLS, SRTCP; the rest is dropped.
+    private func demultiplex(_ bytes: [UInt8], from: TransportAddress, base: TransportAddress, now: UInt64) {
+            guard let first = bytes.first else { return }
             switch first {
             case 0...3:
-                ice.receive(bytes, from: from, base: socket.localAddress, now: now)
+                ice.receive(bytes, from: from, base: base, now: now)
             case 20...63:
-                guard !finished else { continue }
+                guard !finished else { return }
                 guard let dtls else {
-                    keepEarlyDtls(bytes, from: from, base: socket.localAddress)
-                    continue
+                    keepEarlyDtls(bytes, from: from, base: base)
+                    return
                 }
-                if dtlsPeer == nil || ice.selected == nil { dtlsPeer = (socket.localAddress, from) }
+                if dtlsPeer == nil || ice.selected == nil { dtlsPeer = (base, from) }
                 handleDtls(dtls.receive(bytes))
             case 128...191:
                 if RtcpPacket.looksLikeRtcp(bytes), let srtpIn, let plain = srtpIn.unprotect(srtcp: bytes) {
                     delegate?.transportReceivedRtcp(plain, now: now)
                 }
             default:
-                continue  // RFC 7983: anything else is dropped
+                return  // RFC 7983: anything else is dropped
             }
-        }
-        service()
     }
 
     // MARK: Timers
@@ -225,11 +249,17 @@ final class PeerTransport {
         for event in events {
             switch event {
             case .selected(let pair):
-                stats.update { $0.selectedPair = pair.description; $0.iceChecksSent = ice.checksSent }
+                stats.update {
+                    $0.selectedPair = pair.description
+                    $0.selectedPairTypes = "\(pair.local.kind.rawValue)/\(pair.local.transport) -> \(pair.remote.kind.rawValue)"
+                    $0.iceChecksSent = ice.checksSent
+                }
                 dtlsPeer = (pair.localBase, pair.remoteAddress)
                 if let dtls, dtls.state == .new, dtls.role == .client { handleDtls(dtls.start()) }
             case .localCandidate(let candidate):
                 delegate?.transportLocalCandidate(candidate)
+            case .relayFailed(let reason):
+                stats.update { $0.relayErrors.append(reason) }
             case .consentExpired:
                 let seconds = configuration.ice.consentTimeout / 1_000_000_000
                 // An ICE-lite side asks nothing: what stopped is the peer's checking (a closed tab, a lost path).
@@ -251,7 +281,7 @@ final class PeerTransport {
 
     private func sendDtls(_ output: DtlsOutput) {
         guard let peer = ice.selected.map({ ($0.localBase, $0.remoteAddress) }) ?? dtlsPeer else { return }
-        for datagram in output.datagrams { socket(for: peer.0)?.send(datagram, to: peer.1) }
+        for datagram in output.datagrams { _ = send(datagram, base: peer.0, to: peer.1) }
     }
 
     private func handleDtls(_ output: DtlsOutput) {

@@ -26,6 +26,10 @@ public struct PublisherConfiguration: Sendable {
     public var addresses = IceAddressPolicy()
     /// STUN servers for server-reflexive candidates (none: nothing leaves the host unasked).
     public var stunServers: [TransportAddress] = []
+    /// TURN servers to allocate relay candidates on (RFC 8656, UDP to the server).
+    public var turnServers: [TurnServer] = []
+    /// Relay candidates only (`iceTransportPolicy: "relay"`): nothing but the TURN servers sees our addresses.
+    public var relayOnly = false
     public var codecs: [SdpVideoOffer.Codec] = [.vp8, .vp9]
     /// Encoder bitrate bounds and start, bits per second.
     public var minimumBitrate = 150_000.0
@@ -202,7 +206,7 @@ public final class Publisher: @unchecked Sendable {
         offer.codecs = configuration.codecs
         if let label = configuration.label { offer.sessionName = label }
         offer.candidates = transport.ice.localCandidates
-        offer.trickle = !configuration.stunServers.isEmpty || configuration.trickleLater
+        offer.trickle = !configuration.stunServers.isEmpty || !configuration.turnServers.isEmpty || configuration.trickleLater
         offer.endOfCandidates = !offer.trickle
         currentOffer = offer
         statistics.update { $0.targetBitrate = configuration.startBitrate }
@@ -349,6 +353,16 @@ public final class Publisher: @unchecked Sendable {
         guard !servers.isEmpty else { return }
         loop.post { [self] in
             transport.ice.addStunServers(servers, now: MonotonicClock.nanoseconds())
+            transport.service()
+        }
+    }
+
+    /// TURN servers learned after the offer (a WHIP server's `Link` headers): their relay
+    /// candidates come as `.localCandidate` events, for the room driver to trickle.
+    public func addTurnServers(_ servers: [TurnServer]) {
+        guard !servers.isEmpty else { return }
+        loop.post { [self] in
+            transport.ice.addTurnServers(servers, now: MonotonicClock.nanoseconds())
             transport.service()
         }
     }

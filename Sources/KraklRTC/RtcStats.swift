@@ -7,6 +7,10 @@ public struct RtcStats: Sendable, Equatable {
     /// From applying the answer to DTLS connected.
     public var connectMilliseconds: Double?
     public var selectedPair: String?
+    /// The selected pair's candidate types, "local/transport -> remote" (e.g. "relay/udp -> host").
+    public var selectedPairTypes: String?
+    /// Why TURN servers gave no relay candidate (the session may still connect on other candidates).
+    public var relayErrors: [String] = []
     public var codec: String?
     public var dtlsRole: String?
     public var srtpProfile: String?
@@ -78,9 +82,10 @@ public struct RtcStats: Sendable, Equatable {
             "receiver_reports": receiverReports, "target_bitrate": targetBitrate, "loss_based_bitrate": lossBasedBitrate,
             "bitrate_updates": bitrateUpdates, "transport_feedbacks": transportFeedbacks,
             "ice_checks_sent": iceChecksSent, "ice_requests_received": iceRequestsReceived, "consent_responses": consentResponses, "early_dtls_datagrams": earlyDtlsDatagrams,
+            "relay_errors": relayErrors,
         ]
         let optional: [String: Any?] = [
-            "connect_ms": connectMilliseconds, "selected_pair": selectedPair, "codec": codec, "dtls_role": dtlsRole,
+            "connect_ms": connectMilliseconds, "selected_pair": selectedPair, "selected_pair_types": selectedPairTypes, "codec": codec, "dtls_role": dtlsRole,
             "srtp_profile": srtpProfile, "rtt_ms": roundTripMilliseconds, "fraction_lost": fractionLost,
             "cumulative_lost": cumulativeLost, "jitter_ms": jitterMilliseconds, "remb_bitrate": rembBitrate,
             "acked_bitrate": ackedBitrate, "delay_based_bitrate": delayBasedBitrate,

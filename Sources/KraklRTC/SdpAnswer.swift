@@ -95,16 +95,7 @@ public struct SdpAnswer: Sendable {
         func value(_ name: String) -> String? { video.value(name) ?? document.session.value(name) }
 
         // ICE (RFC 8839 §5.4): ufrag 4-256 ice-chars, pwd 22-256.
-        guard let ufrag = value("ice-ufrag") else { throw SdpError.missingIceCredentials("ice-ufrag") }
-        guard let pwd = value("ice-pwd") else { throw SdpError.missingIceCredentials("ice-pwd") }
-        guard (4...256).contains(ufrag.count), ufrag.allSatisfy(\.isIceChar) else {
-            throw SdpError.badIceCredentials("ice-ufrag \"\(ufrag)\" must be 4-256 characters of A-Z a-z 0-9 + /")
-        }
-        guard (22...256).contains(pwd.count), pwd.allSatisfy(\.isIceChar) else {
-            throw SdpError.badIceCredentials("ice-pwd must be 22-256 characters of A-Z a-z 0-9 + / (it has \(pwd.count))")
-        }
-        iceUfrag = ufrag
-        icePwd = pwd
+        (iceUfrag, icePwd) = try SdpIceCredentials.read(value)
         iceLite = document.session.has("ice-lite")
         iceOptions = (value("ice-options") ?? "").split(separator: " ").map(String.init)
 
@@ -278,5 +269,21 @@ struct SdpMediaSection {
     static func splitFirstWord(_ s: String) -> (String, String) {
         let parts = s.split(separator: " ", maxSplits: 1, omittingEmptySubsequences: true)
         return (parts.first.map(String.init) ?? "", parts.count > 1 ? String(parts[1].trimmingSpaces) : "")
+    }
+}
+
+/// The peer's ICE credentials (RFC 8839 §5.4: ufrag 4-256 ice-chars, pwd 22-256), from a media
+/// section or the session level; the same rule for answers we read and offers we answer.
+enum SdpIceCredentials {
+    static func read(_ value: (String) -> String?) throws -> (ufrag: String, pwd: String) {
+        guard let ufrag = value("ice-ufrag") else { throw SdpError.missingIceCredentials("ice-ufrag") }
+        guard let pwd = value("ice-pwd") else { throw SdpError.missingIceCredentials("ice-pwd") }
+        guard (4...256).contains(ufrag.count), ufrag.allSatisfy(\.isIceChar) else {
+            throw SdpError.badIceCredentials("ice-ufrag \"\(ufrag.prefix(40))\" must be 4-256 characters of A-Z a-z 0-9 + /")
+        }
+        guard (22...256).contains(pwd.count), pwd.allSatisfy(\.isIceChar) else {
+            throw SdpError.badIceCredentials("ice-pwd must be 22-256 characters of A-Z a-z 0-9 + / (it has \(pwd.count))")
+        }
+        return (ufrag, pwd)
     }
 }

@@ -145,16 +145,7 @@ public struct SdpRemoteOffer: Sendable {
         feedback = RtcpFeedback.offered.filter { offeredFeedback.contains($0) && ($0 != .transportCC || extensions[.transportWideSequence] != nil) }
 
         // ICE (RFC 8839 §5.4) and DTLS (RFC 8122, RFC 8842), as for answers.
-        guard let ufrag = value("ice-ufrag") else { throw SdpError.missingIceCredentials("ice-ufrag") }
-        guard let pwd = value("ice-pwd") else { throw SdpError.missingIceCredentials("ice-pwd") }
-        guard (4...256).contains(ufrag.count), ufrag.allSatisfy(\.isIceChar) else {
-            throw SdpError.badIceCredentials("ice-ufrag \"\(ufrag.prefix(40))\" must be 4-256 characters of A-Z a-z 0-9 + /")
-        }
-        guard (22...256).contains(pwd.count), pwd.allSatisfy(\.isIceChar) else {
-            throw SdpError.badIceCredentials("ice-pwd must be 22-256 characters of A-Z a-z 0-9 + / (it has \(pwd.count))")
-        }
-        iceUfrag = ufrag
-        icePwd = pwd
+        (iceUfrag, icePwd) = try SdpIceCredentials.read(value)
         iceLite = document.session.has("ice-lite")
         let fingerprintValues = video.values("fingerprint").isEmpty ? document.session.values("fingerprint") : video.values("fingerprint")
         guard !fingerprintValues.isEmpty else { throw SdpError.missingFingerprint }

@@ -14,6 +14,18 @@ public enum StunAttribute: Equatable, Sendable {
     case useCandidate
     case iceControlled(tieBreaker: UInt64)
     case iceControlling(tieBreaker: UInt64)
+    /// TURN (RFC 8656 §18): the peer a Send/Data indication or permission is about.
+    case xorPeerAddress(TransportAddress)
+    /// TURN: the allocation's address on the server (Allocate success).
+    case xorRelayedAddress(TransportAddress)
+    /// TURN: seconds an allocation (or, in a request, the asked-for one) lives; 0 deallocates.
+    case lifetime(UInt32)
+    /// TURN: the application datagram of a Send or Data indication.
+    case data([UInt8])
+    /// TURN: a ChannelBind's channel, 0x4000-0x4FFF.
+    case channelNumber(UInt16)
+    /// TURN: the relayed transport's IP protocol number (17 = UDP).
+    case requestedTransport(UInt8)
     case other(type: UInt16, value: [UInt8])
 
     /// Attribute type codes (IANA STUN Attributes registry).
@@ -28,6 +40,12 @@ public enum StunAttribute: Equatable, Sendable {
         public static let xorMappedAddress: UInt16 = 0x0020
         public static let priority: UInt16 = 0x0024
         public static let useCandidate: UInt16 = 0x0025
+        public static let channelNumber: UInt16 = 0x000C
+        public static let lifetime: UInt16 = 0x000D
+        public static let xorPeerAddress: UInt16 = 0x0012
+        public static let data: UInt16 = 0x0013
+        public static let xorRelayedAddress: UInt16 = 0x0016
+        public static let requestedTransport: UInt16 = 0x0019
         public static let software: UInt16 = 0x8022
         public static let fingerprint: UInt16 = 0x8028
         public static let iceControlled: UInt16 = 0x8029
@@ -48,6 +66,12 @@ public enum StunAttribute: Equatable, Sendable {
         case .useCandidate: return Code.useCandidate
         case .iceControlled: return Code.iceControlled
         case .iceControlling: return Code.iceControlling
+        case .xorPeerAddress: return Code.xorPeerAddress
+        case .xorRelayedAddress: return Code.xorRelayedAddress
+        case .lifetime: return Code.lifetime
+        case .data: return Code.data
+        case .channelNumber: return Code.channelNumber
+        case .requestedTransport: return Code.requestedTransport
         case .other(let type, _): return type
         }
     }
@@ -58,7 +82,7 @@ public enum StunAttribute: Equatable, Sendable {
         switch self {
         case .mappedAddress(let address):
             Self.appendAddress(address, to: &v, xorWith: nil)
-        case .xorMappedAddress(let address):
+        case .xorMappedAddress(let address), .xorPeerAddress(let address), .xorRelayedAddress(let address):
             Self.appendAddress(address, to: &v, xorWith: StunMessage.cookieBytes + transactionID)
         case .username(let s), .software(let s):
             v = Array(s.utf8)
@@ -77,6 +101,16 @@ public enum StunAttribute: Equatable, Sendable {
             break
         case .iceControlled(let t), .iceControlling(let t):
             v.appendBE64(t)
+        case .lifetime(let seconds):
+            v.appendBE32(seconds)
+        case .data(let bytes):
+            v = bytes
+        case .channelNumber(let channel):
+            // RFFU half must be zero (RFC 8656 §18.1).
+            v.appendBE16(channel)
+            v.appendBE16(0)
+        case .requestedTransport(let proto):
+            v = [proto, 0, 0, 0]
         case .other(_, let value):
             v = value
         }
@@ -95,6 +129,25 @@ public enum StunAttribute: Equatable, Sendable {
             return .mappedAddress(try readAddress(value, type: type, xorWith: nil))
         case Code.xorMappedAddress:
             return .xorMappedAddress(try readAddress(value, type: type, xorWith: cookieAndID(transactionID)))
+        case Code.xorPeerAddress:
+            return .xorPeerAddress(try readAddress(value, type: type, xorWith: cookieAndID(transactionID)))
+        case Code.xorRelayedAddress:
+            return .xorRelayedAddress(try readAddress(value, type: type, xorWith: cookieAndID(transactionID)))
+        case Code.lifetime:
+            try need(4)
+            return .lifetime(value.be32(at: 0))
+        case Code.data:
+            return .data(value)
+        case Code.channelNumber:
+            try need(4)
+            let channel = value.be16(at: 0)
+            guard ChannelData.channelRange.contains(channel) else {
+                throw StunError.badAttribute(type: type, "channel 0x\(String(channel, radix: 16)) outside 0x4000-0x4FFF")
+            }
+            return .channelNumber(channel)
+        case Code.requestedTransport:
+            try need(4)
+            return .requestedTransport(value[0])
         case Code.username:
             return .username(try utf8(value, type: type))
         case Code.software:

@@ -356,14 +356,16 @@ public final class SharingSession: @unchecked Sendable {
         let answeredAt = MonotonicClock.milliseconds()
         lock.withLock { timings.answered = answeredAt }
         let stun = answer.iceServers.compactMap(\.stunAddress)
-        if stun.count < answer.iceServers.count {
-            logger("session", .info, "the room server named ICE servers this agent cannot use yet (TURN, host names: issue 16): "
-                   + answer.iceServers.filter { $0.stunAddress == nil }.map(\.url).joined(separator: ", "))
+        let turn = answer.iceServers.compactMap(\.turnServer)
+        if stun.count + turn.count < answer.iceServers.count {
+            logger("session", .info, "the room server named ICE servers this agent cannot use yet (turns:, TCP, host names: issue 16): "
+                   + answer.iceServers.filter { $0.stunAddress == nil && $0.turnServer == nil }.map(\.url).joined(separator: ", "))
         }
         do {
             let parsed = try publisher.setAnswer(answer.sdp)
             try makePipeline(codec: parsed.codec, publisher: publisher)
             publisher.addStunServers(stun)
+            publisher.addTurnServers(turn)
         } catch let error as SdpError {
             post(.joinFailed(.badReply("the answer SDP is not usable: \(error)")))
             return

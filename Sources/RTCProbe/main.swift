@@ -22,6 +22,7 @@ import KraklSession
 
 let usage = """
 usage: krakl-rtc-probe [--address IP]... [--allow-loopback] [--no-ipv6] [--stun HOST:PORT]
+                       [--turn IP:PORT,USER,PASSWORD]... [--relay-only]
                        [--answer FILE] [--seconds N] [--connect-timeout S]
                        [--backend NAME] [--plugins FILE] [--option key=value]...
                        [--bitrate KBPS] [--min-bitrate KBPS] [--max-bitrate KBPS]
@@ -78,6 +79,16 @@ do {
                 fail("--stun \(text) is not IP:PORT", status: 2)
             }
             configuration.stunServers.append(TransportAddress(ip: ip, port: port))
+        case "--turn":
+            // IP:PORT,USER,PASSWORD (a test tool: the password is on the command line).
+            let text = value(flag)
+            let parts = text.split(separator: ",", maxSplits: 2, omittingEmptySubsequences: false).map(String.init)
+            guard parts.count == 3, let colon = parts[0].lastIndex(of: ":"), let port = UInt16(parts[0][parts[0].index(after: colon)...]),
+                  let ip = IPAddress(String(parts[0][..<colon]).trimmingCharacters(in: CharacterSet(charactersIn: "[]"))) else {
+                fail("--turn wants IP:PORT,USER,PASSWORD", status: 2)
+            }
+            configuration.turnServers.append(TurnServer(address: TransportAddress(ip: ip, port: port), username: parts[1], password: parts[2]))
+        case "--relay-only": configuration.relayOnly = true
         case "--answer": answerPath = value(flag)
         case "--seconds": seconds = number(flag)
         case "--connect-timeout": connectTimeout = number(flag)

@@ -23,10 +23,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from aiortc_receiver import read_stamp, read_stdin_block  # noqa: E402
+from aiortc_receiver import collect_stamped_frames, read_stdin_block  # noqa: E402
 
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription  # noqa: E402
-from aiortc.mediastreams import MediaStreamError  # noqa: E402
 
 
 async def main():
@@ -58,22 +57,10 @@ async def main():
     def on_state():
         states.append([round((time.monotonic() - started) * 1000, 1), pc.connectionState])
 
-    async def consume(track):
-        try:
-            while True:
-                frame = await track.recv()
-                plane = frame.planes[0]
-                stamp = read_stamp(bytes(plane), plane.line_size, frame.width, frame.height)
-                frames.append((time.monotonic() * 1000, stamp[0] if stamp else None, frame.width, frame.height))
-        except MediaStreamError:
-            pass
-        finally:
-            track_ended.set()
-
     @pc.on("track")
     def on_track(track):
         if track.kind == "video":
-            asyncio.ensure_future(consume(track))
+            asyncio.ensure_future(collect_stamped_frames(track, frames, track_ended))
 
     await pc.setLocalDescription(await pc.createOffer())
     sys.stdout.write(pc.localDescription.sdp.replace("\r\n", "\n").rstrip("\n") + "\n\n")

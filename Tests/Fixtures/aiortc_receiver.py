@@ -29,6 +29,21 @@ from aiortc.mediastreams import MediaStreamError
 from aiortc.rtcrtpreceiver import RTCRtpReceiver
 
 
+async def collect_stamped_frames(track, frames, ended):
+    """Appends (monotonic ms, stamp or None, width, height) for each decoded frame of `track`
+    until it ends, then sets `ended` (asyncio.Event). The subscribers and the offerer share it."""
+    try:
+        while True:
+            frame = await track.recv()
+            plane = frame.planes[0]
+            stamp = read_stamp(bytes(plane), plane.line_size, frame.width, frame.height)
+            frames.append((time.monotonic() * 1000, stamp[0] if stamp else None, frame.width, frame.height))
+    except MediaStreamError:
+        pass
+    finally:
+        ended.set()
+
+
 def read_stamp(plane, stride, width, height):
     """The (frame number, capture ms) of a stamped luma plane, or None."""
     per_row = width // 16

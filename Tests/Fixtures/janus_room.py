@@ -29,9 +29,8 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from aiortc_receiver import read_stamp, read_stdin_block  # noqa: E402
+from aiortc_receiver import collect_stamped_frames, read_stdin_block  # noqa: E402
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription  # noqa: E402
-from aiortc.mediastreams import MediaStreamError  # noqa: E402
 
 BASE = "http://127.0.0.1:8088/janus"
 
@@ -108,22 +107,10 @@ async def watch_publisher(room, publisher_id, seconds, keepalive_handle):
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     ended = asyncio.Event()
 
-    async def consume(track):
-        try:
-            while True:
-                frame = await track.recv()
-                plane = frame.planes[0]
-                stamp = read_stamp(bytes(plane), plane.line_size, frame.width, frame.height)
-                frames.append((time.monotonic() * 1000, stamp[0] if stamp else None, frame.width, frame.height))
-        except MediaStreamError:
-            pass
-        finally:
-            ended.set()
-
     @pc.on("track")
     def on_track(track):
         if track.kind == "video":
-            asyncio.ensure_future(consume(track))
+            asyncio.ensure_future(collect_stamped_frames(track, frames, ended))
 
     await pc.setRemoteDescription(RTCSessionDescription(sdp=attached["jsep"]["sdp"], type="offer"))
     await pc.setLocalDescription(await pc.createAnswer())

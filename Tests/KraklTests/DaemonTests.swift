@@ -107,10 +107,12 @@ import Testing
             return (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any] ?? ["unparsed": String(decoding: line, as: UTF8.self)]
         }
 
-        /// True when the daemon closed the connection (read gives 0).
+        /// True when the daemon closed the connection: read gives 0, or ECONNRESET when it closed
+        /// before reading what we sent (a unix socket resets then). A timeout (EAGAIN) is still open.
         func closedByPeer() -> Bool {
             var byte: UInt8 = 0
-            return read(fd, &byte, 1) == 0
+            let n = read(fd, &byte, 1)
+            return n == 0 || (n < 0 && errno == ECONNRESET)
         }
     }
 

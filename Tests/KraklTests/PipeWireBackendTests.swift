@@ -321,7 +321,9 @@ struct PipeWireBackendTests {
         let name = "krakl-test-source"
         _ = try stack.spawn(["gst-launch-1.0", "videotestsrc", "is-live=true", "!", "video/x-raw,format=BGRx,width=640,height=480", "!",
                              "pipewiresink", "mode=provide", "stream-properties=props,media.class=Video/Source,node.name=\(name)"])
-        let id = try #require(try stack.waitForNode(named: name), "the gst node never appeared")
+        // 30 s: a first gst-launch on a fresh machine builds GStreamer's plugin registry, and a loaded
+        // full run once took over 10 s to show the node.
+        let id = try #require(try stack.waitForNode(named: name, timeout: 30), "the gst node never appeared")
         let probe = try PipeWireProbe(stack, options: ["node=\(name)"])
         #expect(probe.read(timeout: 20) { $0.components(separatedBy: "size=640x480").count > 5 }, "\(probe.text)")
         // The probe stays connected while conformance runs. The suite's groups run in

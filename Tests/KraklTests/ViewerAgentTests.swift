@@ -78,7 +78,7 @@ import Testing
     }
 
     /// The page's own script in headless Chromium: it reads the token from the fragment (and
-    /// clears it from the address bar), waits for ICE gathering, POSTs a recvonly video offer
+    /// clears it from the address bar), POSTs a recvonly video offer at once
     /// with the Bearer token, and, given an answer it cannot use (the fake's), says so and
     /// DELETEs its session.
     @Test func thePageSendsARecvonlyOfferInChromium() throws {

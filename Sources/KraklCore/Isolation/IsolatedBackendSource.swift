@@ -579,8 +579,11 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
         unmapRing()
         state.lock()
         end = ended
-        // A call waiting for its reply reports the death itself (start throws, and so on).
-        let expected = expectingExit || awaiting != nil
+        // A call still waiting for its reply reports the death itself (start throws, and so on). One
+        // whose reply already came returns success and reports nothing: a child that answered start()
+        // and then broke the protocol went unreported while the caller's thread had not woken yet
+        // (a loaded CI run: the source never ended).
+        let expected = expectingExit || (awaiting != nil && reply == nil)
         state.broadcast()
         state.unlock()
         guard !expected else { return }

@@ -1,0 +1,333 @@
+#!/usr/bin/env python3
+"""A person watching krakl-agent's built-in viewer page in headless Chromium.
+
+Drives /usr/bin/chromium through /usr/bin/chromedriver with selenium, one command at a time so
+a test can act in between. JSON commands on stdin, one a line; each answered with one JSON line
+on stdout ({"ok": true, ...} or {"ok": false, "error": ...}):
+
+  {"cmd": "open", "url": U, "timeout": T}   load the page; wait (at most T s) until it shows video
+                                             whose frame stamp can be read, or the page ends
+  {"cmd": "watch", "seconds": S}            S s of video: every presented frame's stamp
+                                             (requestVideoFrameCallback), getStats numbers, and
+                                             capture → presented latency per frame
+  {"cmd": "state"}                          the page's own state (window.kraklViewer) and stats
+  {"cmd": "leave"}                          leave the page (about:blank): it DELETEs its session
+  {"cmd": "vanish"}                         SIGKILL Chromium: the tab is gone without a DELETE
+                                             or a DTLS close (only ICE consent can tell the agent)
+  {"cmd": "quit"}                           leave the page, close the browser, end
+
+Before the page's own script runs, a script added over the DevTools protocol (1) records every
+RTCPeerConnection the page makes, for getStats, and (2) hooks the video's
+requestVideoFrameCallback: for each presented frame, its presentationTime (ms on the
+performance.now() clock, whose origin is the navigation's start) and the frame stamp read from
+the frame's top rows (docs/frame-stamp.md's reader, CLOCK_MONOTONIC ms of the capture). The
+clocks are put together by a few selenium round trips (the shortest one's midpoint), the way
+TESTBED.md's /clock endpoint does it, so latency = presentation - capture on one clock.
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+
+HOOKS = r"""
+(() => {
+  const Original = window.RTCPeerConnection;
+  window.__kraklPeers = [];
+  window.RTCPeerConnection = class extends Original {
+    constructor(...args) {
+      super(...args);
+      window.__kraklPeers.push(this);
+      // Where the first frame's time goes (ms on the page's clock).
+      const marks = window.__kraklMarks;
+      marks.created = performance.now();
+      this.addEventListener('icegatheringstatechange', () => {
+        if (this.iceGatheringState === 'complete') marks.gathered = performance.now();
+      });
+      this.addEventListener('connectionstatechange', () => {
+        if (this.connectionState === 'connected' && !marks.connected) marks.connected = performance.now();
+      });
+      this.addEventListener('track', () => { if (!marks.track) marks.track = performance.now(); });
+    }
+  };
+  window.__kraklMarks = {};
+  const originalFetch = window.fetch;
+  window.fetch = function (resource, options) {
+    const marks = window.__kraklMarks;
+    const post = options && options.method === 'POST';
+    if (post) marks.posted = performance.now();
+    const answer = originalFetch.apply(this, arguments);
+    if (post) answer.then(() => { marks.answered = performance.now(); }, () => {});
+    return answer;
+  };
+  function readStamp(ctx, width) {
+    const perRow = Math.floor(width / 16), bits = [];
+    for (let i = 0; i < 74; i++) {
+      const x = (i % perRow) * 16 + 4, y = Math.floor(i / perRow) * 16 + 4;
+      const d = ctx.getImageData(x, y, 8, 8).data;
+      let sum = 0;
+      for (let p = 0; p < d.length; p += 4) sum += (d[p] + d[p + 1] + d[p + 2]) / 3;
+      bits.push(sum / 64 >= 128 ? 1 : 0);
+    }
+    if (bits[0] !== 1 || bits[1] !== 0) return null;
+    const bytes = [];
+    for (let b = 0; b < 9; b++) bytes.push(bits.slice(2 + b * 8, 10 + b * 8).reduce((v, bit) => (v << 1) | bit, 0));
+    let crc = 0;
+    for (const byte of bytes.slice(0, 8)) {
+      crc ^= byte;
+      for (let k = 0; k < 8; k++) crc = crc & 0x80 ? ((crc << 1) ^ 0x07) & 0xff : (crc << 1) & 0xff;
+    }
+    if (crc !== bytes[8]) return null;
+    const word = (o) => ((bytes[o] << 24) | (bytes[o + 1] << 16) | (bytes[o + 2] << 8) | bytes[o + 3]) >>> 0;
+    return { frame: word(0), captureMs: word(4) };
+  }
+  window.__kraklFrames = [];
+  function hook() {
+    const video = document.getElementById('video');
+    if (!video || !video.requestVideoFrameCallback) return;
+    const canvas = document.createElement('canvas');
+    let ctx = null;
+    const onFrame = (now, meta) => {
+      const w = meta.width, h = meta.height;
+      // The stamp's rows only (one 16-px row of blocks from 1184 px wide, more when narrower).
+      const rows = Math.min(h, Math.ceil(74 / Math.max(1, Math.floor(w / 16))) * 16);
+      if (canvas.width !== w || canvas.height !== rows) { canvas.width = w; canvas.height = rows; ctx = null; }
+      ctx = ctx || canvas.getContext('2d', { willReadFrequently: true });
+      ctx.drawImage(video, 0, 0, w, rows, 0, 0, w, rows);
+      const stamp = readStamp(ctx, w);
+      if (window.__kraklFrames.length < 100000) {
+        window.__kraklFrames.push({ p: meta.presentationTime, w, h, presented: meta.presentedFrames,
+                                    frame: stamp ? stamp.frame : null, captureMs: stamp ? stamp.captureMs : null });
+      }
+      video.requestVideoFrameCallback(onFrame);
+    };
+    video.requestVideoFrameCallback(onFrame);
+  }
+  document.addEventListener('DOMContentLoaded', hook);
+})();
+"""
+
+STATS = r"""
+const done = arguments[arguments.length - 1];
+const pc = (window.__kraklPeers || []).slice(-1)[0];
+if (!pc) { done(null); return; }
+pc.getStats().then((report) => {
+  const out = { connectionState: pc.connectionState };
+  const byId = {};
+  let pairId = null;
+  report.forEach((s) => {
+    byId[s.id] = s;
+    if (s.type === 'inbound-rtp' && s.kind === 'video') {
+      for (const key of ['framesDecoded', 'framesReceived', 'framesDropped', 'keyFramesDecoded', 'freezeCount',
+                         'totalFreezesDuration', 'pauseCount', 'totalPausesDuration', 'jitterBufferDelay',
+                         'jitterBufferEmittedCount', 'packetsReceived', 'packetsLost', 'nackCount', 'pliCount',
+                         'firCount', 'frameWidth', 'frameHeight', 'framesPerSecond', 'bytesReceived', 'totalDecodeTime']) {
+        out[key] = s[key];
+      }
+    }
+    if (s.type === 'transport' && s.selectedCandidatePairId) pairId = s.selectedCandidatePairId;
+  });
+  const pair = byId[pairId];
+  if (pair) {
+    const local = byId[pair.localCandidateId] || {}, remote = byId[pair.remoteCandidateId] || {};
+    out.pair = { local: (local.address || local.ip) + ':' + local.port + ' ' + local.candidateType,
+                 remote: (remote.address || remote.ip) + ':' + remote.port + ' ' + remote.candidateType,
+                 rtt: pair.currentRoundTripTime };
+  }
+  done(out);
+}).catch((e) => done({ error: String(e) }));
+"""
+
+PAGE_STATE = ("return window.kraklViewer ? {text: kraklViewer.text, ended: kraklViewer.ended, offerSent: kraklViewer.offerSent,"
+              " answered: kraklViewer.answered} : null")
+
+
+def monotonic_ms():
+    return time.monotonic() * 1000  # CLOCK_MONOTONIC on Linux: the agent's stamps' clock
+
+
+class Viewer:
+    def __init__(self, args):
+        self.profile = tempfile.mkdtemp(prefix="krakl-viewer-chromium-")
+        options = webdriver.ChromeOptions()
+        options.binary_location = "/usr/bin/chromium"
+        for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--no-first-run", "--disable-gpu",
+                     "--disable-extensions", "--autoplay-policy=no-user-gesture-required",
+                     "--window-size=%s" % args.window.replace("x", ","), "--user-data-dir=" + self.profile):
+            options.add_argument(flag)
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+        self.service = Service("/usr/bin/chromedriver")
+        self.driver = webdriver.Chrome(service=self.service, options=options)
+        self.driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": HOOKS})
+        self.frames_taken = 0
+        self.vanished = False
+
+    def frames(self):
+        """Frames presented since the last call."""
+        frames = self.driver.execute_script("return window.__kraklFrames ? window.__kraklFrames.slice(arguments[0]) : []",
+                                            self.frames_taken)
+        self.frames_taken += len(frames)
+        return frames
+
+    def stats(self):
+        return self.driver.execute_async_script(STATS)
+
+    def clock_offset(self):
+        """CLOCK_MONOTONIC ms minus performance.now() ms (the round trip with the least delay)."""
+        best = None
+        for _ in range(12):
+            before = monotonic_ms()
+            now = self.driver.execute_script("return performance.now()")
+            after = monotonic_ms()
+            if best is None or after - before < best[0]:
+                best = (after - before, (before + after) / 2 - now)
+        return best[1], best[0]
+
+    def open(self, command):
+        started = monotonic_ms()
+        self.driver.set_page_load_timeout(command.get("timeout", 30))
+        # A URL differing only in its fragment would not load the page again (same document).
+        self.driver.get("about:blank")
+        self.frames_taken = 0
+        started = monotonic_ms()
+        self.driver.get(command["url"])
+        deadline = time.monotonic() + command.get("timeout", 30)
+        seen = []
+        state = None
+        while time.monotonic() < deadline:
+            state = self.driver.execute_script(PAGE_STATE)
+            seen += self.frames()
+            if any(f["frame"] is not None for f in seen) or (state and state["ended"]):
+                break
+            time.sleep(0.05)
+        offset, rtt = self.clock_offset()
+        stamped = [f for f in seen if f["frame"] is not None]
+        # The performance.now() clock starts at the navigation, so presentationTime is "page opened → shown".
+        return {"playing": bool(stamped), "state": state, "waited_ms": monotonic_ms() - started,
+                "first_frame_ms": seen[0]["p"] if seen else None,
+                "first_stamped_ms": stamped[0]["p"] if stamped else None,
+                "first_latency_ms": (stamped[0]["p"] + offset - unwrap(stamped[0]["captureMs"], stamped[0]["p"] + offset))
+                if stamped else None,
+                "size": "%sx%s" % (seen[0]["w"], seen[0]["h"]) if seen else None, "clock_rtt_ms": rtt,
+                "marks": self.driver.execute_script("return window.__kraklMarks || {}")}
+
+    def watch(self, command):
+        before = self.stats()
+        self.frames()  # from now on
+        time.sleep(command.get("seconds", 3))
+        frames = self.frames()
+        after = self.stats()
+        offset, rtt = self.clock_offset()
+        stamped = [f for f in frames if f["frame"] is not None]
+        numbers = [f["frame"] for f in stamped]
+        times = [f["p"] for f in frames]
+        latencies = sorted(round(f["p"] + offset - unwrap(f["captureMs"], f["p"] + offset), 2) for f in stamped)
+        return {
+            "presented": len(frames), "stamps_read": len(stamped), "distinct_frames": len(set(numbers)),
+            "first_frame": numbers[0] if numbers else None, "last_frame": numbers[-1] if numbers else None,
+            "decreasing": sum(1 for a, b in zip(numbers, numbers[1:]) if b < a),
+            "sizes": sorted({"%dx%d" % (f["w"], f["h"]) for f in frames}),
+            "latency_ms": latencies, "clock_rtt_ms": rtt,
+            # The longest time the picture stood still (headless Chromium merges some callbacks: ~2 frames is normal).
+            "max_gap_ms": max((b - a for a, b in zip(times, times[1:])), default=None),
+            "stats_before": before, "stats": after, "state": self.driver.execute_script(PAGE_STATE),
+        }
+
+    def state(self, command):
+        return {"state": self.driver.execute_script(PAGE_STATE), "stats": self.stats()}
+
+    def vanish(self, command):
+        # Every process under chromedriver (the browser, its renderers and helpers), killed at once:
+        # no pagehide, no DELETE, no DTLS close_notify.
+        victims = descendants(self.service.process.pid)
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return {"killed": len(victims)}
+
+    def leave(self, command):
+        # Leaving the page, as closing its tab does: pagehide, and the page DELETEs its session (keepalive).
+        self.driver.get("about:blank")
+        return {}
+
+    def close(self):
+        try:
+            if self.vanished:
+                raise RuntimeError("gone")
+            self.leave({})
+            time.sleep(0.3)  # the keepalive DELETE leaves from the browser; quitting at once could cut it
+        except Exception:
+            pass
+        try:
+            self.driver.quit()
+        except Exception:
+            try:
+                self.service.stop()
+            except Exception:
+                pass
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+
+def unwrap(capture_ms, presented_ms):
+    """The capture time (CLOCK_MONOTONIC ms modulo 2^32, as stamped) nearest before `presented_ms`."""
+    base = presented_ms - (presented_ms % 2**32)
+    value = base + capture_ms
+    return value - 2**32 if value > presented_ms + 2**31 else value
+
+
+def descendants(root):
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [root]
+    while todo and len(found) < 1000:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--window", default="1280x900")
+    args = parser.parse_args()
+    viewer = Viewer(args)
+    print(json.dumps({"ok": True, "ready": True, "browser": viewer.driver.capabilities.get("browserVersion")}), flush=True)
+    commands = {"open": viewer.open, "watch": viewer.watch, "state": viewer.state, "leave": viewer.leave, "vanish": viewer.vanish}
+    try:
+        for line in sys.stdin:
+            if not line.strip():
+                continue
+            command = json.loads(line)
+            if command["cmd"] == "quit":
+                break
+            try:
+                reply = {"ok": True, "cmd": command["cmd"]}
+                reply.update(commands[command["cmd"]](command))
+            except Exception as error:  # the test reads the failure; the session goes on
+                reply = {"ok": False, "cmd": command.get("cmd"), "error": "%s: %s" % (type(error).__name__, error)}
+            print(json.dumps(reply), flush=True)
+            if command["cmd"] == "vanish":
+                viewer.vanished = True
+                break
+    finally:
+        viewer.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+import Foundation
+import Testing
+import KraklRTC
+
+/// coturn (TESTBED.md ## TURN) in the test's namespace, relaying on ports 20000-20100 so that
+/// nftables can tell relayed traffic from direct traffic between the publisher and aiortc.
+final class CoturnServer {
+    static let program = "/usr/bin/turnserver"
+    static let relayPorts = "20000-20100"
+    let process: DtlsTestProcess
+
+    /// nil (after SKIP) when coturn is not installed.
+    static func start(in namespace: RtcTestNamespace, extra: [String] = []) throws -> CoturnServer? {
+        guard FileManager.default.isExecutableFile(atPath: program) else {
+            skipTest("\(program) missing (Debian package coturn; scripts/setup installs it)")
+            return nil
+        }
+        let (p, a) = namespace.command(program, ["-n", "--listening-ip=127.0.0.2", "--relay-ip=127.0.0.2", "--listening-port=3478",
+                                                 "--min-port=20000", "--max-port=20100", "--lt-cred-mech", "--user=u:p", "--realm=krakl",
+                                                 "--no-tls", "--no-dtls", "--no-cli", "--allow-loopback-peers", "--simple-log",
+                                                 "--log-file=stdout"] + extra)
+        let server = CoturnServer(process: try DtlsTestProcess(p, a))
+        // Its last start-up line; a request sent a little early is retransmitted anyway.
+        try #require(server.process.waitFor("Total General servers", timeout: 15), "coturn did not start: \(server.process.log)")
+        return server
+    }
+
+    private init(process: DtlsTestProcess) { self.process = process }
+    deinit { process.stop() }
+
+    /// Drops all UDP in the namespace except to and from the TURN port and the relay ports:
+    /// the publisher and aiortc cannot reach each other directly, only through the relay.
+    static func blockDirectUdp(in namespace: RtcTestNamespace) throws -> Bool {
+        guard try namespace.prepareFaults() else { return false }
+        // Accept rules then a drop: one rule of four "!=" tests also dropped coturn's answers.
+        for rule in [["udp", "dport", "3478", "accept"], ["udp", "sport", "3478", "accept"],
+                     ["udp", "sport", relayPorts, "accept"], ["udp", "dport", relayPorts, "accept"], ["meta", "l4proto", "udp", "drop"]] {
+            let result = try namespace.run(RtcTestNamespace.nft, ["add", "rule", "inet", "krakl", "input"] + rule)
+            try #require(result.status == 0, "nft: \(result.stderr)")
+        }
+        return true
+    }
+}
+
+@Suite(.serialized) struct RTCTurnRelayTests {
+    @Test func mediaFlowsThroughCoturnWhenDirectUdpIsBlocked() throws {
+        guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace(),
+              let turn = try CoturnServer.start(in: namespace, extra: ["-v"]) else { return }
+        guard try CoturnServer.blockDirectUdp(in: namespace) else {
+            skipTest("nft missing (Debian package nftables): direct UDP cannot be blocked")
+            return
+        }
+        let session = try RtcPublisherSession(namespace: namespace, seconds: 5,
+                                              extraProbeArguments: ["--turn", "127.0.0.2:3478,u,p", "--connect-timeout", "15"])
+        defer { session.stop() }
+        try session.exchange()
+        let result = try #require(session.probeResult(timeout: 60), "the probe gave no result: \(session.probe.log)")
+        let report = try #require(session.receiverReport(timeout: 30), "aiortc gave no report: \(session.receiver.log)")
+        let stats = try #require(result["stats"] as? [String: Any])
+        let sent = stats["frames_sent"] as? Int ?? 0
+        let decoded = report["frames_decoded"] as? Int ?? 0
+        print("TURN relay: connected \(stats["connect_ms"] ?? "-") ms after the answer over \(stats["selected_pair_types"] ?? "-") (\(stats["selected_pair"] ?? "-")); \(decoded) of \(sent) frames decoded; relay errors \(stats["relay_errors"] ?? "-")")
+        #expect(result["status"] as? Int == 0, "probe: \(result["result"] ?? "?")\n\(session.probe.log)\ncoturn: \(turn.process.log.suffix(3000))")
+        #expect((stats["selected_pair_types"] as? String)?.hasPrefix("relay/udp") == true,
+                "the selected pair is \(stats["selected_pair_types"] ?? "none"): direct UDP should have been blocked")
+        #expect(sent >= 100, "only \(sent) frames sent in 5 s")
+        #expect(Double(decoded) >= 0.8 * Double(sent), "aiortc decoded \(decoded) of \(sent) frames through the relay")
+        #expect(report["decreasing"] as? Int == 0, "frame numbers went backwards \(report["decreasing"] ?? "?") times")
+        #expect((report["stamps_read"] as? Int ?? 0) >= decoded * 9 / 10, "frame stamps unreadable in most frames")
+        // The allocation was released on close (Refresh with lifetime 0).
+        #expect(turn.process.waitFor("refreshed, realm=<krakl>, username=<u>, lifetime=0", timeout: 5),
+                "coturn logged no deallocation: \(turn.process.log.suffix(2000))")
+    }
+
+    @Test func wrongTurnCredentialsFailClearlyWithinTheConnectBudget() throws {
+        guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace(),
+              let turn = try CoturnServer.start(in: namespace) else { return }
+        let session = try RtcPublisherSession(namespace: namespace, seconds: 5,
+                                              extraProbeArguments: ["--turn", "127.0.0.2:3478,u,wrong", "--relay-only", "--connect-timeout", "10"])
+        defer { session.stop() }
+        // The allocation fails before any answer is needed; should the probe wait for one anyway, it gets it.
+        if session.probeResult(timeout: 10) == nil, let offer = RtcPublisherSession.waitForSdp(session.probe, timeout: 5) {
+            #expect(!offer.contains("typ host"), "relay-only, yet the offer lists host candidates")
+            session.receiver.type(offer + "\n")
+            if let answer = RtcPublisherSession.waitForSdp(session.receiver, timeout: 20) { session.probe.type(answer + "\n") }
+        }
+        let result = try #require(session.probeResult(timeout: 30), "the probe gave no result: \(session.probe.log)")
+        let reason = result["result"] as? String ?? ""
+        print("wrong TURN credentials: \(reason)")
+        #expect(result["status"] as? Int == 3, "the probe must fail to connect (status 3): \(reason)")
+        #expect(reason.contains("refused the credentials"), "unclear error: \(reason)\ncoturn: \(turn.process.log.suffix(2000))")
+        #expect(!reason.contains("wrong"), "the password appeared in the error")
+    }
+}
