@@ -67,7 +67,7 @@ let package = Package(
         // agent through a shared-memory ring (isolated mode); a C shim for memfd seals and close_range.
         .target(name: "CBackendHost"),
         .executableTarget(name: "BackendHost", dependencies: ["KraklCore", "KraklBackendABI", "CBackendHost"], swiftSettings: swift5),
-        .executableTarget(name: "Agent", dependencies: ["KraklCore", "KraklEncoder", "KraklRTC", "KraklRoom", "KraklSession", "KraklScan", "KraklViewer", "ZeroFill"], swiftSettings: swift5),
+        .executableTarget(name: "Agent", dependencies: ["KraklCore", "KraklEncoder", "KraklRTC", "KraklRoom", "KraklSession", "KraklScan", "KraklViewer", "ZeroFill", "CSdBus"], swiftSettings: swift5),
         // Test-only: runs the publisher against a given SDP answer (issue 6 item 8).
         .executableTarget(name: "RTCProbe", dependencies: ["KraklBackendABI", "KraklCore", "KraklEncoder", "KraklRTC", "KraklSession"], swiftSettings: swift5),
         // bench/: krakl vs ffmpeg vs GStreamer on the same content (docs/PERFORMANCE.md).

@@ -11,7 +11,12 @@ struct Arguments {
         case run, join(JoinCodeSource), code(JoinCodeSource), qr(String), scan, backends, sources, conformance(String), help, version
         /// `krakl-agent daemon`, and the commands that talk to it (docs/daemon.md).
         case daemon, control(ControlCommand)
+        /// `krakl-agent home`: the interactive home screen (docs/home-screen.md).
+        case home
     }
+
+    /// How the non-interactive lifecycle is logged: a line of words, or a JSON object, per event.
+    enum LogFormat: String { case text, json }
 
     var command: Command = .run
     var backend: String?
@@ -58,6 +63,10 @@ struct Arguments {
     var scanTimeout = 120.0
     /// --json: `status` and `watch` print the daemon's JSON lines.
     var json = false
+    /// --headless: never the home screen, even on a terminal.
+    var headless = false
+    /// --log-format: the non-interactive lifecycle's lines.
+    var logFormat = LogFormat.text
 
     init(_ words: [String], environment: [String: String] = ProcessInfo.processInfo.environment) throws(HostError) {
         var rest = words[...]
@@ -174,6 +183,11 @@ struct Arguments {
                 addresses.append(ip)
             case "--expect-end": expectEnd = true
             case "--json": json = true
+            case "--headless": headless = true
+            case "--log-format":
+                let text = try value(for: flag)
+                guard let format = LogFormat(rawValue: text) else { throw .usage("--log-format \(text): use text or json") }
+                logFormat = format
             case "--run-group": conformanceGroup = try value(for: flag)
             case "-v", "--verbose": verbose = true
             case "-q", "--quiet": quiet = true
@@ -204,11 +218,12 @@ struct Arguments {
             command = .conformance(positional[1])
         case "help": command = .help; return
         case "daemon": command = .daemon
+        case "home": command = .home
         case "status": command = .control(.status)
         case "stop": command = .control(.stop)
         case "watch": command = .control(.watch)
         case "connect": command = .control(.connect(try ControlCommand.connectTarget(positional.dropFirst().first, qr: qr, scan: scan)))
-        default: throw .usage("unknown command \(positional[0]) (commands: run, code, backends, sources, conformance, daemon, status, connect, stop, watch)")
+        default: throw .usage("unknown command \(positional[0]) (commands: run, home, code, backends, sources, conformance, daemon, status, connect, stop, watch)")
         }
         if let port = listenGiven?.port, let other = viewerPort, port != other {
             throw .usage("--listen names port \(port) and --viewer-port \(other): give one")
@@ -223,6 +238,18 @@ struct Arguments {
         default: expected = 1
         }
         if positional.count > expected { throw .usage("unexpected argument \(positional[expected])") }
+    }
+
+    /// The home screen instead of lines: `home`, or a join code (--join, --qr, --scan) given on a
+    /// terminal (stdin and stdout), unless --headless, --once, --scan-only, -q or --log-format json
+    /// asks for the line-per-event lifecycle (docs/home-screen.md).
+    func wantsHomeScreen(terminal: Bool) -> Bool {
+        guard terminal, !headless, logFormat == .text else { return false }
+        switch command {
+        case .home: return true
+        case .join, .qr, .scan: return !once && !scanOnly && !quiet
+        default: return false
+        }
     }
 
     /// A run that shares to the built-in viewer: no join code, no recording, not capture only.
@@ -242,6 +269,7 @@ USAGE
                     [--address IP]... [--connect-timeout S] [ENCODER OPTIONS]
   krakl-agent --qr IMAGE [--scan-only] [--once] [SHARING OPTIONS]
   krakl-agent --scan [--backend NAME] [--scan-timeout S] [--scan-only] [--once] [SHARING OPTIONS]
+  krakl-agent home [--join CODE|--qr IMAGE|--scan] [SHARING OPTIONS]
   krakl-agent code CODE|@FILE|-
   krakl-agent daemon [SHARING OPTIONS]
   krakl-agent connect CODE|@FILE|-|--qr FILE      krakl-agent stop
@@ -256,6 +284,11 @@ USAGE
   krakl-agent conformance LIBRARY.so [--option KEY=VALUE]... [--expect-end] [--timeout S]
 
 COMMANDS
+  home            The interactive home screen (docs/home-screen.md): keys to connect
+                  (c: a join code, q: a QR picture, s: scan the screen), stop and quit,
+                  and the live numbers while sharing. --join, --qr and --scan show it
+                  too when stdin and stdout are a terminal (not with --headless,
+                  --once, --scan-only, -q or --log-format json).
   --join CODE     Share the screen into the room of a join code (docs/join-codes.md):
                   prepare the source (the sharing dialog, if any, comes first), join
                   (WHIP or Janus VideoRoom), publish, and show live status until Ctrl-C,
@@ -319,6 +352,9 @@ OPTIONS
       --frames N          Stop after N frames.
       --seconds S         Stop after S seconds.
       --once              (--join) Exit when the session ends, with its end reason's status.
+      --headless          (--join, --qr, --scan) Lines, never the home screen, even on a terminal.
+      --log-format F      (--join, --qr, --scan without the home screen) text (default) or
+                          json: one JSON object a line (time, event, state, reason, numbers).
       --address IP        (--join) Offer host candidates from this address only (repeatable;
                           default: every interface that is up, loopback excluded).
       --connect-timeout S (--join) ICE and DTLS must be up S seconds after the room's

@@ -93,10 +93,12 @@ final class ControlClientConnection {
 
     func close() { Glibc.close(fd) }
 
+    /// The daemon closed before taking a request. Its reply may still be waiting (a daemon that turns
+    /// a connection away answers and closes at once), so that is read before this is an error.
+    private var sendFailed = false
+
     func send(_ request: ControlRequest) throws(ControlError) {
-        guard ControlSocket.writeAll(fd, ControlProtocol.encode(request)) else {
-            throw .badReply("the daemon closed the connection before taking the request")
-        }
+        if !ControlSocket.writeAll(fd, ControlProtocol.encode(request)) { sendFailed = true }
     }
 
     /// The next reply and its line as sent; nil when the daemon closed the connection and `allowEnd`.
@@ -106,6 +108,7 @@ final class ControlClientConnection {
             let n = read(fd, &chunk, chunk.count)
             if n < 0 && errno == EINTR { continue }
             guard n > 0 else {
+                if sendFailed { throw .badReply("the daemon closed the connection before taking the request") }
                 if allowEnd { return nil }
                 throw .badReply("the daemon closed the connection without a reply (did it quit?)")
             }

@@ -65,6 +65,15 @@ final class ControlPipe {
         _ = write(writeFD, &byte, 1)
     }
 
+    /// For an event loop watching `readFD`: the signals that arrived since the last call (the
+    /// session-ended and wake-up bytes are dropped: a loop hears of those its own way).
+    static func signals(on fd: Int32) -> [Int32] {
+        var bytes = [UInt8](repeating: 0, count: 64)
+        let n = read(fd, &bytes, bytes.count)
+        guard n > 0 else { return [] }
+        return bytes.prefix(n).filter { $0 != 0 && $0 != 255 }.map { Int32($0) }
+    }
+
     /// Waits up to `timeout` s for a signal, the session's end or (with `input`) readable stdin.
     func wait(timeout: Double, input: Bool = false) -> Wake {
         var fds = [pollfd(fd: readFD, events: Int16(POLLIN), revents: 0)]

@@ -58,6 +58,13 @@ struct ControlStatus: Codable, Equatable {
     var identity: String?
     var service: String?
     var backend: String?
+    /// The backend option naming what is captured (`source` or `scene`), when one was given.
+    var source: String?
+    /// The size of the pictures sent (nil before the first).
+    var width: Int?
+    var height: Int?
+    /// Seconds in the current state (how long joining has taken so far, how long idle).
+    var stateSeconds: Double?
     /// Seconds since the session started sharing (nil before).
     var sharingSeconds: Double?
     /// The peer connection's state ("connected", …).

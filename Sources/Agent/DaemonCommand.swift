@@ -146,15 +146,9 @@ final class ControlDaemon: @unchecked Sendable {
 
     // Loop thread only from here on.
     private var connections: [Int32: ControlConnection] = [:]
-    private var session: SharingSession?
-    private var sessionNumber = 0
-    private var sharingSince: Double?
-    private var lastEnd: ControlEnd?
+    private var controller: SessionController!
     private var pendingConnects: [ControlConnection] = []
     private var pendingStops: [ControlConnection] = []
-    private var ticker: EventLoop.TimerID?
-    private var meter: (at: Double, bytes: Int, frames: Int)?
-    private var rates: (kbps: Double, fps: Double)?
     private var quitting = false
     /// More clients than this at once are turned away (each costs a descriptor and 64 KB at most).
     static let maximumConnections = 32
@@ -165,6 +159,7 @@ final class ControlDaemon: @unchecked Sendable {
         self.signalFD = signals
         self.logger = logger
         loop = try EventLoop(name: "krakl-daemon")
+        controller = SessionController(arguments: arguments, loop: loop, logger: logger) { [unowned self] event in sessionEvent(event) }
     }
 
     /// Serves until a signal ends it (after leaving the room), on the loop's thread; the main thread waits.
@@ -184,20 +179,15 @@ final class ControlDaemon: @unchecked Sendable {
     // MARK: - Signals
 
     private func readSignals() {
-        var bytes = [UInt8](repeating: 0, count: 64)
-        let n = read(signalFD, &bytes, bytes.count)
-        guard n > 0 else { return }
-        for byte in bytes.prefix(n) where byte != 0 && byte != 255 {
-            quit(signal: Int32(byte))
-        }
+        for number in ControlPipe.signals(on: signalFD) { quit(signal: number) }
     }
 
     private func quit(signal number: Int32) {
         guard !quitting else { return }
         quitting = true
-        print("krakl-agent daemon: signal \(number): \(session == nil ? "quitting" : "leaving the room, then quitting")")
+        print("krakl-agent daemon: signal \(number): \(controller.isActive ? "leaving the room, then quitting" : "quitting")")
         ServiceNotifier.notify("STOPPING=1\nSTATUS=quitting")
-        if let session { session.stop() } else { finish() }
+        if !controller.stop() { finish() }
     }
 
     /// The last turn: every client is told, the socket is removed, the main thread goes on to exit 0.
@@ -223,19 +213,28 @@ final class ControlDaemon: @unchecked Sendable {
             guard peer == getuid() else {
                 let who = peer.map { "uid \($0)" } ?? "an unknown user"
                 logger("daemon", .warning, "refused a control connection from \(who)")
-                _ = send(connection, .failure("refused: this daemon belongs to uid \(getuid()) and takes requests from that user only (you are \(who))",
+                turnAway(connection, .failure("refused: this daemon belongs to uid \(getuid()) and takes requests from that user only (you are \(who))",
                                               status: 62))
-                Glibc.close(fd)
                 continue
             }
             guard connections.count < Self.maximumConnections else {
-                _ = send(connection, .failure("too many control connections at once (\(Self.maximumConnections)); try again", status: 63))
-                Glibc.close(fd)
+                turnAway(connection, .failure("too many control connections at once (\(Self.maximumConnections)); try again", status: 63))
                 continue
             }
             connections[fd] = connection
             loop.watch(fd: fd) { [self] in readClient(connection) }
         }
+    }
+
+    /// One reply, then the connection is closed. What the client already sent is read and dropped
+    /// first (a little, without waiting): a unix socket closed with unread data resets the
+    /// connection, and the client would get ECONNRESET instead of the reply and the end.
+    private func turnAway(_ connection: ControlConnection, _ message: ControlReply) {
+        _ = send(connection, message)
+        shutdown(connection.fd, Int32(SHUT_WR))
+        var chunk = [UInt8](repeating: 0, count: 4096)
+        for _ in 0..<16 where read(connection.fd, &chunk, chunk.count) > 0 {}
+        Glibc.close(connection.fd)
     }
 
     private typealias Accept4 = @convention(c) (Int32, UnsafeMutablePointer<sockaddr>?, UnsafeMutablePointer<socklen_t>?, Int32) -> Int32
@@ -295,14 +294,14 @@ final class ControlDaemon: @unchecked Sendable {
         }
         switch request.cmd {
         case "status":
-            reply(connection, ControlReply(ok: true, event: "status", status: status()))
+            reply(connection, ControlReply(ok: true, event: "status", status: controller.status()))
         case "connect":
             connect(request, from: connection)
         case "stop":
             stop(from: connection)
         case "watch":
             connection.watching = true
-            reply(connection, ControlReply(ok: true, event: "status", status: status()))
+            reply(connection, ControlReply(ok: true, event: "status", status: controller.status()))
         default:
             reply(connection, .failure("unknown command \"\(request.cmd.prefix(40))\" (commands: status, connect, stop, watch)", status: 63))
         }
@@ -353,81 +352,44 @@ final class ControlDaemon: @unchecked Sendable {
     // MARK: - The session
 
     private func connect(_ request: ControlRequest, from connection: ControlConnection) {
-        guard session == nil else {
-            reply(connection, .failure("already sharing; stop first (krakl-agent stop)", status: 63))
-            return
-        }
         guard !quitting else {
             reply(connection, .failure("the daemon is quitting", status: 63))
             return
         }
-        var text: String
-        if let path = request.qr {
-            guard path.hasPrefix("/") else {
-                reply(connection, .failure("connect: the QR picture's path must be absolute (the client makes it so)", status: 63))
-                return
-            }
-            switch readQRFile(path: path) {
-            case .success(let code): text = code
-            case .failure(let failure):
-                reply(connection, .failure(failure.message, status: failure.status))
-                return
-            }
-        } else if let code = request.code {
-            text = code
-        } else {
-            reply(connection, .failure("connect needs \"code\" (the join code's text) or \"qr\" (a picture's path)", status: 63))
+        if let refusal = controller.connect(code: request.code, qr: request.qr) {
+            reply(connection, .failure(refusal.message, status: refusal.status))
             return
         }
-        let invitation: Invitation
-        do throws(JoinCodeError) {
-            invitation = try Invitation.read(text, now: Date())
-        } catch {
-            reply(connection, .failure(error.description, status: error.exitStatus))
-            return
-        }
-        text = ""
-        let driver = makeDriver(invitation)
-        let session = SharingSession(configuration: sharingConfiguration(arguments, invitation: invitation, logger: logger), driver: driver,
-                                     identity: invitation.identity, room: invitation.room, logger: logger)
-        sessionNumber += 1
-        let number = sessionNumber
-        // Both arrive on the session's own loop and are handed to this one: the daemon's state has one thread.
-        session.onStateChange = { [weak self] state in self?.loop.post { self?.sessionMoved(number, to: state) } }
-        session.onFinished = { [weak self] reason in self?.loop.post { self?.sessionEnded(number, reason) } }
-        let place = invitation.room.map { "room \($0)" } ?? invitation.code.url.redactedForLog
-        print("krakl-agent daemon: connecting to \(place) on \(driver.service) as \"\(invitation.identity)\" (token \(invitation.token.shortened))")
-        do {
-            try session.start()
-        } catch {
-            reply(connection, .failure("cannot start the session: \(error)", status: 44))
-            return
-        }
-        self.session = session
-        sharingSince = nil
-        meter = nil
-        rates = nil
         connection.awaiting += 1
         pendingConnects.append(connection)
     }
 
     private func stop(from connection: ControlConnection) {
-        guard let session else {
-            reply(connection, ControlReply(ok: true, message: "not sharing; nothing to stop", status: status()))
+        guard controller.stop() else {
+            reply(connection, ControlReply(ok: true, message: "not sharing; nothing to stop", status: controller.status()))
             return
         }
         connection.awaiting += 1
         pendingStops.append(connection)
-        session.stop()
     }
 
-    private func sessionMoved(_ number: Int, to state: SharingLifecycle.State) {
-        guard number == sessionNumber, let session else { return }
+    private func sessionEvent(_ event: SessionController.Event) {
+        switch event {
+        case .connecting(let words):
+            print("krakl-agent daemon: \(words)")
+        case .moved(let state, let now):
+            sessionMoved(to: state, now)
+        case .ended(let reason, let idle):
+            sessionEnded(reason, idle)
+        case .tick(let now):
+            // Once a second from the moment it shares (before that, the state lines say enough).
+            if now.sharingSeconds != nil { broadcast(ControlReply(ok: true, event: "status", status: now)) }
+        }
+    }
+
+    private func sessionMoved(to state: SharingLifecycle.State, _ now: ControlStatus) {
         print("krakl-agent daemon: \(state.name)")
         if state == .sharing {
-            if sharingSince == nil { sharingSince = MonotonicClock.milliseconds() }
-            startTicker()
-            let now = status()
             ServiceNotifier.notify("STATUS=sharing in \(now.room ?? "a room") as \(now.identity ?? "?")")
             let connects = pendingConnects
             pendingConnects.removeAll()
@@ -435,20 +397,12 @@ final class ControlDaemon: @unchecked Sendable {
         } else {
             ServiceNotifier.notify("STATUS=\(state.name)")
         }
-        _ = session
-        broadcast(ControlReply(ok: true, event: "state", status: status()))
+        broadcast(ControlReply(ok: true, event: "state", status: now))
     }
 
-    private func sessionEnded(_ number: Int, _ reason: EndReason) {
-        guard number == sessionNumber else { return }
-        session = nil
-        sharingSince = nil
-        stopTicker()
-        let end = ControlEnd(reason: reason.name, message: reason.description, exitStatus: reason.exitStatus)
-        lastEnd = end
+    private func sessionEnded(_ reason: EndReason, _ idle: ControlStatus) {
         print("krakl-agent daemon: \(reason.description) Idle again.")
         ServiceNotifier.notify("STATUS=idle; last session: \(reason.name)")
-        let idle = status()
         let connects = pendingConnects, stops = pendingStops
         pendingConnects.removeAll()
         pendingStops.removeAll()
@@ -461,53 +415,5 @@ final class ControlDaemon: @unchecked Sendable {
         for connection in stops { settle(connection, ControlReply(ok: true, event: "ended", message: reason.description, status: idle)) }
         broadcast(ControlReply(ok: true, event: "ended", message: reason.description, status: idle))
         if quitting { finish() }
-    }
-
-    /// Once a second while a session shares: the rates are measured and every watcher gets a status line.
-    private func startTicker() {
-        guard ticker == nil else { return }
-        ticker = loop.schedule(afterNanoseconds: 1_000_000_000) { [weak self] in self?.tick() }
-    }
-
-    private func stopTicker() {
-        if let ticker { loop.cancel(ticker) }
-        ticker = nil
-    }
-
-    private func tick() {
-        ticker = nil
-        guard let session else { return }
-        if let rtc = session.status(window: false).rtc {
-            let now = MonotonicClock.milliseconds()
-            if let meter, now > meter.at {
-                let seconds = (now - meter.at) / 1000
-                rates = (Double(rtc.bytesSent - meter.bytes) * 8 / 1000 / seconds, Double(rtc.framesSent - meter.frames) / seconds)
-            }
-            meter = (now, rtc.bytesSent, rtc.framesSent)
-        }
-        broadcast(ControlReply(ok: true, event: "status", status: status()))
-        startTicker()
-    }
-
-    private func status() -> ControlStatus {
-        var result = ControlStatus(state: "idle", pid: getpid(), lastEnd: lastEnd)
-        guard let session else { return result }
-        let now = session.status(window: false)
-        result.state = now.state.name
-        result.room = now.room
-        result.identity = now.identity
-        result.service = now.service
-        result.backend = now.backend
-        result.sharingSeconds = sharingSince.map { ((MonotonicClock.milliseconds() - $0) / 100).rounded() / 10 }
-        if let rtc = now.rtc {
-            result.connection = rtc.state
-            result.rttMs = rtc.roundTripMilliseconds
-            result.lossPercent = rtc.fractionLost.map { $0 * 100 }
-            result.framesSent = rtc.framesSent
-            result.bytesSent = rtc.bytesSent
-        }
-        result.kbps = rates.map { ($0.kbps * 10).rounded() / 10 }
-        result.fps = rates.map { ($0.fps * 10).rounded() / 10 }
-        return result
     }
 }

@@ -105,6 +105,7 @@ func runJoin(_ arguments: Arguments, source: JoinCodeSource, logger: @escaping B
         return 44
     }
     let control = ControlPipe.shared
+    let log = LifecycleLog(format: arguments.logFormat)
     var next: JoinCodeSource? = source
     var status: Int32 = 0
     var idle = false
@@ -117,15 +118,15 @@ func runJoin(_ arguments: Arguments, source: JoinCodeSource, logger: @escaping B
         }
         let text: String
         do throws(HostError) { text = try current.read() } catch {
-            fputs("krakl-agent: \(error.description)\n", stderr)
+            log.event("error", error.description, error: true)
             return error.exitStatus
         }
         if current == .standardInput && text.isEmpty && !arguments.once { return status }
-        let (ended, quit) = shareOnce(text, arguments: arguments, control: control, logger: logger)
+        let (ended, quit) = shareOnce(text, arguments: arguments, control: control, log: log, logger: logger)
         status = ended
         if arguments.once || quit { return status }
         // Back to idle: ready for the next code, which comes from stdin.
-        print("krakl-agent: idle. Paste the next join code and press Enter (Ctrl-D or Ctrl-C quits).")
+        log.event("idle", state: .idle, "idle. Paste the next join code and press Enter (Ctrl-D or Ctrl-C quits).")
         next = .standardInput
         idle = true
     }
@@ -134,41 +135,54 @@ func runJoin(_ arguments: Arguments, source: JoinCodeSource, logger: @escaping B
 
 /// Reads the code and runs one session to its end; returns the exit status of its end, and whether
 /// a signal asked the process to end too (SIGTERM, SIGHUP; Ctrl-C only stops the session).
-func shareOnce(_ text: String, arguments: Arguments, control: ControlPipe, logger: @escaping BackendLogger) -> (status: Int32, quit: Bool) {
+func shareOnce(_ text: String, arguments: Arguments, control: ControlPipe, log: LifecycleLog,
+               logger: @escaping BackendLogger) -> (status: Int32, quit: Bool) {
     let invitation: Invitation
     do throws(JoinCodeError) {
         invitation = try Invitation.read(text, now: Date())
     } catch {
-        fputs("krakl-agent: \(error.description)\n", stderr)
+        log.event("error", error.description, error: true)
         return (error.exitStatus, false)
     }
     let driver = makeDriver(invitation)
     let session = SharingSession(configuration: sharingConfiguration(arguments, invitation: invitation, logger: logger), driver: driver,
                                  identity: invitation.identity, room: invitation.room, logger: logger)
     let where_ = invitation.room.map { "room \($0)" } ?? invitation.code.url.redactedForLog
-    final class Previous: @unchecked Sendable { var state = SharingLifecycle.State.idle }
+    final class Previous: @unchecked Sendable {
+        var state = SharingLifecycle.State.idle
+        /// When the state was entered (CLOCK_MONOTONIC ms), for the "still joining" lines.
+        var since = MonotonicClock.milliseconds()
+    }
     let previous = Previous()
+    let room = invitation.room, identity = invitation.identity
+    let notifier = DesktopNotifier.sessionBus()
+    final class Shared: @unchecked Sendable { var yes = false }
+    let shared = Shared()
     session.onStateChange = { state in
-        defer { previous.state = state }
+        defer { previous.state = state; previous.since = MonotonicClock.milliseconds() }
         if state == .sharing && previous.state == .reconnecting {
-            print("krakl-agent: the connection is back; sharing again")
+            log.event("state", state: state, "the connection is back; sharing again", room: room, identity: identity)
             return
         }
+        let words: String
         switch state {
-        case .preparing: print("krakl-agent: preparing the screen source…")
-        case .joining: print("krakl-agent: joining \(where_) on \(driver.service) as \"\(invitation.identity)\" (token \(invitation.token.shortened))…")
+        case .preparing: words = "preparing the screen source…"
+        case .joining: words = "joining \(where_) on \(driver.service) as \"\(invitation.identity)\" (token \(invitation.token.shortened))…"
         case .sharing:
-            print("krakl-agent: sharing the screen in \(where_) as \"\(invitation.identity)\" (\(session.status().timings.summary)); Ctrl-C stops")
-        case .reconnecting: print("krakl-agent: the connection dropped; restarting ICE through the room…")
-        case .leaving: print("krakl-agent: leaving the room…")
-        case .idle: break
+            if !shared.yes { notifier?.sharingStarted(room: room, identity: identity) }
+            shared.yes = true
+            words = "sharing the screen in \(where_) as \"\(invitation.identity)\" (\(session.status().timings.summary)); Ctrl-C stops"
+        case .reconnecting: words = "the connection dropped; restarting ICE through the room…"
+        case .leaving: words = "leaving the room…"
+        case .idle: return
         }
+        log.event("state", state: state, words, room: room, identity: identity)
     }
     session.onFinished = { _ in ControlPipe.sessionEnded() }
     do {
         try session.start()
     } catch {
-        fputs("krakl-agent: cannot start the session: \(error)\n", stderr)
+        log.event("error", "cannot start the session: \(error)", error: true)
         return (EndReason.failure("\(error)").exitStatus, false)
     }
     let meter = StatusMeter()
@@ -183,14 +197,30 @@ func shareOnce(_ text: String, arguments: Arguments, control: ControlPipe, logge
         }
         guard MonotonicClock.milliseconds() >= nextStatus else { continue }
         nextStatus += 1000
-        guard !arguments.quiet else { continue }
         let status = session.status()
-        guard status.state == .sharing || status.state == .reconnecting, let line = meter.line(status) else { continue }
+        // Long steps say how long they have taken, every 5 s, and what bounds them.
+        let waited = Int((MonotonicClock.milliseconds() - previous.since) / 1000)
+        if waited >= 5 && waited % 5 == 0 && (status.state == .preparing || status.state == .joining) {
+            let words = status.state == .preparing
+                ? "still preparing the screen source (\(waited) s; a sharing dialog may be waiting for an answer)…"
+                : "still joining (\(waited) s): " + (status.timings.answered == nil ? "waiting for the room server's answer…"
+                    : "connecting ICE/DTLS, gives up \(Int(arguments.connectTimeout)) s after the room server answered…")
+            log.event("progress", state: status.state, words, room: room, identity: identity)
+        }
+        guard !arguments.quiet else { continue }
+        guard status.state == .sharing || status.state == .reconnecting else { continue }
+        if log.format == .json {
+            if let numbers = meter.numbers(status) { log.numbers(numbers, state: status.state) }
+            continue
+        }
+        guard let line = meter.line(status) else { continue }
         if isTerminal { print("\r\u{1B}[K" + line, terminator: ""); fflush(stdout) } else { print(line) }
     }
     let reason = session.waitUntilFinished(timeout: 0) ?? .failure("the session ended without a reason")
-    if isTerminal && !arguments.quiet { print("") }
-    print("krakl-agent: \(reason.description)")
+    if isTerminal && !arguments.quiet && log.format == .text { print("") }
+    log.event("ended", state: .idle, reason.description, reason: reason, room: room, identity: identity)
+    notifier?.sharingEnded(reason, shared: shared.yes)
+    notifier?.finish()
     return (reason.exitStatus, quit)
 }
 
@@ -198,7 +228,8 @@ func shareOnce(_ text: String, arguments: Arguments, control: ControlPipe, logge
 final class StatusMeter {
     private var last: (at: Double, bytes: Int, frames: Int)?
 
-    func line(_ status: SharingStatus) -> String? {
+    /// The numbers since the last call (nil on the first, or before the publisher exists).
+    func numbers(_ status: SharingStatus) -> LifecycleLog.Numbers? {
         guard let rtc = status.rtc else { return nil }
         let now = MonotonicClock.milliseconds()
         defer { last = (now, rtc.bytesSent, rtc.framesSent) }
@@ -206,6 +237,14 @@ final class StatusMeter {
         let seconds = (now - last.at) / 1000
         let kbps = Double(rtc.bytesSent - last.bytes) * 8 / 1000 / seconds
         let fps = Double(rtc.framesSent - last.frames) / seconds
+        return LifecycleLog.Numbers(connection: rtc.state, rttMs: rtc.roundTripMilliseconds, lossPercent: rtc.fractionLost.map { $0 * 100 },
+                                    kbps: (kbps * 10).rounded() / 10, fps: (fps * 10).rounded() / 10, framesSent: rtc.framesSent,
+                                    bytesSent: rtc.bytesSent, width: status.width, height: status.height)
+    }
+
+    func line(_ status: SharingStatus) -> String? {
+        guard let rtc = status.rtc, let numbers = numbers(status) else { return nil }
+        let kbps = numbers.kbps, fps = numbers.fps
         let rtt = rtc.roundTripMilliseconds.map { String(format: "%.0f ms", $0) } ?? "-"
         let loss = rtc.fractionLost.map { String(format: "%.1f %%", $0 * 100) } ?? "-"
         return String(format: "%@ | %@ as \"%@\" | %@ | %@ | rtt %@ | loss %@ | %5.0f kbit/s | %4.1f fps",

@@ -83,37 +83,82 @@ func readQRFile(path: String) -> Result<String, QRFileFailure> {
 // Exit statuses: 50 nothing within --scan-timeout, 51 the source ended
 // first, 0 after Ctrl-C; a found code joins (or prints with --scan-only).
 
+/// How a screen scan waits and speaks: the command line's (ControlPipe, stdout) or the home screen's.
+protocol ScanHost: AnyObject {
+    /// Waits up to `seconds` for a changed frame (`wake`) or a reason to stop; true: stop scanning.
+    func wait(_ seconds: Double) -> Bool
+    /// Any thread: a frame changed.
+    func wake()
+    /// Something worth a line of its own (a code found, a foreign QR code, why scanning ended).
+    func say(_ line: String)
+    /// Once a second: how far scanning got.
+    func progress(_ line: String)
+}
+
 /// Scans the selected backend's screen until a usable join code appears. Returns its text to
 /// join with (nil with --scan-only after printing its summary) and the exit status otherwise.
 func runScreenScan(_ arguments: Arguments, logger: @escaping BackendLogger) throws(HostError) -> (code: String?, status: Int32) {
+    let host = CommandLineScanHost(quiet: arguments.quiet)
+    let (invitation, status) = try scanScreen(arguments, logger: logger, host: host)
+    guard let invitation else { return (nil, status) }
+    if arguments.scanOnly {
+        print(invitation.summary)
+        return (nil, 0)
+    }
+    return (invitation.code.text, 0)
+}
+
+/// --scan on the command line: signals through ControlPipe, lines on stdout.
+final class CommandLineScanHost: ScanHost {
+    private let control = ControlPipe.shared
+    private let quiet: Bool
+    private let isTerminal = isatty(STDOUT_FILENO) == 1
+
+    init(quiet: Bool) { self.quiet = quiet }
+
+    func wait(_ seconds: Double) -> Bool {
+        if case .signal = control.wait(timeout: seconds) { return true }
+        return false
+    }
+
+    func wake() { ControlPipe.wake() }
+
+    func say(_ line: String) {
+        if isTerminal && !quiet { print("\r\u{1B}[K", terminator: "") }
+        print("krakl-agent: \(line)")
+    }
+
+    func progress(_ line: String) {
+        guard !quiet else { return }
+        if isTerminal { print("\r\u{1B}[K" + line, terminator: ""); fflush(stdout) } else { print(line) }
+    }
+}
+
+/// The scan itself: the first usable join code on the screen, or nil and the exit status
+/// (50 nothing within --scan-timeout, 51 the source ended first, 0 stopped).
+func scanScreen(_ arguments: Arguments, logger: @escaping BackendLogger, host: ScanHost) throws(HostError) -> (Invitation?, Int32) {
     let selection = try selectedBackend(arguments)
-    let capture = LumaCapture(backend: selection.entry.name, logger: logger, onChange: { ControlPipe.wake() })
+    let capture = LumaCapture(backend: selection.entry.name, logger: logger, onChange: { [weak host] in host?.wake() })
     let source: any CaptureSource = try selection.makeSource(sink: capture, logger: logger)
-    let control = ControlPipe.shared
     try source.start()
     defer { try? source.destroy() }   // a hung stop or destroy is given up after its budget
     let scanner = QRScanner()
-    let isTerminal = isatty(STDOUT_FILENO) == 1
     let started = MonotonicClock.milliseconds()
     var nextScan = started, nextProgress = started + 1000
     var looked = 0
     var changeSeenAt: Double?
     var reported = Set<String>()
-    func say(_ line: String) {
-        if isTerminal && !arguments.quiet { print("\r\u{1B}[K", terminator: "") }
-        print("krakl-agent: \(line)")
-    }
-    print("krakl-agent: scanning the \(selection.entry.name) screen for a join code (at most \(Int(arguments.scanTimeout)) s; Ctrl-C stops)…")
+    host.say("scanning the \(selection.entry.name) screen for a join code (at most \(Int(arguments.scanTimeout)) s; Ctrl-C stops)…")
     while true {
         let now = MonotonicClock.milliseconds()
         if now - started >= arguments.scanTimeout * 1000 {
-            say("no join code found within \(Int(arguments.scanTimeout)) s (\(capture.progress.frames) frames looked at)")
+            host.say("no join code found within \(Int(arguments.scanTimeout)) s (\(capture.progress.frames) frames looked at)")
             return (nil, 50)
         }
         // A source that ended may have shown the code in its last frames: they get their look first.
         let ended = capture.sourceEnded
         if let ended, !capture.hasChanges {
-            say("the screen source ended before a join code was found: \(ended)")
+            host.say("the screen source ended before a join code was found: \(ended)")
             return (nil, 51)
         }
         // A change is looked at 100 ms after it was first seen: a picture drawn in pieces (X11
@@ -136,35 +181,28 @@ func runScreenScan(_ arguments: Arguments, logger: @escaping BackendLogger) thro
                 break
             case .found(let invitation):
                 let ms = MonotonicClock.milliseconds() - started
-                say(String(format: "found a join code after %.1f s", ms / 1000))
-                if arguments.scanOnly {
-                    print(invitation.summary)
-                    return (nil, 0)
-                }
-                return (invitation.code.text, 0)
+                host.say(String(format: "found a join code after %.1f s", ms / 1000))
+                return (invitation, 0)
             case .conflicting(let list):
                 let line = "\(ScanResult.conflicting(list)); show only one"
-                if reported.insert(line).inserted { say(line) }
+                if reported.insert(line).inserted { host.say(line) }
             case .noUsableCode(let findings):
                 for finding in findings {
                     let line = "\(finding)" + (finding.isExpired ? "; still looking for a fresh code" : "; still looking")
-                    if reported.insert("\(finding)").inserted { say(line) }
+                    if reported.insert("\(finding)").inserted { host.say(line) }
                 }
             }
         }
         if now >= nextProgress {
             nextProgress = now + 1000
-            if !arguments.quiet {
-                let line = String(format: "scanning the screen for a join code… %.0f s, %d frames looked at", (now - started) / 1000, capture.progress.frames)
-                if isTerminal { print("\r\u{1B}[K" + line, terminator: ""); fflush(stdout) } else { print(line) }
-            }
+            host.progress(String(format: "scanning the screen for a join code… %.0f s, %d frames looked at", (now - started) / 1000, capture.progress.frames))
         }
-        // Until the next look is due, the next progress line, a signal, or (when a look is due but
-        // nothing changed) the next changed frame, which wakes this wait through the control pipe.
+        // Until the next look is due, the next progress line, a stop, or (when a look is due but
+        // nothing changed) the next changed frame, which wakes this wait through the host.
         let due = changeSeenAt.map { max(nextScan, $0 + 100) } ?? (MonotonicClock.milliseconds() >= nextScan ? nextProgress : nextScan)
         let wait = max(0.005, (min(due, nextProgress) - MonotonicClock.milliseconds()) / 1000)
-        if case .signal = control.wait(timeout: wait) {
-            say("scanning stopped")
+        if host.wait(wait) {
+            host.say("scanning stopped")
             return (nil, 0)
         }
     }

@@ -24,6 +24,7 @@ do throws(HostError) {
 }
 
 let logger = stderrLogger(maximum: arguments.verbose ? .debug : .warning)
+let homeScreen = arguments.wantsHomeScreen(terminal: TerminalScreen.available())
 
 do throws(HostError) {
     switch arguments.command {
@@ -61,8 +62,27 @@ do throws(HostError) {
         exit(suite.run() ? 0 : 1)
     case .run:
         exit(try runCapture(arguments, logger: logger))
+    case .join(let source) where homeScreen:
+        let text = try source.read()
+        exit(runHome(arguments, first: .code(text), logger: logger))
     case .join(let source):
         exit(runJoin(arguments, source: source, logger: logger))
+    case .scan where homeScreen:
+        exit(runHome(arguments, first: .scan, logger: logger))
+    case .qr(let path) where homeScreen:
+        exit(runHome(arguments, first: .picture(URL(fileURLWithPath: path).path), logger: logger))
+    case .home:
+        guard homeScreen else {
+            fputs("krakl-agent: home is the interactive screen and needs a terminal (stdin and stdout)\(arguments.headless ? ", not --headless" : ""); "
+                  + "without one use `krakl-agent --join @FILE` (a line per event) or the daemon (docs/daemon.md)\n", stderr)
+            exit(2)
+        }
+        let first: HomeStart? = arguments.join.map { _ in .code("") } ?? arguments.qr.map { .picture(URL(fileURLWithPath: $0).path) }
+            ?? (arguments.scan ? .scan : nil)
+        if case .code? = first, let source = arguments.join {
+            exit(runHome(arguments, first: .code(try source.read()), logger: logger))
+        }
+        exit(runHome(arguments, first: first, logger: logger))
     case .scan:
         let (code, status) = try runScreenScan(arguments, logger: logger)
         guard let code else { exit(status) }

@@ -45,6 +45,9 @@ public struct SharingStatus: Sendable {
     public var encoder: EncoderStatistics.Summary?
     /// Where the time to join went.
     public var timings: SharingTimings
+    /// The size of the last encoded picture (nil before the first).
+    public var width: Int?
+    public var height: Int?
 }
 
 /// When each step of joining finished (CLOCK_MONOTONIC ms; nil: not yet), for status lines and
@@ -186,11 +189,11 @@ public final class SharingSession: @unchecked Sendable {
     public func status(window: Bool = true) -> SharingStatus {
         let state = self.state
         lock.lock()
-        let publisher = self.publisher, pipeline = self.pipeline, backend = selection?.entry.name
+        let publisher = self.publisher, pipeline = self.pipeline, backend = selection?.entry.name, size = sink?.lastSize
         lock.unlock()
         return SharingStatus(state: state, service: driver.service, identity: identity, room: room, backend: backend,
                              rtc: publisher?.stats, encoder: pipeline?.statistics.summary(window: window),
-                             timings: lock.withLock { timings })
+                             timings: lock.withLock { timings }, width: size?.width, height: size?.height)
     }
 
     /// The publisher's and encoder's totals (for the probe's final report); nil parts did not exist.
@@ -534,16 +537,20 @@ final class PublisherSink: EncodedFrameSink, @unchecked Sendable {
     private let lock = NSLock()
     /// Capture → encoded, ms, a frame each: the part of the end-to-end latency spent before the publisher.
     private var encodedAfterMs: [Double] = []
+    private var size: (width: Int, height: Int)?
 
     init(_ publisher: Publisher) { self.publisher = publisher }
 
     var captureToEncodedMs: [Double] { lock.withLock { encodedAfterMs } }
+    /// The last encoded picture's size, for status screens.
+    var lastSize: (width: Int, height: Int)? { lock.withLock { size } }
 
     func write(_ frame: EncodedFrame) throws(EncoderError) {
         let waited = MonotonicClock.milliseconds() - Double(frame.timestampNs) / 1e6
         lock.withLock {
             // Bounded: a session of hours must not grow this without end (the probe reads percentiles).
             if encodedAfterMs.count < 1_000_000 { encodedAfterMs.append(waited) }
+            size = (frame.width, frame.height)
         }
         publisher.send(frame: frame.data, keyframe: frame.keyframe, captureNanoseconds: frame.timestampNs,
                        width: frame.width, height: frame.height)

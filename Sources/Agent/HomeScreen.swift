@@ -1,0 +1,414 @@
+import Foundation
+import Glibc
+import KraklCore
+import KraklRTC
+import KraklSession
+
+/// The interactive home screen (docs/home-screen.md): the product name, the state, and keys to
+/// connect (a join code, a QR picture, the screen scanned), stop and quit; while sharing, the
+/// room, identity, backend, picture size, fps, bitrate, RTT, loss and time shared, kept current
+/// in place. When a session ends it is back home, saying why.
+///
+/// One control plane: terminal keys (stdin), signals (ControlPipe's pipe, SIGWINCH included) and
+/// the session's steps (through SessionController, the daemon's session logic) all arrive on one
+/// EventLoop, which alone touches the screen's state; the main thread only waits for it to end.
+final class HomeScreen: @unchecked Sendable {
+    /// What the keys are doing now.
+    enum Input: Equatable {
+        case keys
+        /// A join code or a picture's path being typed (or pasted).
+        case code(String), picture(String)
+    }
+
+    private let arguments: Arguments
+    private let logger: BackendLogger
+    private let screen: TerminalScreen
+    private let signalFD: Int32
+    private let loop: EventLoop
+    private let ended = DispatchSemaphore(value: 0)
+    private var controller: SessionController!
+
+    // Loop thread only.
+    private var input = Input.keys
+    private var status: ControlStatus
+    /// One line about the last thing that happened (a refusal, "stopping…"), shown under the state.
+    private var notice: String?
+    /// Why the last session ended (EndReason's words), shown at home.
+    private var lastEnd: String?
+    private var quitAfterSession = false
+    /// A Ctrl-C stopped the running session: the next one quits, even while it is still leaving.
+    private var interrupted = false
+    private var scanner: HomeScan?
+    private var quitting = false
+
+    init(arguments: Arguments, logger: @escaping BackendLogger, signals: Int32, screen: TerminalScreen) throws {
+        self.arguments = arguments
+        self.logger = logger
+        self.screen = screen
+        signalFD = signals
+        loop = try EventLoop(name: "krakl-home")
+        status = ControlStatus(state: "idle", pid: getpid())
+        controller = SessionController(arguments: arguments, loop: loop, logger: logger) { [unowned self] event in sessionEvent(event) }
+    }
+
+    /// Runs until the person quits (or a signal other than Ctrl-C), then gives the terminal back.
+    /// `first` connects at once (the join code of --join, --qr or --scan).
+    func run(first: HomeStart?) {
+        loop.start()
+        loop.post { [self] in
+            loop.watch(fd: screen.input) { [self] in readKeys() }
+            loop.watch(fd: signalFD) { [self] in readSignals() }
+            switch first {
+            case .code(let text)?: connect(code: text, qr: nil)
+            case .picture(let path)?: connect(code: nil, qr: path)
+            case .scan?: startScan()
+            case nil: break
+            }
+            redraw()
+        }
+        ended.wait()
+        loop.stop()
+        screen.restore()
+        controller.finish()
+    }
+
+    // MARK: - Input
+
+    private func readSignals() {
+        for number in ControlPipe.signals(on: signalFD) {
+            switch number {
+            case SIGWINCH:
+                screen.measure()
+                redraw()
+            case SIGINT:
+                // Ctrl-C: cancels scanning or typing; stops sharing first; a second one (or one at home) quits.
+                if scanner != nil {
+                    stopScan(words: "Scanning stopped.")
+                } else if input != .keys {
+                    input = .keys
+                    notice = nil
+                } else if controller.isActive && !interrupted {
+                    interrupted = true
+                    notice = "Stopping… (Ctrl-C again quits)"
+                    controller.stop()
+                } else {
+                    quit()
+                }
+            default:
+                quit()
+            }
+        }
+        redraw()
+    }
+
+    private func readKeys() {
+        var bytes = [UInt8](repeating: 0, count: 8192)
+        let n = read(screen.input, &bytes, bytes.count)
+        if n == 0 {
+            // The terminal went away: as a quit.
+            loop.unwatch(fd: screen.input)
+            quit()
+            return
+        }
+        guard n > 0 else { return }
+        var index = 0
+        while index < n {
+            let byte = bytes[index]
+            index += 1
+            // An escape sequence (arrows, function keys): skipped whole; a lone Esc cancels typing.
+            if byte == 0x1B {
+                if index < n && (bytes[index] == UInt8(ascii: "[") || bytes[index] == UInt8(ascii: "O")) {
+                    index += 1
+                    while index < n && !(0x40...0x7E).contains(bytes[index]) { index += 1 }
+                    index += 1
+                    continue
+                }
+                if input != .keys { input = .keys; notice = nil }
+                continue
+            }
+            switch input {
+            case .keys: key(byte)
+            case .code(var text):
+                if edit(&text, byte) { submitCode(text) } else if input != .keys { input = .code(text) }
+            case .picture(var text):
+                if edit(&text, byte) { submitPicture(text) } else if input != .keys { input = .picture(text) }
+            }
+        }
+        redraw()
+    }
+
+    /// One byte of a typed line; true when Enter ends it.
+    private func edit(_ text: inout String, _ byte: UInt8) -> Bool {
+        switch byte {
+        case 13, 10: return true
+        case 127, 8: if !text.isEmpty { text.removeLast() }
+        case 21: text = ""   // Ctrl-U
+        case 32...126 where text.utf8.count < JoinCode.maximumLength + 64: text.append(Character(UnicodeScalar(byte)))
+        default: break
+        }
+        return false
+    }
+
+    private func key(_ byte: UInt8) {
+        let active = controller.isActive
+        switch Character(UnicodeScalar(byte)) {
+        case "c" where !active && scanner == nil:
+            input = .code("")
+            notice = nil
+        case "q" where !active && scanner == nil:
+            input = .picture("")
+            notice = nil
+        case "s" where active:
+            notice = "Stopping…"
+            controller.stop()
+        case "s" where !active && scanner == nil:
+            startScan()
+        case "s" where scanner != nil:
+            stopScan(words: "Scanning stopped.")
+        case "v":
+            notice = "The built-in viewer is off while sharing into a room; run `krakl-agent` without a join code to "
+                + "share to its page (http://127.0.0.1:8990/) instead."
+        case "x":
+            quit()
+        default:
+            break
+        }
+    }
+
+    private func submitCode(_ text: String) {
+        input = .keys
+        let trimmed = text.trimmingCharacters(in: .whitespaces)
+        guard !trimmed.isEmpty else { notice = nil; return }
+        connect(code: trimmed, qr: nil)
+    }
+
+    private func submitPicture(_ text: String) {
+        input = .keys
+        var path = text.trimmingCharacters(in: .whitespaces)
+        guard !path.isEmpty else { notice = nil; return }
+        if path.hasPrefix("~/"), let home = ProcessInfo.processInfo.environment["HOME"] { path = home + path.dropFirst() }
+        if !path.hasPrefix("/") { path = FileManager.default.currentDirectoryPath + "/" + path }
+        connect(code: nil, qr: path)
+    }
+
+    private func connect(code: String?, qr: String?) {
+        if let refusal = controller.connect(code: code, qr: qr) {
+            notice = "Cannot connect: \(refusal.message)"
+        } else {
+            notice = nil
+            lastEnd = nil
+            interrupted = false
+            status = controller.status()
+        }
+    }
+
+    private func quit() {
+        guard !quitting else { return }
+        if let scanner {
+            // The scan's thread owns a capture source: it is let go before the process ends.
+            quitAfterSession = true
+            notice = "Stopping the scan, then quitting…"
+            scanner.stop()
+            redraw()
+            return
+        }
+        if controller.isActive {
+            quitAfterSession = true
+            notice = "Leaving the room, then quitting…"
+            controller.stop()
+            redraw()
+            return
+        }
+        quitting = true
+        loop.unwatch(fd: screen.input)
+        loop.unwatch(fd: signalFD)
+        ended.signal()
+    }
+
+    // MARK: - Scanning
+
+    private func startScan() {
+        notice = nil
+        do throws(HostError) {
+            scanner = try HomeScan(arguments: arguments, logger: logger) { [weak self] outcome in
+                self?.loop.post { self?.scanEnded(outcome) }
+            } progress: { [weak self] words in
+                self?.loop.post { self?.scanProgress(words) }
+            }
+        } catch {
+            notice = "Cannot scan the screen: \(error.description)"
+        }
+    }
+
+    private func stopScan(words: String) {
+        scanner?.stop()
+        notice = words
+    }
+
+    private func scanProgress(_ words: String) {
+        guard scanner != nil else { return }
+        notice = words
+        redraw()
+    }
+
+    private func scanEnded(_ outcome: Result<String, HomeScan.Failure>) {
+        scanner = nil
+        if quitAfterSession {
+            quitAfterSession = false
+            quit()
+            return
+        }
+        switch outcome {
+        case .success(let code): connect(code: code, qr: nil)
+        case .failure(let failure): if let words = failure.words { notice = words }
+        }
+        redraw()
+    }
+
+    // MARK: - The session
+
+    private func sessionEvent(_ event: SessionController.Event) {
+        switch event {
+        case .connecting:
+            break
+        case .moved(_, let now), .tick(let now):
+            status = now
+        case .ended(let reason, let idle):
+            status = idle
+            lastEnd = reason.description
+            notice = nil
+            interrupted = false
+            if quitAfterSession {
+                quitAfterSession = false
+                quit()
+                return
+            }
+        }
+        redraw()
+    }
+
+    // MARK: - Drawing
+
+    private func redraw() {
+        guard !quitting else { return }
+        var lines: [String] = []
+        let title = screen.fit("krakl-agent · screen sharing into video rooms")
+        lines.append(screen.emphasis(title, colour: 36))
+        lines.append("")
+        let active = controller.isActive
+        if active {
+            lines += sessionLines()
+        } else if scanner != nil {
+            lines.append(screen.fit("State:     scanning the screen for a join code's QR code"))
+        } else {
+            lines.append(screen.emphasis(screen.fit("State:     idle, not sharing"), colour: 33))
+            if let lastEnd { lines += screen.wrap(lastEnd, label: "Last:      ") }
+        }
+        if let notice {
+            lines.append("")
+            lines += screen.wrap(notice, limit: 3)
+        }
+        var cursor: (row: Int, column: Int)?
+        switch input {
+        case .keys:
+            lines.append("")
+            lines += keyLines(active: active)
+        case .code(let text):
+            lines.append("")
+            lines.append(screen.fit("Paste or type the join code, then Enter (Esc cancels):"))
+            // A join code holds a token: only its start and its length are shown.
+            let shown = text.isEmpty ? "" : String(text.prefix(12)) + (text.count > 12 ? "… (\(text.count) characters)" : "")
+            lines.append(screen.fit("> " + shown))
+            cursor = (lines.count - 1, min(lines.last!.count, screen.columns - 2))
+        case .picture(let text):
+            lines.append("")
+            lines.append(screen.fit("The QR code picture's path (PNG, JPEG, PNM), then Enter (Esc cancels):"))
+            let room = max(10, screen.columns - 4)
+            lines.append("> " + (text.count <= room ? text : "…" + text.suffix(room - 1)))
+            cursor = (lines.count - 1, min(lines.last!.count, screen.columns - 2))
+        }
+        screen.draw(lines, cursor: cursor)
+    }
+
+    private func keyLines(active: Bool) -> [String] {
+        if active {
+            return [screen.fit("[s] stop sharing   [v] viewer   Ctrl-C stops, a second Ctrl-C quits")]
+        }
+        if scanner != nil { return [screen.fit("[s] stop scanning   [x] quit")] }
+        return [screen.fit("[c] connect with a join code   [q] a QR code picture   [s] scan the screen"),
+                screen.fit("[v] viewer   [x] quit")]
+    }
+
+    private func sessionLines() -> [String] {
+        let now = status
+        var lines: [String] = []
+        let state: String
+        switch now.state {
+        case "preparing": state = "preparing the screen source… \(Self.seconds(now.stateSeconds))"
+        case "joining":
+            state = "joining the room (room server, then ICE/DTLS)… \(Self.seconds(now.stateSeconds)); "
+                + "gives up after \(Int(arguments.connectTimeout)) s without media"
+        case "reconnecting": state = "the connection dropped; reconnecting… \(Self.seconds(now.stateSeconds))"
+        case "leaving": state = "leaving the room…"
+        default: state = now.state
+        }
+        lines.append(screen.emphasis(screen.fit("State:     " + state), colour: now.state == "sharing" ? 32 : 33))
+        lines.append(screen.fit("Room:      \(now.room ?? "-") (\(now.service ?? "-"))"))
+        lines.append(screen.fit("Identity:  \(now.identity ?? "-")"))
+        lines.append(screen.fit("Backend:   \(now.backend ?? "-")" + (now.source.map { ", \($0)" } ?? "")))
+        let size = now.width.flatMap { w in now.height.map { "\(w)x\($0)" } } ?? "-"
+        lines.append(screen.fit("Picture:   \(size), \(now.fps.map { String(format: "%.1f", $0) } ?? "-") fps"))
+        lines.append(screen.fit("Bitrate:   \(now.kbps.map { String(format: "%.0f kbit/s", $0) } ?? "-")"))
+        lines.append(screen.fit("RTT:       \(now.rttMs.map { String(format: "%.0f ms", $0) } ?? "-")"
+                                + "      Loss: \(now.lossPercent.map { String(format: "%.1f %%", $0) } ?? "-")"
+                                + "      Connection: \(now.connection ?? "-")"))
+        lines.append(screen.fit("Shared:    \(now.sharingSeconds.map(Self.clock) ?? "not yet")"))
+        return lines
+    }
+
+    private static func seconds(_ value: Double?) -> String { "\(Int(value ?? 0)) s" }
+
+    /// 75.3 → "0:01:15".
+    private static func clock(_ seconds: Double) -> String {
+        let whole = Int(seconds)
+        return String(format: "%d:%02d:%02d", whole / 3600, whole / 60 % 60, whole % 60)
+    }
+}
+
+/// What the home screen does first, from the command line.
+enum HomeStart {
+    case code(String), picture(String), scan
+}
+
+/// `krakl-agent home`, or --join/--qr/--scan on a terminal: the home screen until the person quits.
+func runHome(_ arguments: Arguments, first: HomeStart?, logger: @escaping BackendLogger) -> Int32 {
+    let control = ControlPipe.shared
+    control.catchSignals([SIGWINCH])
+    do {
+        try KraklRTC.prepare()
+    } catch {
+        fputs("krakl-agent: the WebRTC stack cannot start: \(error)\n", stderr)
+        return 44
+    }
+    let screen = TerminalScreen(environment: ProcessInfo.processInfo.environment)
+    do throws(HostError) {
+        try screen.enter()
+    } catch {
+        fputs("krakl-agent: \(error.description)\n", stderr)
+        return error.exitStatus
+    }
+    let home: HomeScreen
+    do {
+        // Log lines would scribble over the screen: they go to stderr only when it is not the
+        // terminal (2>file), or with --verbose.
+        let silent: BackendLogger = { _, _, _ in }
+        let screenLogger = isatty(STDERR_FILENO) == 1 && !arguments.verbose ? silent : logger
+        home = try HomeScreen(arguments: arguments, logger: screenLogger, signals: control.readFD, screen: screen)
+    } catch {
+        screen.restore()
+        fputs("krakl-agent: the home screen cannot start: \(error)\n", stderr)
+        return 44
+    }
+    home.run(first: first)
+    return 0
+}

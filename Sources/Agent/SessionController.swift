@@ -1,0 +1,198 @@
+import Foundation
+import Glibc
+import KraklCore
+import KraklRTC
+import KraklRoom
+import KraklSession
+
+/// One sharing session at a time, driven from its owner's EventLoop: the connect / stop / status
+/// logic the daemon (control socket) and the home screen (terminal keys) share. Everything here
+/// runs on that loop: requests come from the owner, the session's state changes and end (which
+/// happen on the session's own loop) are posted to it, and a once-a-second timer on it measures
+/// the rates while a session runs. The owner hears of each step through `onEvent`.
+final class SessionController {
+    enum Event {
+        /// A session was started; the words say where to (room, service, identity, shortened token).
+        case connecting(String)
+        /// The lifecycle moved (the status is taken after the move).
+        case moved(SharingLifecycle.State, ControlStatus)
+        /// The session is over; the controller is idle again.
+        case ended(EndReason, ControlStatus)
+        /// Once a second while a session runs: fresh numbers.
+        case tick(ControlStatus)
+    }
+
+    /// Why a connect was not started: words for the person and the exit status (docs/exit-codes.md).
+    struct Refusal: Error {
+        let message: String
+        let status: Int32
+    }
+
+    private let arguments: Arguments
+    private let loop: EventLoop
+    private let logger: BackendLogger
+    private let notifier: DesktopNotifier?
+    private let onEvent: (Event) -> Void
+
+    // Loop thread only.
+    private var session: SharingSession?
+    private var sessionNumber = 0
+    private var sharingSince: Double?
+    private var stateSince = MonotonicClock.milliseconds()
+    private(set) var lastEnd: ControlEnd?
+    private var ticker: EventLoop.TimerID?
+    private var meter: (at: Double, bytes: Int, frames: Int)?
+    private var rates: (kbps: Double, fps: Double)?
+
+    init(arguments: Arguments, loop: EventLoop, logger: @escaping BackendLogger, notifier: DesktopNotifier? = DesktopNotifier.sessionBus(),
+         onEvent: @escaping (Event) -> Void) {
+        self.arguments = arguments
+        self.loop = loop
+        self.logger = logger
+        self.notifier = notifier
+        self.onEvent = onEvent
+    }
+
+    /// Before the process exits: lets the last notification out (bounded).
+    func finish() { notifier?.finish() }
+
+    /// A session runs (from connect until its end).
+    var isActive: Bool { session != nil }
+
+    /// Starts a session with a join code's text, or the join code of the QR code in the picture at
+    /// the absolute path `qr`. Returns nil once the session was started (its progress arrives as
+    /// events), or why it was not.
+    func connect(code: String?, qr: String?) -> Refusal? {
+        guard session == nil else { return Refusal(message: "already sharing; stop first (krakl-agent stop)", status: 63) }
+        var text: String
+        if let path = qr {
+            guard path.hasPrefix("/") else { return Refusal(message: "connect: the QR picture's path must be absolute (the client makes it so)", status: 63) }
+            switch readQRFile(path: path) {
+            case .success(let found): text = found
+            case .failure(let failure): return Refusal(message: failure.message, status: failure.status)
+            }
+        } else if let code {
+            text = code
+        } else {
+            return Refusal(message: "connect needs \"code\" (the join code's text) or \"qr\" (a picture's path)", status: 63)
+        }
+        let invitation: Invitation
+        do throws(JoinCodeError) {
+            invitation = try Invitation.read(text, now: Date())
+        } catch {
+            return Refusal(message: error.description, status: error.exitStatus)
+        }
+        text = ""
+        let driver = makeDriver(invitation)
+        let session = SharingSession(configuration: sharingConfiguration(arguments, invitation: invitation, logger: logger), driver: driver,
+                                     identity: invitation.identity, room: invitation.room, logger: logger)
+        sessionNumber += 1
+        let number = sessionNumber
+        // Both arrive on the session's own loop and are handed to this one: the owner's state has one thread.
+        session.onStateChange = { [weak self] state in self?.loop.post { self?.sessionMoved(number, to: state) } }
+        session.onFinished = { [weak self] reason in self?.loop.post { self?.sessionEnded(number, reason) } }
+        do {
+            try session.start()
+        } catch {
+            return Refusal(message: "cannot start the session: \(error)", status: 44)
+        }
+        self.session = session
+        sharingSince = nil
+        stateSince = MonotonicClock.milliseconds()
+        meter = nil
+        rates = nil
+        startTicker()
+        let place = invitation.room.map { "room \($0)" } ?? invitation.code.url.redactedForLog
+        onEvent(.connecting("connecting to \(place) on \(driver.service) as \"\(invitation.identity)\" (token \(invitation.token.shortened))"))
+        return nil
+    }
+
+    /// Asks the running session to leave; false when there is none.
+    @discardableResult
+    func stop() -> Bool {
+        guard let session else { return false }
+        session.stop()
+        return true
+    }
+
+    private func sessionMoved(_ number: Int, to state: SharingLifecycle.State) {
+        guard number == sessionNumber, session != nil else { return }
+        stateSince = MonotonicClock.milliseconds()
+        var firstShare = false
+        if state == .sharing && sharingSince == nil {
+            sharingSince = MonotonicClock.milliseconds()
+            firstShare = true
+        }
+        let now = status()
+        if firstShare { notifier?.sharingStarted(room: now.room, identity: now.identity ?? "you") }
+        onEvent(.moved(state, now))
+    }
+
+    private func sessionEnded(_ number: Int, _ reason: EndReason) {
+        guard number == sessionNumber else { return }
+        let shared = sharingSince != nil
+        session = nil
+        sharingSince = nil
+        stateSince = MonotonicClock.milliseconds()
+        stopTicker()
+        lastEnd = ControlEnd(reason: reason.name, message: reason.description, exitStatus: reason.exitStatus)
+        notifier?.sharingEnded(reason, shared: shared)
+        onEvent(.ended(reason, status()))
+    }
+
+    /// Once a second while a session runs: the rates are measured and the owner told.
+    private func startTicker() {
+        guard ticker == nil else { return }
+        ticker = loop.schedule(afterNanoseconds: 1_000_000_000) { [weak self] in self?.tick() }
+    }
+
+    private func stopTicker() {
+        if let ticker { loop.cancel(ticker) }
+        ticker = nil
+    }
+
+    private func tick() {
+        ticker = nil
+        guard let session else { return }
+        if let rtc = session.status(window: false).rtc {
+            let now = MonotonicClock.milliseconds()
+            if let meter, now > meter.at {
+                let seconds = (now - meter.at) / 1000
+                rates = (Double(rtc.bytesSent - meter.bytes) * 8 / 1000 / seconds, Double(rtc.framesSent - meter.frames) / seconds)
+            }
+            meter = (now, rtc.bytesSent, rtc.framesSent)
+        }
+        startTicker()
+        onEvent(.tick(status()))
+    }
+
+    /// The snapshot `status` replies with and screens show.
+    func status() -> ControlStatus {
+        var result = ControlStatus(state: "idle", pid: getpid(), lastEnd: lastEnd)
+        result.stateSeconds = Self.tenths(MonotonicClock.milliseconds() - stateSince)
+        guard let session else { return result }
+        let now = session.status(window: false)
+        result.state = now.state.name
+        result.room = now.room
+        result.identity = now.identity
+        result.service = now.service
+        result.backend = now.backend
+        result.source = arguments.options.first { $0.key == "source" || $0.key == "scene" }.map { "\($0.key) \($0.value.serialized)" }
+        result.width = now.width
+        result.height = now.height
+        result.sharingSeconds = sharingSince.map { Self.tenths(MonotonicClock.milliseconds() - $0) }
+        if let rtc = now.rtc {
+            result.connection = rtc.state
+            result.rttMs = rtc.roundTripMilliseconds
+            result.lossPercent = rtc.fractionLost.map { $0 * 100 }
+            result.framesSent = rtc.framesSent
+            result.bytesSent = rtc.bytesSent
+        }
+        result.kbps = rates.map { ($0.kbps * 10).rounded() / 10 }
+        result.fps = rates.map { ($0.fps * 10).rounded() / 10 }
+        return result
+    }
+
+    /// Milliseconds as seconds to a tenth.
+    private static func tenths(_ milliseconds: Double) -> Double { (milliseconds / 100).rounded() / 10 }
+}
