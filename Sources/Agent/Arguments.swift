@@ -2,6 +2,8 @@ import Foundation
 import KraklCore
 import KraklEncoder
 import KraklRTC
+import KraklRoom
+import KraklSession
 import KraklViewer
 
 /// The command line, parsed. Parsing never exits: errors are HostError
@@ -53,6 +55,10 @@ struct Arguments {
     var connectTimeout = 15.0
     /// Host candidates only from these addresses (default: every interface that is up, no loopback).
     var addresses: [IPAddress] = []
+    /// `--ice-server`: STUN/TURN servers besides those of the join code and the room server.
+    var iceServers: [IceServer] = []
+    /// `--ice-transport relay`: only relay candidates (as iceTransportPolicy "relay").
+    var relayOnly = false
     /// --refresh was given (a room session otherwise turns the idle refresh off).
     var refreshGiven = false
     /// --qr FILE: the join code from a picture; --scan-only: print its summary instead of joining.
@@ -181,6 +187,12 @@ struct Arguments {
                 let text = try value(for: flag)
                 guard let ip = IPAddress(text) else { throw .usage("--address \(text): give an IP address of this machine") }
                 addresses.append(ip)
+            case "--ice-server":
+                iceServers.append(try Self.iceServer(try value(for: flag)))
+            case "--ice-transport":
+                let text = try value(for: flag)
+                guard text == "all" || text == "relay" else { throw .usage("--ice-transport \(text): use all or relay") }
+                relayOnly = text == "relay"
             case "--expect-end": expectEnd = true
             case "--json": json = true
             case "--headless": headless = true
@@ -357,6 +369,11 @@ OPTIONS
                           json: one JSON object a line (time, event, state, reason, numbers).
       --address IP        (--join) Offer host candidates from this address only (repeatable;
                           default: every interface that is up, loopback excluded).
+      --ice-server URL[,USER,CREDENTIAL]
+                          (--join) A STUN or TURN server besides the join code's and the room
+                          server's (repeatable): stun:IP[:PORT] or turn:IP[:PORT][?transport=udp]
+                          with its long-term credentials. Host names, turns: and TCP: not yet.
+      --ice-transport P   (--join) all (default) or relay: only relay candidates (TURN).
       --connect-timeout S (--join) ICE and DTLS must be up S seconds after the room's
                           answer (default 15), else the session ends as connection lost.
       --listen ADDR[:PORT] (viewer) Listen on this IP address (default 127.0.0.1:8990).
@@ -463,3 +480,21 @@ EXIT STATUS
   63 the daemon refused the request (already sharing: stop first; malformed)
   64 the daemon's reply is unusable     connect: 30-49 as for --join and --qr
 """
+
+extension Arguments {
+    /// `URL[,USER,CREDENTIAL]` as the agent can use it today: an IP address, STUN, or TURN over UDP.
+    static func iceServer(_ text: String) throws(HostError) -> IceServer {
+        let fields = text.split(separator: ",", maxSplits: 2, omittingEmptySubsequences: false).map(String.init)
+        let server = IceServer(url: fields[0], username: fields.count > 1 ? fields[1] : nil, credential: fields.count > 2 ? fields[2] : nil)
+        guard server.parts != nil else {
+            throw .usage("--ice-server \(fields[0]): not a stun:/turn:/turns: URL (RFC 7064/7065)")
+        }
+        guard server.stunAddress != nil || server.turnServer != nil else {
+            let why = server.parts?.scheme == "turn" && (server.username == nil || server.credential == nil)
+                ? "a TURN server needs its user and credential: --ice-server URL,USER,CREDENTIAL"
+                : "only stun:IP[:PORT] and turn:IP[:PORT] over UDP work so far (host names, turns: and TCP: issue 16)"
+            throw .usage("--ice-server \(fields[0]): \(why)")
+        }
+        return server
+    }
+}

@@ -79,7 +79,8 @@ func sharingConfiguration(_ arguments: Arguments, invitation: Invitation, logger
     configuration.publisher.label = invitation.identity
     // A WHIP server may name STUN servers in its answer (Link headers): candidates may trickle then.
     configuration.publisher.trickleLater = invitation.code.service == .whip
-    for server in invitation.code.iceServers {
+    configuration.publisher.relayOnly = arguments.relayOnly
+    for server in invitation.code.iceServers + arguments.iceServers {
         if let address = server.stunAddress {
             configuration.publisher.stunServers.append(address)
         } else if let turn = server.turnServer {

@@ -17,6 +17,22 @@ struct BadInputTests {
         }
     }
 
+    /// `--ice-server` and `--ice-transport` refuse what the agent cannot use, before anything starts,
+    /// and never print a credential.
+    @Test(arguments: [
+        (["--ice-server", "turn:127.0.0.2:3478"], "needs its user and credential"),
+        (["--ice-server", "http://127.0.0.2/"], "not a stun:/turn:/turns: URL"),
+        (["--ice-server", "turn:turn.example:3478,u,secret-credential"], "host names, turns: and TCP"),
+        (["--ice-server", "turns:127.0.0.2:5349,u,secret-credential"], "host names, turns: and TCP"),
+        (["--ice-transport", "direct"], "use all or relay"),
+    ])
+    func iceServerOptionsThatCannotBeUsed(arguments: [String], fragment: String) throws {
+        try Harness.requireBuild()
+        let result = try Harness.agent(["--join", "-"] + arguments)
+        expectFailure(result, status: 2, [fragment])
+        #expect(!result.stderr.contains("secret-credential"), "a credential was printed: \(result.stderr)")
+    }
+
     @Test func malformedRegistryReportsFileLineColumn() throws {
         try Harness.requireBuild()
         let dir = try Harness.temporaryDirectory()
