@@ -54,7 +54,9 @@ enum Fuzz {
         var outcome = Outcome()
         let deadline = Date().addingTimeInterval(seconds)
         for i in 0..<iterations {
-            if i % 256 == 0, Date() > deadline { break }
+            // The time limit applies after the first 1000 inputs: a loaded CI machine ran only 768 in 2 s,
+            // and the count is what the checks below are about.
+            if i >= 1000, i % 256 == 0, Date() > deadline { break }
             let input: [UInt8]
             if i % 10 == 9 {
                 input = (0..<rng.below(96)).map { _ in rng.byte() }
