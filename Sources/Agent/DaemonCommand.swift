@@ -375,8 +375,8 @@ final class ControlDaemon: @unchecked Sendable {
 
     private func sessionEvent(_ event: SessionController.Event) {
         switch event {
-        case .connecting(let words):
-            print("krakl-agent daemon: \(words)")
+        case .connecting(let start):
+            print("krakl-agent daemon: \(start.words)")
         case .moved(let state, let now):
             sessionMoved(to: state, now)
         case .ended(let reason, let idle):
