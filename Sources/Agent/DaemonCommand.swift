@@ -419,12 +419,12 @@ final class ControlDaemon: @unchecked Sendable {
     /// scan's lines as "scanning" events, then the connect's end as for a code.
     private func startScan(for connection: ControlConnection) {
         do throws(HostError) {
-            scanner = try ScreenScanJob(arguments: arguments, logger: logger) { [weak self] line in
-                self?.loop.post { self?.scanSaid(line) }
+            scanner = try ScreenScanJob(arguments: arguments, logger: logger, postingTo: loop) { [weak self] line in
+                self?.scanSaid(line)
             } progress: { [weak self] line in
-                self?.loop.post { self?.scanSaid(line) }
+                self?.scanSaid(line)
             } done: { [weak self] outcome in
-                self?.loop.post { self?.scanEnded(outcome) }
+                self?.scanEnded(outcome)
             }
         } catch {
             reply(connection, .failure("cannot scan the screen: \(error.description)", status: error.exitStatus))
@@ -440,7 +440,8 @@ final class ControlDaemon: @unchecked Sendable {
 
     private func scanSaid(_ line: String) {
         guard scanner != nil else { return }
-        let message = ControlReply(ok: true, event: "scanning", message: line)
+        // The client's Ctrl-C leaves the daemon scanning: its stop is `krakl-agent stop`.
+        let message = ControlReply(ok: true, event: "scanning", message: line.replacingOccurrences(of: "Ctrl-C stops", with: "krakl-agent stop stops"))
         for connection in pendingScans { reply(connection, message) }
         broadcast(message)
     }
@@ -460,10 +461,10 @@ final class ControlDaemon: @unchecked Sendable {
                 // From here the clients wait as for a connect with a code: until sharing or the end.
                 pendingConnects += scans
             }
-        case .found, .none(0, _):
+        case .found, .notFound(0, _):
             failure = .failure("scanning stopped before a join code was found", status: 63)
-        case .none(let status, let lastSaid):
-            failure = .failure("no join code: \(lastSaid)", status: status)
+        case .notFound(let status, let lastSaid):
+            failure = .failure(lastSaid, status: status)
         case .failed(let error):
             failure = .failure("cannot scan the screen: \(error.description)", status: error.exitStatus)
         }

@@ -232,12 +232,12 @@ final class HomeScreen: @unchecked Sendable {
         do throws(HostError) {
             var scanning = arguments
             scanning.scanOnly = false
-            scanner = try ScreenScanJob(arguments: scanning, logger: logger) { [weak self] line in
-                self?.loop.post { self?.scanProgress("Scanning: " + line) }
+            scanner = try ScreenScanJob(arguments: scanning, logger: logger, postingTo: loop) { [weak self] line in
+                self?.scanProgress("Scanning: " + line)
             } progress: { [weak self] line in
-                self?.loop.post { self?.scanProgress(line.prefix(1).uppercased() + line.dropFirst()) }
+                self?.scanProgress(line.prefix(1).uppercased() + line.dropFirst())
             } done: { [weak self] outcome in
-                self?.loop.post { self?.scanEnded(outcome) }
+                self?.scanEnded(outcome)
             }
         } catch {
             notice = "Cannot scan the screen: \(error.description)"
@@ -264,7 +264,7 @@ final class HomeScreen: @unchecked Sendable {
         }
         switch outcome {
         case .found(let invitation): connect(code: invitation.code.text, qr: nil)
-        case .none(let status, let lastSaid): notice = status == 0 ? "Scanning stopped." : "Scanning: \(lastSaid)"
+        case .notFound(let status, let lastSaid): notice = status == 0 ? "Scanning stopped." : "Scanning: \(lastSaid)"
         case .failed(let error): notice = "Cannot scan the screen: \(error.description)"
         }
         redraw()

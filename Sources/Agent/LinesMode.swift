@@ -142,12 +142,12 @@ final class LinesMode: @unchecked Sendable {
 
     private func startScan() {
         do throws(HostError) {
-            scanner = try ScreenScanJob(arguments: arguments, logger: logger) { [weak self] line in
-                self?.loop.post { self?.scanSaid(line) }
+            scanner = try ScreenScanJob(arguments: arguments, logger: logger, postingTo: loop) { [weak self] line in
+                self?.scanSaid(line)
             } progress: { [weak self] line in
-                self?.loop.post { self?.scanProgress(line) }
+                self?.scanProgress(line)
             } done: { [weak self] outcome in
-                self?.loop.post { self?.scanEnded(outcome) }
+                self?.scanEnded(outcome)
             }
         } catch {
             fputs("krakl-agent: \(error.description)\n", stderr)
@@ -175,7 +175,7 @@ final class LinesMode: @unchecked Sendable {
             } else {
                 share(invitation.code.text)
             }
-        case .none(let status, _):
+        case .notFound(let status, _):
             finish(status)
         case .failed(let error):
             fputs("krakl-agent: \(error.description)\n", stderr)

@@ -1,6 +1,7 @@
 import Foundation
 import KraklCore
 import KraklRoom
+import KraklRTC
 
 /// A screen scan (`scanScreen`) on a thread of its own, since it waits for frames, for an owner
 /// that lives on an EventLoop: the lines mode, the home screen and the daemon. What it says and
@@ -11,7 +12,7 @@ final class ScreenScanJob: ScanHost, @unchecked Sendable {
     /// --scan-timeout, 51 the source ended first, 0 stopped), with the last line it said.
     enum Outcome {
         case found(Invitation)
-        case none(status: Int32, lastSaid: String)
+        case notFound(status: Int32, lastSaid: String)
         case failed(HostError)
     }
 
@@ -34,13 +35,23 @@ final class ScreenScanJob: ScanHost, @unchecked Sendable {
         let thread = Thread { [self] in
             do throws(HostError) {
                 let (invitation, status) = try scanScreen(arguments, logger: logger, host: self)
-                done(invitation.map { .found($0) } ?? .none(status: status, lastSaid: lastSaid))
+                done(invitation.map { .found($0) } ?? .notFound(status: status, lastSaid: lastSaid))
             } catch {
                 done(.failed(error))
             }
         }
         thread.name = "krakl-scan"
         thread.start()
+    }
+
+    /// The same for an owner on `loop`: each report is posted to it.
+    convenience init(arguments: Arguments, logger: @escaping BackendLogger, postingTo loop: EventLoop, say: @escaping (String) -> Void,
+                     progress: @escaping (String) -> Void, done: @escaping (Outcome) -> Void) throws(HostError) {
+        try self.init(arguments: arguments, logger: logger) { line in loop.post { say(line) } } progress: { line in
+            loop.post { progress(line) }
+        } done: { outcome in
+            loop.post { done(outcome) }
+        }
     }
 
     func stop() {
