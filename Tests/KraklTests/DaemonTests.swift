@@ -138,8 +138,8 @@ import Testing
 
         let stop = try daemon.client(["stop"])
         #expect(stop.status == 0 && stop.stdout.contains("not sharing"), "\(stop)")
-        let connect = try daemon.client(["connect", "--scan"])
-        #expect(connect.status == 2 && connect.stderr.contains("not supported by the daemon yet"), "\(connect)")
+        let both = try daemon.client(["connect", "--scan", "--qr", "x.png"])
+        #expect(both.status == 2 && both.stderr.contains("connect takes one of"), "\(both)")
 
         daemon.process.signal(SIGTERM)
         #expect(daemon.process.waitForExit(seconds: 10) && daemon.process.exitStatus == 0, "exit: \(daemon.process.log)")
