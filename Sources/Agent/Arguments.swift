@@ -284,7 +284,7 @@ USAGE
   krakl-agent home [--join CODE|--qr IMAGE|--scan] [SHARING OPTIONS]
   krakl-agent code CODE|@FILE|-
   krakl-agent daemon [SHARING OPTIONS]
-  krakl-agent connect CODE|@FILE|-|--qr FILE      krakl-agent stop
+  krakl-agent connect CODE|@FILE|-|--qr FILE|--scan   krakl-agent stop
   krakl-agent status [--json]                      krakl-agent watch [--json]
   krakl-agent [run] [--backend NAME] [--option KEY=VALUE]... [--frames N] [--seconds S]
                     [--listen ADDR[:PORT]] [--viewer-port N] [--max-viewers N] [--viewer-token]
@@ -327,8 +327,9 @@ COMMANDS
                   only; docs/daemon.md). One session at a time; SIGTERM leaves the room,
                   then exits 0. dist/krakl-agent.service runs it as a systemd user unit.
   connect CODE    Ask the daemon to share into a join code's room (CODE, @FILE, - for
-                  stdin, or --qr FILE: the daemon reads the picture). Returns once the
-                  screen is shared (0) or with the status of why it could not be.
+                  stdin, --qr FILE: the daemon reads the picture, or --scan: the daemon
+                  scans its screen). Returns once the screen is shared (0) or with the
+                  status of why it could not be.
   stop            Ask the daemon to stop sharing; returns once the room was left.
   status          The daemon's state: idle (and how the last session ended) or the
                   room, identity and live numbers; --json prints its JSON line.

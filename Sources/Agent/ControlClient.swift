@@ -15,7 +15,7 @@ enum ControlCommand: Equatable {
         case (let word?, nil, false): return .code(JoinCodeSource(word))
         case (nil, let path?, false): return .qr(path)
         case (nil, nil, true): return .scan
-        case (nil, nil, false): throw .usage("connect needs a join code: krakl-agent connect CODE|@FILE|-|--qr FILE")
+        case (nil, nil, false): throw .usage("connect needs a join code: krakl-agent connect CODE|@FILE|-|--qr FILE|--scan")
         default: throw .usage("connect takes one of CODE, @FILE, -, --qr FILE or --scan")
         }
     }
@@ -30,9 +30,7 @@ func runControlClient(_ command: ControlCommand, json: Bool) -> Int32 {
     case .stop: request = ControlRequest("stop")
     case .watch: request = ControlRequest("watch")
     case .connect(.scan):
-        fputs("krakl-agent: connect --scan is not supported by the daemon yet: scan with `krakl-agent --scan --scan-only`, "
-              + "or give the picture (--qr FILE) or the code (CODE, @FILE, -)\n", stderr)
-        return 2
+        request = ControlRequest("connect", scan: true)
     case .connect(.qr(let path)):
         // The daemon reads the picture itself (same user, so the same files), from an absolute path.
         let absolute = path.hasPrefix("/") ? path : FileManager.default.currentDirectoryPath + "/" + path
@@ -63,7 +61,13 @@ func runControlClient(_ command: ControlCommand, json: Bool) -> Int32 {
             }
             return 0
         default:
-            guard let (reply, line) = try connection.nextReply(allowEnd: false) else { return 64 }
+            guard var (reply, line) = try connection.nextReply(allowEnd: false) else { return 64 }
+            // connect --scan: the scan's progress comes first, a line each.
+            while reply.ok && reply.event == "scanning" {
+                print(json ? line : ControlText.watchLine(reply))
+                guard let next = try connection.nextReply(allowEnd: false) else { return 64 }
+                (reply, line) = next
+            }
             if !reply.ok {
                 fputs("krakl-agent: \(reply.error ?? "the daemon refused without saying why")\n", stderr)
                 return reply.exitStatus ?? 63
@@ -132,6 +136,9 @@ final class ControlClientConnection {
 enum ControlText {
     static func status(_ status: ControlStatus?) -> String {
         guard let status else { return "krakl-agent: the daemon sent no status" }
+        if status.state == "scanning" {
+            return String(format: "krakl-agent: scanning the screen for a join code for %.0f s (daemon pid \(status.pid))", status.stateSeconds ?? 0)
+        }
         var text = status.state == "idle" ? "krakl-agent: idle (daemon pid \(status.pid))" : "krakl-agent: \(sharing(status))"
         if status.state == "idle", let end = status.lastEnd { text += "; last session: \(end.message)" }
         return text
@@ -155,6 +162,7 @@ enum ControlText {
         switch reply.event {
         case "ended": return "krakl-agent: \(reply.message ?? "the session ended"); idle"
         case "closing": return "krakl-agent: \(reply.message ?? "the daemon is quitting")"
+        case "scanning": return "krakl-agent: scanning: \(reply.message ?? "")"
         default: return status(reply.status)
         }
     }

@@ -1,13 +1,12 @@
 import Glibc
 
-/// The main thread's one place to wait, and the agent's one way to take signals: signals
-/// (SIGINT, SIGTERM, SIGHUP, SIGQUIT, and what `catchSignals` adds) arrive as bytes on a pipe, written
-/// by an async-signal-safe handler, and the session's end as a byte too; `wait`
-/// polls that pipe and, while idle, stdin. No libdispatch signal sources: they would start
-/// libdispatch's manager thread, which never ends, and an agent between sessions holds no
-/// thread but its main one.
+/// The agent's one way to take signals: signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT, and what
+/// `catchSignals` adds) arrive as bytes on a pipe, written by an async-signal-safe handler. The
+/// lines mode, the home screen and the daemon watch `readFD` on their EventLoop; the capture run
+/// (`run`) waits on it with `wait`. No libdispatch signal sources: they would start libdispatch's
+/// manager thread, which never ends.
 final class ControlPipe {
-    enum Wake { case signal(Int32), sessionEnded, input, timeout }
+    enum Wake { case signal(Int32), timeout }
 
     nonisolated(unsafe) static var writeFD: Int32 = -1
     let readFD: Int32
@@ -52,12 +51,6 @@ final class ControlPipe {
         sigprocmask(SIG_UNBLOCK, &wanted, nil)
     }
 
-    /// Any thread: wakes `wait` with `.sessionEnded`.
-    static func sessionEnded() {
-        var byte: UInt8 = 0
-        _ = write(writeFD, &byte, 1)
-    }
-
     /// Any thread: wakes `wait` with `.timeout` (something changed: look again). A full pipe already
     /// means "wake up".
     static func wake() {
@@ -66,28 +59,20 @@ final class ControlPipe {
     }
 
     /// For an event loop watching `readFD`: the signals that arrived since the last call (the
-    /// session-ended and wake-up bytes are dropped: a loop hears of those its own way).
+    /// wake-up bytes are dropped: a loop hears of those its own way).
     static func signals(on fd: Int32) -> [Int32] {
         var bytes = [UInt8](repeating: 0, count: 64)
         let n = read(fd, &bytes, bytes.count)
         guard n > 0 else { return [] }
-        return bytes.prefix(n).filter { $0 != 0 && $0 != 255 }.map { Int32($0) }
+        return bytes.prefix(n).filter { $0 != 255 }.map { Int32($0) }
     }
 
-    /// Waits up to `timeout` s for a signal, the session's end or (with `input`) readable stdin.
-    func wait(timeout: Double, input: Bool = false) -> Wake {
-        var fds = [pollfd(fd: readFD, events: Int16(POLLIN), revents: 0)]
-        if input { fds.append(pollfd(fd: STDIN_FILENO, events: Int16(POLLIN), revents: 0)) }
-        let ready = poll(&fds, nfds_t(fds.count), Int32(timeout * 1000))
-        guard ready > 0 else { return .timeout }
-        if fds[0].revents != 0 {
-            var byte: UInt8 = 0
-            if read(readFD, &byte, 1) == 1 {
-                if byte == 255 { return .timeout }
-                return byte == 0 ? .sessionEnded : .signal(Int32(byte))
-            }
-        }
-        if input && fds.count > 1 && fds[1].revents != 0 { return .input }
-        return .timeout
+    /// Waits up to `timeout` s for a signal or a `wake`.
+    func wait(timeout: Double) -> Wake {
+        var fd = pollfd(fd: readFD, events: Int16(POLLIN), revents: 0)
+        guard poll(&fd, 1, Int32(timeout * 1000)) > 0 else { return .timeout }
+        var byte: UInt8 = 0
+        guard read(readFD, &byte, 1) == 1, byte != 255 else { return .timeout }
+        return .signal(Int32(byte))
     }
 }

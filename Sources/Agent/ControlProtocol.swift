@@ -31,12 +31,15 @@ struct ControlRequest: Codable, Equatable {
     var code: String?
     /// connect: an absolute path of a picture holding the join code's QR code (the daemon reads it).
     var qr: String?
+    /// connect: scan the daemon's screen (its sharing backend) for the join code's QR code.
+    var scan: Bool?
 
-    init(_ cmd: String, code: String? = nil, qr: String? = nil) {
+    init(_ cmd: String, code: String? = nil, qr: String? = nil, scan: Bool? = nil) {
         v = ControlProtocol.version
         self.cmd = cmd
         self.code = code
         self.qr = qr
+        self.scan = scan
     }
 }
 

@@ -149,6 +149,10 @@ final class ControlDaemon: @unchecked Sendable {
     private var controller: SessionController!
     private var pendingConnects: [ControlConnection] = []
     private var pendingStops: [ControlConnection] = []
+    /// connect --scan: the scan before the session, and the clients waiting for it to find a code.
+    private var scanner: ScreenScanJob?
+    private var scanSince = MonotonicClock.milliseconds()
+    private var pendingScans: [ControlConnection] = []
     private var quitting = false
     /// More clients than this at once are turned away (each costs a descriptor and 64 KB at most).
     static let maximumConnections = 32
@@ -187,7 +191,11 @@ final class ControlDaemon: @unchecked Sendable {
         quitting = true
         print("krakl-agent daemon: signal \(number): \(controller.isActive ? "leaving the room, then quitting" : "quitting")")
         ServiceNotifier.notify("STOPPING=1\nSTATUS=quitting")
-        if !controller.stop() { finish() }
+        if let scanner {
+            scanner.stop()   // finishes when the scan has let its screen source go
+        } else if !controller.stop() {
+            finish()
+        }
     }
 
     /// The last turn: every client is told, the socket is removed, the main thread goes on to exit 0.
@@ -294,14 +302,14 @@ final class ControlDaemon: @unchecked Sendable {
         }
         switch request.cmd {
         case "status":
-            reply(connection, ControlReply(ok: true, event: "status", status: controller.status()))
+            reply(connection, ControlReply(ok: true, event: "status", status: currentStatus()))
         case "connect":
             connect(request, from: connection)
         case "stop":
             stop(from: connection)
         case "watch":
             connection.watching = true
-            reply(connection, ControlReply(ok: true, event: "status", status: controller.status()))
+            reply(connection, ControlReply(ok: true, event: "status", status: currentStatus()))
         default:
             reply(connection, .failure("unknown command \"\(request.cmd.prefix(40))\" (commands: status, connect, stop, watch)", status: 63))
         }
@@ -356,6 +364,22 @@ final class ControlDaemon: @unchecked Sendable {
             reply(connection, .failure("the daemon is quitting", status: 63))
             return
         }
+        guard scanner == nil else {
+            reply(connection, .failure("already scanning the screen for a join code; stop first (krakl-agent stop)", status: 63))
+            return
+        }
+        if request.scan == true {
+            guard request.code == nil && request.qr == nil else {
+                reply(connection, .failure("connect takes one of \"code\", \"qr\" or \"scan\"", status: 63))
+                return
+            }
+            guard !controller.isActive else {
+                reply(connection, .failure("already sharing; stop first (krakl-agent stop)", status: 63))
+                return
+            }
+            startScan(for: connection)
+            return
+        }
         if let refusal = controller.connect(code: request.code, qr: request.qr) {
             reply(connection, .failure(refusal.message, status: refusal.status))
             return
@@ -365,6 +389,12 @@ final class ControlDaemon: @unchecked Sendable {
     }
 
     private func stop(from connection: ControlConnection) {
+        if let scanner {
+            scanner.stop()
+            connection.awaiting += 1
+            pendingStops.append(connection)
+            return
+        }
         guard controller.stop() else {
             reply(connection, ControlReply(ok: true, message: "not sharing; nothing to stop", status: controller.status()))
             return
@@ -373,10 +403,86 @@ final class ControlDaemon: @unchecked Sendable {
         pendingStops.append(connection)
     }
 
+    /// The controller's status, or "scanning" while a connect --scan looks for its code.
+    private func currentStatus() -> ControlStatus {
+        var now = controller.status()
+        if scanner != nil {
+            now.state = "scanning"
+            now.stateSeconds = ((MonotonicClock.milliseconds() - scanSince) / 100).rounded() / 10
+        }
+        return now
+    }
+
+    // MARK: - Scanning (connect --scan)
+
+    /// Scans the screen of the daemon's backend (--scan-timeout bounds it); the client hears the
+    /// scan's lines as "scanning" events, then the connect's end as for a code.
+    private func startScan(for connection: ControlConnection) {
+        do throws(HostError) {
+            scanner = try ScreenScanJob(arguments: arguments, logger: logger, postingTo: loop) { [weak self] line in
+                self?.scanSaid(line)
+            } progress: { [weak self] line in
+                self?.scanSaid(line)
+            } done: { [weak self] outcome in
+                self?.scanEnded(outcome)
+            }
+        } catch {
+            reply(connection, .failure("cannot scan the screen: \(error.description)", status: error.exitStatus))
+            return
+        }
+        scanSince = MonotonicClock.milliseconds()
+        print("krakl-agent daemon: scanning the screen for a join code")
+        ServiceNotifier.notify("STATUS=scanning the screen for a join code")
+        connection.awaiting += 1
+        pendingScans.append(connection)
+        broadcast(ControlReply(ok: true, event: "state", status: currentStatus()))
+    }
+
+    private func scanSaid(_ line: String) {
+        guard scanner != nil else { return }
+        // The client's Ctrl-C leaves the daemon scanning: its stop is `krakl-agent stop`.
+        let message = ControlReply(ok: true, event: "scanning", message: line.replacingOccurrences(of: "Ctrl-C stops", with: "krakl-agent stop stops"))
+        for connection in pendingScans { reply(connection, message) }
+        broadcast(message)
+    }
+
+    private func scanEnded(_ outcome: ScreenScanJob.Outcome) {
+        scanner = nil
+        let scans = pendingScans, stops = pendingStops
+        pendingScans.removeAll()
+        pendingStops.removeAll()
+        var failure: ControlReply?
+        switch outcome {
+        case .found(let invitation) where !quitting && stops.isEmpty:
+            print("krakl-agent daemon: scanning: found a join code")
+            if let refusal = controller.connect(code: invitation.code.text, qr: nil) {
+                failure = .failure(refusal.message, status: refusal.status)
+            } else {
+                // From here the clients wait as for a connect with a code: until sharing or the end.
+                pendingConnects += scans
+            }
+        case .found, .notFound(0, _):
+            failure = .failure("scanning stopped before a join code was found", status: 63)
+        case .notFound(let status, let lastSaid):
+            failure = .failure(lastSaid, status: status)
+        case .failed(let error):
+            failure = .failure("cannot scan the screen: \(error.description)", status: error.exitStatus)
+        }
+        if var failure {
+            print("krakl-agent daemon: \(failure.error ?? "scanning ended"). Idle again.")
+            ServiceNotifier.notify("STATUS=idle")
+            failure.status = controller.status()
+            for connection in scans { settle(connection, failure) }
+            broadcast(ControlReply(ok: true, event: "state", status: controller.status()))
+        }
+        for connection in stops { settle(connection, ControlReply(ok: true, message: "scanning stopped", status: controller.status())) }
+        if quitting && !controller.isActive { finish() }
+    }
+
     private func sessionEvent(_ event: SessionController.Event) {
         switch event {
-        case .connecting(let words):
-            print("krakl-agent daemon: \(words)")
+        case .connecting(let start):
+            print("krakl-agent daemon: \(start.words)")
         case .moved(let state, let now):
             sessionMoved(to: state, now)
         case .ended(let reason, let idle):

@@ -38,7 +38,7 @@ final class HomeScreen: @unchecked Sendable {
     private var quitAfterSession = false
     /// A Ctrl-C stopped the running session: the next one quits, even while it is still leaving.
     private var interrupted = false
-    private var scanner: HomeScan?
+    private var scanner: ScreenScanJob?
     private var quitting = false
 
     init(arguments: Arguments, logger: @escaping BackendLogger, signals: Int32, screen: TerminalScreen) throws {
@@ -230,10 +230,14 @@ final class HomeScreen: @unchecked Sendable {
     private func startScan() {
         notice = nil
         do throws(HostError) {
-            scanner = try HomeScan(arguments: arguments, logger: logger) { [weak self] outcome in
-                self?.loop.post { self?.scanEnded(outcome) }
-            } progress: { [weak self] words in
-                self?.loop.post { self?.scanProgress(words) }
+            var scanning = arguments
+            scanning.scanOnly = false
+            scanner = try ScreenScanJob(arguments: scanning, logger: logger, postingTo: loop) { [weak self] line in
+                self?.scanProgress("Scanning: " + line)
+            } progress: { [weak self] line in
+                self?.scanProgress(line.prefix(1).uppercased() + line.dropFirst())
+            } done: { [weak self] outcome in
+                self?.scanEnded(outcome)
             }
         } catch {
             notice = "Cannot scan the screen: \(error.description)"
@@ -251,7 +255,7 @@ final class HomeScreen: @unchecked Sendable {
         redraw()
     }
 
-    private func scanEnded(_ outcome: Result<String, HomeScan.Failure>) {
+    private func scanEnded(_ outcome: ScreenScanJob.Outcome) {
         scanner = nil
         if quitAfterSession {
             quitAfterSession = false
@@ -259,8 +263,9 @@ final class HomeScreen: @unchecked Sendable {
             return
         }
         switch outcome {
-        case .success(let code): connect(code: code, qr: nil)
-        case .failure(let failure): if let words = failure.words { notice = words }
+        case .found(let invitation): connect(code: invitation.code.text, qr: nil)
+        case .notFound(let status, let lastSaid): notice = status == 0 ? "Scanning stopped." : "Scanning: \(lastSaid)"
+        case .failed(let error): notice = "Cannot scan the screen: \(error.description)"
         }
         redraw()
     }

@@ -224,7 +224,7 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
         switch control.wait(timeout: Double(deadline - now) / 1e9) {
         case .signal(SIGUSR1): run.pipeline?.requestKeyframe()
         case .signal(let number): run.finish(signalReason(number))
-        case .sessionEnded, .input, .timeout: break
+        case .timeout: break
         }
     }
     let reason = run.finishReason ?? "stopped"

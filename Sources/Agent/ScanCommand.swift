@@ -83,7 +83,7 @@ func readQRFile(path: String) -> Result<String, QRFileFailure> {
 // Exit statuses: 50 nothing within --scan-timeout, 51 the source ended
 // first, 0 after Ctrl-C; a found code joins (or prints with --scan-only).
 
-/// How a screen scan waits and speaks: the command line's (ControlPipe, stdout) or the home screen's.
+/// How a screen scan waits and speaks (ScreenScanJob: for an owner on an EventLoop).
 protocol ScanHost: AnyObject {
     /// Waits up to `seconds` for a changed frame (`wake`) or a reason to stop; true: stop scanning.
     func wait(_ seconds: Double) -> Bool
@@ -93,45 +93,6 @@ protocol ScanHost: AnyObject {
     func say(_ line: String)
     /// Once a second: how far scanning got.
     func progress(_ line: String)
-}
-
-/// Scans the selected backend's screen until a usable join code appears. Returns its text to
-/// join with (nil with --scan-only after printing its summary) and the exit status otherwise.
-func runScreenScan(_ arguments: Arguments, logger: @escaping BackendLogger) throws(HostError) -> (code: String?, status: Int32) {
-    let host = CommandLineScanHost(quiet: arguments.quiet)
-    let (invitation, status) = try scanScreen(arguments, logger: logger, host: host)
-    guard let invitation else { return (nil, status) }
-    if arguments.scanOnly {
-        print(invitation.summary)
-        return (nil, 0)
-    }
-    return (invitation.code.text, 0)
-}
-
-/// --scan on the command line: signals through ControlPipe, lines on stdout.
-final class CommandLineScanHost: ScanHost {
-    private let control = ControlPipe.shared
-    private let quiet: Bool
-    private let isTerminal = isatty(STDOUT_FILENO) == 1
-
-    init(quiet: Bool) { self.quiet = quiet }
-
-    func wait(_ seconds: Double) -> Bool {
-        if case .signal = control.wait(timeout: seconds) { return true }
-        return false
-    }
-
-    func wake() { ControlPipe.wake() }
-
-    func say(_ line: String) {
-        if isTerminal && !quiet { print("\r\u{1B}[K", terminator: "") }
-        print("krakl-agent: \(line)")
-    }
-
-    func progress(_ line: String) {
-        guard !quiet else { return }
-        if isTerminal { print("\r\u{1B}[K" + line, terminator: ""); fflush(stdout) } else { print(line) }
-    }
 }
 
 /// The scan itself: the first usable join code on the screen, or nil and the exit status

@@ -13,13 +13,24 @@ import KraklSession
 final class SessionController {
     enum Event {
         /// A session was started; the words say where to (room, service, identity, shortened token).
-        case connecting(String)
+        case connecting(Start)
         /// The lifecycle moved (the status is taken after the move).
         case moved(SharingLifecycle.State, ControlStatus)
         /// The session is over; the controller is idle again.
         case ended(EndReason, ControlStatus)
         /// Once a second while a session runs: fresh numbers.
         case tick(ControlStatus)
+    }
+
+    /// Where a session that was started goes.
+    struct Start {
+        /// "connecting to room R on SERVICE as "I" (token …)".
+        let words: String
+        let invitation: Invitation
+        /// "room R", or the service's URL without secrets.
+        let place: String
+        /// The room service's name (WHIP, Janus).
+        let service: String
     }
 
     /// Why a connect was not started: words for the person and the exit status (docs/exit-codes.md).
@@ -103,7 +114,8 @@ final class SessionController {
         rates = nil
         startTicker()
         let place = invitation.room.map { "room \($0)" } ?? invitation.code.url.redactedForLog
-        onEvent(.connecting("connecting to \(place) on \(driver.service) as \"\(invitation.identity)\" (token \(invitation.token.shortened))"))
+        onEvent(.connecting(Start(words: "connecting to \(place) on \(driver.service) as \"\(invitation.identity)\" (token \(invitation.token.shortened))",
+                                  invitation: invitation, place: place, service: driver.service)))
         return nil
     }
 
@@ -165,6 +177,9 @@ final class SessionController {
         startTicker()
         onEvent(.tick(status()))
     }
+
+    /// The running session's own snapshot (its timings, for words about long steps); nil when idle.
+    func sessionStatus() -> SharingStatus? { session?.status(window: false) }
 
     /// The snapshot `status` replies with and screens show.
     func status() -> ControlStatus {

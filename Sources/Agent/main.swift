@@ -66,7 +66,7 @@ do throws(HostError) {
         let text = try source.read()
         exit(runHome(arguments, first: .code(text), logger: logger))
     case .join(let source):
-        exit(runJoin(arguments, source: source, logger: logger))
+        exit(runLines(arguments, first: .code(source), logger: logger))
     case .scan where homeScreen:
         exit(runHome(arguments, first: .scan, logger: logger))
     case .qr(let path) where homeScreen:
@@ -84,13 +84,11 @@ do throws(HostError) {
         }
         exit(runHome(arguments, first: first, logger: logger))
     case .scan:
-        let (code, status) = try runScreenScan(arguments, logger: logger)
-        guard let code else { exit(status) }
-        exit(runJoin(arguments, source: .scanned(code), logger: logger))
+        exit(runLines(arguments, first: .scan, logger: logger))
     case .qr(let path):
         let (code, status) = runQRFile(path: path, scanOnly: arguments.scanOnly)
         guard let code else { exit(status) }
-        exit(runJoin(arguments, source: .scanned(code), logger: logger))
+        exit(runLines(arguments, first: .code(.scanned(code)), logger: logger))
     case .daemon:
         exit(runDaemon(arguments, logger: logger))
     case .control(let command):

@@ -138,8 +138,8 @@ import Testing
 
         let stop = try daemon.client(["stop"])
         #expect(stop.status == 0 && stop.stdout.contains("not sharing"), "\(stop)")
-        let connect = try daemon.client(["connect", "--scan"])
-        #expect(connect.status == 2 && connect.stderr.contains("not supported by the daemon yet"), "\(connect)")
+        let both = try daemon.client(["connect", "--scan", "--qr", "x.png"])
+        #expect(both.status == 2 && both.stderr.contains("connect takes one of"), "\(both)")
 
         daemon.process.signal(SIGTERM)
         #expect(daemon.process.waitForExit(seconds: 10) && daemon.process.exitStatus == 0, "exit: \(daemon.process.log)")
@@ -361,6 +361,71 @@ import Testing
         let accepted = try daemon.client(["connect", "@" + code])
         #expect(accepted.status == 0, "the next connect: \(accepted)")
         #expect(try daemon.client(["stop"]).status == 0)
+    }
+
+    /// The daemon notifies sharing's start and its end (here a stop) on the session bus.
+    @Test func theDaemonNotifiesTheStartAndTheEnd() throws {
+        guard let room = try RoomSessionTests.WhipRoom() else { return }
+        guard let bus = try HomeScreenTests.PrivateSessionBus(folder: room.folder) else { return }
+        let daemon = try Daemon(namespace: room.namespace, extra: ["--address", "127.0.0.2", "--plugins", room.registry, "--option", "scene=typing",
+                                                                   "--option", "width=640", "--option", "height=360"],
+                                environment: ["DBUS_SESSION_BUS_ADDRESS": bus.address])
+        let (code, _) = try room.codeFile(identity: "Noa's screen")
+        let connect = try daemon.client(["connect", "@" + code])
+        #expect(connect.status == 0, "connect: \(connect)")
+        let stop = try daemon.client(["stop"])
+        #expect(stop.status == 0 && stop.stdout.contains("You stopped sharing."), "stop: \(stop)")
+        bus.expectStartAndEnd(room: room.server.room, identity: "Noa's screen", end: "You stopped sharing.")
+    }
+
+    /// connect --scan: the daemon scans its own backend's screen (here a looping clip with the room's
+    /// join code as a QR code), the client prints the scan's lines, then the daemon shares.
+    @Test func connectScanFindsTheCodeOnTheDaemonsScreenAndShares() throws {
+        guard try ScreenScanTests.prerequisites(), let room = try RoomSessionTests.WhipRoom() else { return }
+        let (code, _) = try room.codeFile(identity: "Scan's screen")
+        let text = try String(contentsOfFile: code, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        let clip = try ScreenScanTests.clip(try ScreenScanTests.qrPNG(text, pixels: 3, in: room.folder), size: "1280x720", seconds: 2, fps: 5,
+                                            appearsAt: 0, x: 200, y: 100, in: room.folder)
+        let daemon = try Daemon(namespace: room.namespace, extra: ["--address", "127.0.0.2", "--plugins", room.registry, "--option", "path=" + clip,
+                                                                   "--option", "loop=true", "--scan-timeout", "30"])
+        let connect = try daemon.client(["connect", "--scan"])
+        #expect(connect.status == 0, "connect --scan: \(connect)")
+        #expect(connect.stdout.contains("krakl-agent: scanning: ") && connect.stdout.contains("found a join code after"), "\(connect.stdout)")
+        #expect(connect.stdout.contains("krakl-agent: sharing in ") && connect.stdout.contains("as \"Scan's screen\""), "\(connect.stdout)")
+        let status = try daemon.status()
+        #expect(status["state"] as? String == "sharing" && status["identity"] as? String == "Scan's screen", "\(status)")
+        let again = try daemon.client(["connect", "--scan"])
+        #expect(again.status == 63 && again.stderr.contains("already sharing"), "a second connect --scan: \(again)")
+        let stop = try daemon.client(["stop"])
+        #expect(stop.status == 0 && stop.stdout.contains("You stopped sharing."), "stop: \(stop)")
+        #expect(room.server.requests("DELETE", atLeast: 1, timeout: 5).count == 1, "the room never saw DELETE")
+    }
+
+    /// A screen without a code: connect --scan gives up after the daemon's --scan-timeout (50), saying
+    /// so, and the daemon is idle and ready; a stop during a scan ends it.
+    @Test func connectScanWithoutACodeTimesOutAndTheDaemonIsReady() throws {
+        try Harness.requireBuild()
+        let folder = try Harness.temporaryDirectory()
+        let daemon = try Daemon(extra: ["--plugins", try Harness.registryForThisBuild(in: folder), "--option", "scene=typing",
+                                        "--option", "width=640", "--option", "height=360", "--scan-timeout", "2"])
+        let connect = try daemon.client(["connect", "--scan"], timeout: 30)
+        #expect(connect.status == 50, "connect --scan on a screen without a code: \(connect)")
+        #expect(connect.stderr.contains("no join code found within 2 s"), "\(connect.stderr)")
+        #expect(connect.stdout.contains("krakl-agent: scanning: scanning the file screen"), "\(connect.stdout)")
+        #expect(try daemon.status()["state"] as? String == "idle")
+
+        // A stop while scanning: the waiting connect ends (63) and the stop says so.
+        let long = try Daemon(extra: ["--plugins", try Harness.registryForThisBuild(in: folder), "--option", "scene=typing",
+                                      "--option", "width=640", "--option", "height=360", "--scan-timeout", "600"])
+        let waiting = try DtlsTestProcess("/usr/bin/env", ["XDG_RUNTIME_DIR=\(long.runtime)", Harness.agent, "connect", "--scan"])
+        defer { waiting.stop() }
+        #expect(waiting.waitFor("scanning: ", timeout: 15), "no scanning line: \(waiting.log)")
+        let scanning = try long.status()
+        #expect(scanning["state"] as? String == "scanning", "\(scanning)")
+        let stop = try long.client(["stop"])
+        #expect(stop.status == 0 && stop.stdout.contains("scanning stopped"), "stop while scanning: \(stop)")
+        #expect(waiting.waitForExit(seconds: 10) && waiting.exitStatus == 63, "the scanning connect: \(waiting.log)")
+        #expect(try long.status()["state"] as? String == "idle")
     }
 
     @Test func connectStopCyclesKeepTheDaemonFlat() throws {

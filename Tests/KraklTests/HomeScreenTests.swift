@@ -196,14 +196,7 @@ import Testing
         pane.keys("x")
         #expect(pane.waitFor("EXIT=0", timeout: 20).ok, "x did not quit: \(pane.screen())")
 
-        guard let bus else { return }
-        let calls = bus.waitForNotifications(count: 2, timeout: 10)
-        print("notifications: \(calls)")
-        #expect(calls.count == 2, "Notify calls: \(calls) \(bus.server.log)")
-        let bodies = calls.map { $0["body"] as? String ?? "" }
-        #expect(bodies.first == "Your screen is being shared in \(room.server.room) as Ivy's screen", "\(bodies)")
-        #expect(bodies.last?.hasPrefix("Sharing was ended by the room") == true, "\(bodies)")
-        #expect(calls.allSatisfy { $0["app_name"] as? String == "krakl-agent" })
+        bus?.expectStartAndEnd(room: room.server.room, identity: "Ivy's screen", end: "Sharing was ended by the room")
     }
 
     /// s scans the screen (the file backend playing a clip where the room's join code appears after
@@ -264,6 +257,17 @@ import Testing
             }
             return calls
         }
+
+        /// Two notifications from krakl-agent: sharing started in `room` as `identity`, then its end (words starting with `end`).
+        func expectStartAndEnd(room: String, identity: String, end: String) {
+            let calls = waitForNotifications(count: 2, timeout: 10)
+            print("notifications: \(calls)")
+            #expect(calls.count == 2, "Notify calls: \(calls) \(server.log)")
+            let bodies = calls.map { $0["body"] as? String ?? "" }
+            #expect(bodies.first == "Your screen is being shared in \(room) as \(identity)", "\(bodies)")
+            #expect(bodies.last?.hasPrefix(end) == true, "\(bodies)")
+            #expect(calls.allSatisfy { $0["app_name"] as? String == "krakl-agent" })
+        }
     }
 
     /// Without a terminal the lifecycle is lines; --log-format json makes each one a JSON object.
@@ -290,6 +294,20 @@ import Testing
         let end = objects.last ?? [:]
         #expect(end["event"] as? String == "ended" && end["reason"] as? String == "room-ended" && end["exitStatus"] as? Int == 30
                 && (end["message"] as? String ?? "").hasPrefix("Sharing was ended by the room"), "\(end)")
+    }
+
+    /// The lines mode notifies too: sharing's start, then its end with the reason (the room ended it).
+    @Test func linesModeNotifiesTheStartAndTheEnd() throws {
+        guard let room = try RoomSessionTests.WhipRoom(["--close-after", "3"]) else { return }
+        let folder = try Harness.temporaryDirectory()
+        guard let bus = try PrivateSessionBus(folder: folder) else { return }
+        let (code, _) = try room.codeFile(identity: "Lin's screen")
+        let (program, argv) = room.namespace.command(Harness.agent, ["--join", "@" + code, "--once", "--headless", "--address", "127.0.0.2",
+                                                                     "--plugins", room.registry, "--option", "scene=typing",
+                                                                     "--option", "width=640", "--option", "height=360"])
+        let result = try Harness.run(program, argv, timeout: 60, environment: ["DBUS_SESSION_BUS_ADDRESS": bus.address])
+        #expect(result.status == 30 && result.stdout.contains("Sharing was ended by the room"), "exit \(result.status): \(result.stdout) \(result.stderr)")
+        bus.expectStartAndEnd(room: room.server.room, identity: "Lin's screen", end: "Sharing was ended by the room")
     }
 
     @Test func homeWithoutATerminalSaysWhatToDo() throws {

@@ -1,0 +1,88 @@
+import Foundation
+import KraklCore
+import KraklRoom
+import KraklRTC
+
+/// A screen scan (`scanScreen`) on a thread of its own, since it waits for frames, for an owner
+/// that lives on an EventLoop: the lines mode, the home screen and the daemon. What it says and
+/// how it ends arrive through the closures (on the scan's thread: the owner posts them to its
+/// loop); `stop` ends it within one wait.
+final class ScreenScanJob: ScanHost, @unchecked Sendable {
+    /// How a scan ended: the join code found, or none and the exit status (50 nothing within
+    /// --scan-timeout, 51 the source ended first, 0 stopped), with the last line it said.
+    enum Outcome {
+        case found(Invitation)
+        case notFound(status: Int32, lastSaid: String)
+        case failed(HostError)
+    }
+
+    private let condition = NSCondition()
+    private var stopped = false
+    private var changed = false
+    private let sayLine: (String) -> Void
+    private let progressLine: (String) -> Void
+    /// The last line `scanScreen` said (why it ended): the scan thread only.
+    private var lastSaid = "scanning stopped"
+
+    /// Starts scanning at once; `say` gets the lines worth a line of their own, `progress` the
+    /// once-a-second ones, `done` the outcome.
+    init(arguments: Arguments, logger: @escaping BackendLogger, say: @escaping (String) -> Void, progress: @escaping (String) -> Void,
+         done: @escaping (Outcome) -> Void) throws(HostError) {
+        sayLine = say
+        progressLine = progress
+        // Fails here, not on the thread, when the backend cannot be chosen.
+        _ = try selectedBackend(arguments)
+        let thread = Thread { [self] in
+            do throws(HostError) {
+                let (invitation, status) = try scanScreen(arguments, logger: logger, host: self)
+                done(invitation.map { .found($0) } ?? .notFound(status: status, lastSaid: lastSaid))
+            } catch {
+                done(.failed(error))
+            }
+        }
+        thread.name = "krakl-scan"
+        thread.start()
+    }
+
+    /// The same for an owner on `loop`: each report is posted to it.
+    convenience init(arguments: Arguments, logger: @escaping BackendLogger, postingTo loop: EventLoop, say: @escaping (String) -> Void,
+                     progress: @escaping (String) -> Void, done: @escaping (Outcome) -> Void) throws(HostError) {
+        try self.init(arguments: arguments, logger: logger) { line in loop.post { say(line) } } progress: { line in
+            loop.post { progress(line) }
+        } done: { outcome in
+            loop.post { done(outcome) }
+        }
+    }
+
+    func stop() {
+        condition.withLock {
+            stopped = true
+            condition.signal()
+        }
+    }
+
+    func wait(_ seconds: Double) -> Bool {
+        condition.lock()
+        defer { condition.unlock() }
+        let deadline = Date().addingTimeInterval(seconds)
+        while !stopped && !changed {
+            if !condition.wait(until: deadline) { break }
+        }
+        changed = false
+        return stopped
+    }
+
+    func wake() {
+        condition.withLock {
+            changed = true
+            condition.signal()
+        }
+    }
+
+    func say(_ line: String) {
+        lastSaid = line
+        sayLine(line)
+    }
+
+    func progress(_ line: String) { progressLine(line) }
+}
