@@ -482,18 +482,16 @@ EXIT STATUS
 """
 
 extension Arguments {
-    /// `URL[,USER,CREDENTIAL]` as the agent can use it today: an IP address, STUN, or TURN over UDP.
+    /// `URL[,USER,CREDENTIAL]` as the agent can use it today: STUN, or TURN over UDP, by address or name.
     static func iceServer(_ text: String) throws(HostError) -> IceServer {
         let fields = text.split(separator: ",", maxSplits: 2, omittingEmptySubsequences: false).map(String.init)
         let server = IceServer(url: fields[0], username: fields.count > 1 ? fields[1] : nil, credential: fields.count > 2 ? fields[2] : nil)
         guard server.parts != nil else {
             throw .usage("--ice-server \(fields[0]): not a stun:/turn:/turns: URL (RFC 7064/7065)")
         }
-        guard server.stunAddress != nil || server.turnServer != nil else {
-            let why = server.parts?.scheme == "turn" && (server.username == nil || server.credential == nil)
-                ? "a TURN server needs its user and credential: --ice-server URL,USER,CREDENTIAL"
-                : "only stun:IP[:PORT] and turn:IP[:PORT] over UDP work so far (host names, turns: and TCP: issue 16)"
-            throw .usage("--ice-server \(fields[0]): \(why)")
+        if let reason = server.unusableReason {
+            throw .usage("--ice-server \(fields[0]): " + (server.parts?.scheme == "turn" && (server.username == nil || server.credential == nil)
+                ? "a TURN server needs its user and credential: --ice-server URL,USER,CREDENTIAL" : reason))
         }
         return server
     }
