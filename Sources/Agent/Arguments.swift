@@ -371,9 +371,9 @@ OPTIONS
                           default: every interface that is up, loopback excluded).
       --ice-server URL[,USER,CREDENTIAL]
                           (--join) A STUN or TURN server besides the join code's and the room
-                          server's (repeatable): stun:HOST[:PORT] or turn:HOST[:PORT][?transport=udp]
+                          server's (repeatable): stun:HOST[:PORT] or turn:HOST[:PORT][?transport=udp|tcp]
                           with its long-term credentials; HOST is an address or a name (every
-                          address it resolves to within 2 s is used). turns: and TCP: not yet.
+                          address it resolves to within 2 s is used). turns: not yet.
       --ice-transport P   (--join) all (default) or relay: only relay candidates (TURN).
       --connect-timeout S (--join) ICE and DTLS must be up S seconds after the room's
                           answer (default 15), else the session ends as connection lost.

@@ -4,15 +4,23 @@ public struct TurnServer: Equatable, Sendable, CustomStringConvertible {
     public var address: TransportAddress
     public var username: String
     public var password: String
+    /// How we reach the server; what it relays to peers is UDP either way (RFC 8656 §3.1).
+    public var transport: TurnTransport
 
-    public init(address: TransportAddress, username: String, password: String) {
+    public init(address: TransportAddress, username: String, password: String, transport: TurnTransport = .udp) {
         self.address = address
         self.username = username
         self.password = password
+        self.transport = transport
     }
 
     /// The server and user, never the password.
-    public var description: String { "turn:\(address) (user \"\(username)\")" }
+    public var description: String { "turn:\(address)\(transport == .tcp ? "?transport=tcp" : "") (user \"\(username)\")" }
+}
+
+/// UDP datagrams, or a TCP connection carrying STUN and padded ChannelData (`TurnStreamFramer`).
+public enum TurnTransport: String, Sendable {
+    case udp, tcp
 }
 
 /// Why a TURN allocation (or a permission on it) failed; each says what to check.
@@ -214,7 +222,8 @@ public final class TurnClient {
             next.rto = min(next.rto * 2, configuration.maximumRto)
             next.nextRetransmit = now + next.rto
             transactions[id] = next
-            outgoing.append(next.bytes)
+            // A stream delivers or breaks: no retransmission (RFC 8489 §6.2.2), same time limit.
+            if server.transport == .udp { outgoing.append(next.bytes) }
         }
         guard state == .allocated else { return }
         if let due = refreshAt, due <= now {
@@ -278,7 +287,7 @@ public final class TurnClient {
     /// queued and goes out with a later `drain()`) or the allocation is not usable.
     public func wrap(_ data: [UInt8], to peer: TransportAddress, now: UInt64) -> [UInt8]? {
         guard state == .allocated, data.count <= 0xFFFF else { return nil }
-        if let channel = channels[peer], channel.bound { return ChannelData(channel: channel.number, data: data).encoded() }
+        if let channel = channels[peer], channel.bound { return ChannelData(channel: channel.number, data: data).encoded(padded: server.transport == .tcp) }
         if let permission = permissions[peer.ip], permission.installed { return sendIndication(data, to: peer) }
         guard permit(peer, now: now) || permissions[peer.ip] != nil else { return nil }
         if permissions[peer.ip] != nil {

@@ -8,12 +8,13 @@ extension IceServer {
         return TransportAddress(ip: ip, port: UInt16(parts.port ?? 3478))
     }
 
-    /// `turn:IP[:port][?transport=udp]` with its username and credential as a TURN server over UDP
-    /// (default port 3478, RFC 7065); nil for `turns:`, TCP, a host name, or missing credentials.
+    /// `turn:IP[:port][?transport=udp|tcp]` with its username and credential as a TURN server
+    /// (default port 3478, RFC 7065); nil for `turns:`, a host name, or missing credentials.
     public var turnServer: TurnServer? {
         guard unusableReason == nil, let parts, parts.scheme == "turn", let ip = IPAddress(parts.host),
               let username, let credential else { return nil }
-        return TurnServer(address: TransportAddress(ip: ip, port: UInt16(parts.port ?? 3478)), username: username, password: credential)
+        return TurnServer(address: TransportAddress(ip: ip, port: UInt16(parts.port ?? 3478)), username: username, password: credential,
+                          transport: parts.transport == "tcp" ? .tcp : .udp)
     }
 
     /// Why this agent cannot use the server whatever its name resolves to; nil when it can.
@@ -23,7 +24,6 @@ extension IceServer {
         case "stun":
             return nil
         case "turn":
-            guard parts.transport == nil || parts.transport == "udp" else { return "TURN over TCP is not supported yet (issue 16)" }
             guard username != nil, credential != nil else { return "a TURN server needs a user name and credential" }
             return nil
         default:
@@ -73,7 +73,8 @@ public struct ResolvedIceServers: Sendable {
                 if parts.scheme == "stun" {
                     if !resolved.stunServers.contains(address) { resolved.stunServers.append(address) }
                 } else if let username = server.username, let credential = server.credential {
-                    let turn = TurnServer(address: address, username: username, password: credential)
+                    let turn = TurnServer(address: address, username: username, password: credential,
+                                          transport: parts.transport == "tcp" ? .tcp : .udp)
                     if !resolved.turnServers.contains(turn) { resolved.turnServers.append(turn) }
                 }
             }
