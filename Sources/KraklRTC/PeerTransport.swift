@@ -159,6 +159,7 @@ final class PeerTransport {
         if let stream = turnStreams[to] {
             let queued = stream.write(bytes)
             if stream.isConnected, stream.hasQueued { watchWritable(stream) }
+            if reportIfFailed(stream) { loop.post { [weak self] in self?.service() } }
             return queued
         }
         return socket(for: base)?.send(bytes, to: to) ?? false
@@ -182,10 +183,20 @@ final class PeerTransport {
     private func watchWritable(_ stream: TurnStreamConnection) {
         loop.watchWritable(fd: stream.fd) { [weak self, weak stream] in
             guard let self, let stream, !stream.isClosed else { return }
-            if !stream.isConnected, !stream.finishConnecting() { return }
-            stream.flush()
-            if stream.hasQueued { self.watchWritable(stream) }
+            if stream.isConnected || stream.finishConnecting() {
+                stream.flush()
+                if stream.hasQueued { self.watchWritable(stream) }
+            }
+            if self.reportIfFailed(stream) { self.service() }
         }
+    }
+
+    /// Tells the agent once that a stream broke (its relay fails then); true when it did now.
+    private func reportIfFailed(_ stream: TurnStreamConnection) -> Bool {
+        guard let failure = stream.failure, turnStreams[stream.server] === stream, !finished else { return false }
+        turnStreams[stream.server] = nil
+        ice.relayConnectionFailed(server: stream.server, reason: failure)
+        return true
     }
 
     private func readTurnStream(_ stream: TurnStreamConnection) {
@@ -199,6 +210,7 @@ final class PeerTransport {
                 }
             }
         }
+        _ = reportIfFailed(stream)
         service()
     }
 

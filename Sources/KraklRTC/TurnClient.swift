@@ -41,6 +41,8 @@ public enum TurnError: Error, Equatable, Sendable, CustomStringConvertible {
     case timeout(server: String, request: String, seconds: Double)
     /// A success response without XOR-RELAYED-ADDRESS.
     case noRelayedAddress(server: String)
+    /// The TCP connection to the server failed or closed (TURN over TCP).
+    case connectionFailed(server: String, reason: String)
 
     public var description: String {
         switch self {
@@ -53,6 +55,7 @@ public enum TurnError: Error, Equatable, Sendable, CustomStringConvertible {
         case .timeout(let s, let request, let seconds):
             return "TURN server \(s) did not answer \(request) within \(String(format: "%.1f", seconds)) s (unreachable, or UDP to it is blocked)"
         case .noRelayedAddress(let s): return "TURN server \(s) accepted the allocation but gave no XOR-RELAYED-ADDRESS"
+        case .connectionFailed(let s, let reason): return "TURN server \(s) over TCP: \(reason)"
         }
     }
 }
@@ -437,6 +440,23 @@ public final class TurnClient {
     }
 
     private static func seconds(_ s: UInt64) -> UInt64 { s * 1_000_000_000 }
+
+    /// The stream to the server (TURN over TCP) failed or closed: the allocation is lost with it.
+    public func connectionFailed(_ reason: String) {
+        switch state {
+        case .allocating, .allocated:
+            let error = TurnError.connectionFailed(server: serverName, reason: reason)
+            state = .failed(error)
+            transactions.removeAll()
+            events.append(.failed(error))
+        case .deallocating:
+            state = .closed
+            transactions.removeAll()
+            events.append(.closed)
+        default:
+            break
+        }
+    }
 
     private func fail(_ kind: Kind, _ error: TurnError) {
         switch kind {

@@ -11,7 +11,7 @@ final class TurnStreamConnection {
     let fd: Int32
     private(set) var isConnected = false
     private(set) var isClosed = false
-    /// Why the connection ended, once it did.
+    /// Why the connection ended, once it did (a phrase about "the connection"; the server is named by the caller).
     private(set) var failure: String?
     private var queued: [UInt8] = []
     private var queuedStart = 0
@@ -51,7 +51,7 @@ final class TurnStreamConnection {
         var length = socklen_t(MemoryLayout<Int32>.size)
         _ = getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length)
         guard error == 0 else {
-            fail("TCP connection to TURN server \(server) failed: \(String(cString: strerror(error)))")
+            fail("the connection failed: \(String(cString: strerror(error)))")
             return false
         }
         isConnected = true
@@ -78,7 +78,7 @@ final class TurnStreamConnection {
             if sent > 0 { queuedStart += sent; continue }
             if sent < 0, errno == EINTR { continue }
             if sent < 0, errno == EAGAIN || errno == EWOULDBLOCK { break }
-            fail("TCP connection to TURN server \(server) broke while sending: \(String(cString: strerror(errno)))")
+            fail("the connection broke while sending: \(String(cString: strerror(errno)))")
             return
         }
         if queuedStart == queued.count {
@@ -99,14 +99,14 @@ final class TurnStreamConnection {
             if count < 0, errno == EINTR { continue }
             if count < 0, errno == EAGAIN || errno == EWOULDBLOCK { break }
             guard count > 0 else {
-                fail(count == 0 ? "TURN server \(server) closed the TCP connection"
-                                : "TCP connection to TURN server \(server) broke: \(String(cString: strerror(errno)))")
+                fail(count == 0 ? "the server closed the connection"
+                                : "the connection \(isConnected ? "broke" : "failed"): \(String(cString: strerror(errno)))")
                 break
             }
             do throws(TurnStreamFramer.Failure) {
                 messages += try framer.feed(readBuffer[0..<count])
             } catch {
-                fail("TURN server \(server): \(error)")
+                fail("\(error)")
             }
         }
         return messages

@@ -12,7 +12,7 @@ public struct TurnStreamFramer: Sendable {
         public var description: String {
             switch self {
             case .notTurn(let byte):
-                return "the TURN server's stream lost its framing (a message began with 0x\(String(byte, radix: 16)), neither STUN nor ChannelData)"
+                return "the stream lost its framing (a message began with 0x\(String(byte, radix: 16)), neither STUN nor ChannelData)"
             }
         }
     }

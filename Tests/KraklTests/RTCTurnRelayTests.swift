@@ -129,4 +129,24 @@ final class CoturnServer {
         // The allocation was a TCP session of coturn's, which the publisher closed when it ended.
         #expect(turn.process.waitFor("TCP socket closed remotely", timeout: 5), "coturn logged no TCP session: \(turn.process.log.suffix(2000))")
     }
+
+    /// Nothing listens on the TURN server's TCP port: relay-only fails at once with the reason,
+    /// not after the allocation's time-out.
+    @Test func aRefusedTcpConnectionFailsRelayOnlyClearly() throws {
+        guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace() else { return }
+        let session = try RtcPublisherSession(namespace: namespace, seconds: 5,
+                                              extraProbeArguments: ["--ice-server", "turn:127.0.0.2:3478?transport=tcp,u,p", "--relay-only",
+                                                                    "--connect-timeout", "10"])
+        defer { session.stop() }
+        if session.probeResult(timeout: 5) == nil, let offer = RtcPublisherSession.waitForSdp(session.probe, timeout: 5) {
+            session.receiver.type(offer + "\n")
+            if let answer = RtcPublisherSession.waitForSdp(session.receiver, timeout: 20) { session.probe.type(answer + "\n") }
+        }
+        let result = try #require(session.probeResult(timeout: 30), "the probe gave no result: \(session.probe.log)")
+        let reason = result["result"] as? String ?? ""
+        print("refused TURN TCP connection: \(reason)")
+        #expect(result["status"] as? Int == 3, "the probe must fail to connect (status 3): \(reason)")
+        #expect(reason.contains("over TCP") && reason.contains("refused"), "unclear error: \(reason)")
+        #expect(!reason.contains("did not answer"), "it waited for a time-out: \(reason)")
+    }
 }
