@@ -372,8 +372,9 @@ OPTIONS
                           default: every interface that is up, loopback excluded).
       --ice-server URL[,USER,CREDENTIAL]
                           (--join) A STUN or TURN server besides the join code's and the room
-                          server's (repeatable): stun:IP[:PORT] or turn:IP[:PORT][?transport=udp]
-                          with its long-term credentials. Host names, turns: and TCP: not yet.
+                          server's (repeatable): stun:HOST[:PORT] or turn:HOST[:PORT][?transport=udp|tcp]
+                          with its long-term credentials; HOST is an address or a name (every
+                          address it resolves to within 2 s is used). turns: not yet.
       --ice-transport P   (--join) all (default) or relay: only relay candidates (TURN).
       --connect-timeout S (--join) ICE and DTLS must be up S seconds after the room's
                           answer (default 15), else the session ends as connection lost.
@@ -483,18 +484,16 @@ EXIT STATUS
 """
 
 extension Arguments {
-    /// `URL[,USER,CREDENTIAL]` as the agent can use it today: an IP address, STUN, or TURN over UDP.
+    /// `URL[,USER,CREDENTIAL]` as the agent can use it today: STUN, or TURN over UDP, by address or name.
     static func iceServer(_ text: String) throws(HostError) -> IceServer {
         let fields = text.split(separator: ",", maxSplits: 2, omittingEmptySubsequences: false).map(String.init)
         let server = IceServer(url: fields[0], username: fields.count > 1 ? fields[1] : nil, credential: fields.count > 2 ? fields[2] : nil)
         guard server.parts != nil else {
             throw .usage("--ice-server \(fields[0]): not a stun:/turn:/turns: URL (RFC 7064/7065)")
         }
-        guard server.stunAddress != nil || server.turnServer != nil else {
-            let why = server.parts?.scheme == "turn" && (server.username == nil || server.credential == nil)
-                ? "a TURN server needs its user and credential: --ice-server URL,USER,CREDENTIAL"
-                : "only stun:IP[:PORT] and turn:IP[:PORT] over UDP work so far (host names, turns: and TCP: issue 16)"
-            throw .usage("--ice-server \(fields[0]): \(why)")
+        if let reason = server.unusableReason {
+            throw .usage("--ice-server \(fields[0]): " + (server.parts?.scheme == "turn" && (server.username == nil || server.credential == nil)
+                ? "a TURN server needs its user and credential: --ice-server URL,USER,CREDENTIAL" : reason))
         }
         return server
     }

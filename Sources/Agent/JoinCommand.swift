@@ -80,15 +80,8 @@ func sharingConfiguration(_ arguments: Arguments, invitation: Invitation, logger
     // A WHIP server may name STUN servers in its answer (Link headers): candidates may trickle then.
     configuration.publisher.trickleLater = invitation.code.service == .whip
     configuration.publisher.relayOnly = arguments.relayOnly
-    for server in invitation.code.iceServers + arguments.iceServers {
-        if let address = server.stunAddress {
-            configuration.publisher.stunServers.append(address)
-        } else if let turn = server.turnServer {
-            configuration.publisher.turnServers.append(turn)
-        } else {
-            logger("agent", .warning, "ignoring ICE server \(server.url): only stun: and turn: (UDP, with credentials) with an IP address are supported so far (turns:, TCP and names: issue 16)")
-        }
-    }
+    // Resolved by the session when it joins (names, bounded in time), never here.
+    configuration.iceServers = invitation.code.iceServers + arguments.iceServers
     return configuration
 }
 

@@ -24,6 +24,8 @@ public final class EventLoop: @unchecked Sendable {
     private let wakeFD: Int32
     private let wakeWriteFD: Int32
     private var watched: [(fd: Int32, handler: () -> Void)] = []
+    /// One-shot: called once when the fd can be written (a TCP connect finished, a full send buffer drained).
+    private var writable: [(fd: Int32, handler: () -> Void)] = []
     private var heap: [Timer] = []
     private var cancelled = Set<TimerID>()
     private var nextTimerID: TimerID = 1
@@ -134,6 +136,13 @@ public final class EventLoop: @unchecked Sendable {
 
     public func unwatch(fd: Int32) {
         watched.removeAll { $0.fd == fd }
+        writable.removeAll { $0.fd == fd }
+    }
+
+    /// Calls `handler` once on the loop thread when `fd` is writable (or in error).
+    public func watchWritable(fd: Int32, _ handler: @escaping () -> Void) {
+        writable.removeAll { $0.fd == fd }
+        writable.append((fd, handler))
     }
 
     /// Runs `handler` once at `deadline` (monotonic ns), or on the next turn if it has passed.
@@ -172,6 +181,8 @@ public final class EventLoop: @unchecked Sendable {
             descriptors.removeAll(keepingCapacity: true)
             descriptors.append(pollfd(fd: wakeFD, events: Int16(POLLIN), revents: 0))
             for entry in watched { descriptors.append(pollfd(fd: entry.fd, events: Int16(POLLIN), revents: 0)) }
+            let readers = descriptors.count
+            for entry in writable { descriptors.append(pollfd(fd: entry.fd, events: Int16(POLLOUT), revents: 0)) }
             // Sleep until the next timer (rounded up to whole ms: never early), at most 1 s.
             var wait = 1_000_000_000 as UInt64
             if let next = heap.first {
@@ -187,10 +198,16 @@ public final class EventLoop: @unchecked Sendable {
             if descriptors[0].revents != 0 {
                 for _ in 0..<64 where Glibc.read(wakeFD, &buffer, 64) > 0 {}
             }
-            let readable = descriptors.dropFirst().filter { $0.revents != 0 }.map(\.fd)
+            let readable = descriptors[1..<readers].filter { $0.revents != 0 }.map(\.fd)
+            let writeReady = descriptors[readers...].filter { $0.revents != 0 }.map(\.fd)
             for fd in readable {
                 // A handler may unwatch another fd; look each up again.
                 if let entry = watched.first(where: { $0.fd == fd }) { entry.handler() }
+            }
+            for fd in writeReady {
+                guard let index = writable.firstIndex(where: { $0.fd == fd }) else { continue }
+                let entry = writable.remove(at: index)
+                entry.handler()
             }
         }
         lock.lock()

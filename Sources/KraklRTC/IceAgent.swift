@@ -373,6 +373,14 @@ public final class IceAgent {
         return IceTransmit(localBase: relay.base, to: relay.client.server.address, bytes: wire)
     }
 
+    /// The TCP connection to a TURN server reached over TCP failed: its allocation is lost
+    /// (reported on the next `drain()`, like any relay failure).
+    public func relayConnectionFailed(server: TransportAddress, reason: String) {
+        for relay in relays where relay.client.server.address == server && relay.client.server.transport == .tcp {
+            relay.client.connectionFailed(reason)
+        }
+    }
+
     /// Deallocates every TURN allocation (Refresh, lifetime 0); `drain()` then has the requests.
     public func closeRelays(now: UInt64) {
         lastNow = now

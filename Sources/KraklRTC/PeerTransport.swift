@@ -60,6 +60,9 @@ final class PeerTransport {
     private var srtpIn: SrtpSession?
     private var scheduled: (id: EventLoop.TimerID, at: UInt64)?
     private var receiveBuffer = [UInt8](repeating: 0, count: 65_536)
+    /// TCP connections to TURN servers reached over TCP, by server address: what the ICE agent
+    /// sends to such an address goes down the stream instead of a UDP socket.
+    private var turnStreams: [TransportAddress: TurnStreamConnection] = [:]
 
     /// Gathers host candidates (binding one UDP socket per address) and makes the session's certificate.
     /// Nothing runs until `start()`.
@@ -83,6 +86,7 @@ final class PeerTransport {
     /// Network thread: watches the sockets and starts gathering.
     func start() {
         for socket in sockets { loop.watch(fd: socket.fd) { [weak self] in self?.readSocket(socket) } }
+        openTurnStreams(configuration.turnServers)
         ice.startGathering(now: MonotonicClock.nanoseconds())
         service()
     }
@@ -144,10 +148,70 @@ final class PeerTransport {
 
     /// Sends from a host socket, or through the TURN server when `base` is a relayed address.
     private func send(_ bytes: [UInt8], base: TransportAddress, to: TransportAddress) -> Bool {
-        if let socket = socket(for: base) { return socket.send(bytes, to: to) }
-        guard let wrapped = ice.relayWrap(bytes, relayBase: base, to: to, now: MonotonicClock.nanoseconds()),
-              let socket = socket(for: wrapped.localBase) else { return false }
-        return socket.send(wrapped.bytes, to: wrapped.to)
+        if socket(for: base) != nil { return sendFromHost(bytes, base: base, to: to) }
+        guard let wrapped = ice.relayWrap(bytes, relayBase: base, to: to, now: MonotonicClock.nanoseconds()) else { return false }
+        return sendFromHost(wrapped.bytes, base: wrapped.localBase, to: wrapped.to)
+    }
+
+    /// From a host socket, or down the TCP connection when `to` is a TURN server reached over TCP.
+    @discardableResult
+    private func sendFromHost(_ bytes: [UInt8], base: TransportAddress, to: TransportAddress) -> Bool {
+        if let stream = turnStreams[to] {
+            let queued = stream.write(bytes)
+            if stream.isConnected, stream.hasQueued { watchWritable(stream) }
+            if reportIfFailed(stream) { loop.post { [weak self] in self?.service() } }
+            return queued
+        }
+        return socket(for: base)?.send(bytes, to: to) ?? false
+    }
+
+    // MARK: TURN over TCP
+
+    /// Network thread: starts a TCP connection to each TURN server reached over TCP.
+    func openTurnStreams(_ servers: [TurnServer]) {
+        for server in servers where server.transport == .tcp && turnStreams[server.address] == nil {
+            // A failed connect() is not fatal here: the TURN client's Allocate times out and says so.
+            guard let stream = try? TurnStreamConnection(server: server.address) else { continue }
+            let fd = stream.fd
+            stream.onClose = { [weak self] in self?.loop.unwatch(fd: fd) }
+            turnStreams[server.address] = stream
+            loop.watch(fd: fd) { [weak self] in self?.readTurnStream(stream) }
+            if !stream.isConnected { watchWritable(stream) }
+        }
+    }
+
+    private func watchWritable(_ stream: TurnStreamConnection) {
+        loop.watchWritable(fd: stream.fd) { [weak self, weak stream] in
+            guard let self, let stream, !stream.isClosed else { return }
+            if stream.isConnected || stream.finishConnecting() {
+                stream.flush()
+                if stream.hasQueued { self.watchWritable(stream) }
+            }
+            if self.reportIfFailed(stream) { self.service() }
+        }
+    }
+
+    /// Tells the agent once that a stream broke (its relay fails then); true when it did now.
+    private func reportIfFailed(_ stream: TurnStreamConnection) -> Bool {
+        guard let failure = stream.failure, turnStreams[stream.server] === stream, !finished else { return false }
+        turnStreams[stream.server] = nil
+        ice.relayConnectionFailed(server: stream.server, reason: failure)
+        return true
+    }
+
+    private func readTurnStream(_ stream: TurnStreamConnection) {
+        let messages = stream.readMessages()
+        // The agent pairs each TURN server with a host base of its family: that is where it "arrived".
+        if let base = sockets.map(\.localAddress).first(where: { ice.isRelayServer(stream.server, base: $0) }) {
+            for message in messages where !finished {
+                let now = MonotonicClock.nanoseconds()
+                if let relayed = ice.receiveFromRelayServer(message, from: stream.server, base: base, now: now) {
+                    demultiplex(relayed.data, from: relayed.peer, base: relayed.relayBase, now: now)
+                }
+            }
+        }
+        _ = reportIfFailed(stream)
+        service()
     }
 
     /// Network thread: says goodbye to the peer (the RTCP `bye` if media was up, then DTLS
@@ -157,7 +221,10 @@ final class PeerTransport {
         if let dtls { sendDtls(dtls.close()) }
         // Deallocate relays: one Refresh (lifetime 0) each, not waited for.
         ice.closeRelays(now: MonotonicClock.nanoseconds())
-        for transmit in ice.drain().transmits { socket(for: transmit.localBase)?.send(transmit.bytes, to: transmit.to) }
+        for transmit in ice.drain().transmits { sendFromHost(transmit.bytes, base: transmit.localBase, to: transmit.to) }
+        // The deallocation goes out if the send buffer has room; nothing waits for the rest.
+        for stream in turnStreams.values { stream.close() }
+        turnStreams.removeAll()
         finished = true
         if let scheduled { loop.cancel(scheduled.id) }
         scheduled = nil
@@ -245,7 +312,7 @@ final class PeerTransport {
 
     private func flushIce() {
         let (transmits, events) = ice.drain()
-        for transmit in transmits { socket(for: transmit.localBase)?.send(transmit.bytes, to: transmit.to) }
+        for transmit in transmits { sendFromHost(transmit.bytes, base: transmit.localBase, to: transmit.to) }
         for event in events {
             switch event {
             case .selected(let pair):

@@ -362,6 +362,7 @@ public final class Publisher: @unchecked Sendable {
     public func addTurnServers(_ servers: [TurnServer]) {
         guard !servers.isEmpty else { return }
         loop.post { [self] in
+            transport.openTurnStreams(servers)
             transport.ice.addTurnServers(servers, now: MonotonicClock.nanoseconds())
             transport.service()
         }

@@ -4,15 +4,23 @@ public struct TurnServer: Equatable, Sendable, CustomStringConvertible {
     public var address: TransportAddress
     public var username: String
     public var password: String
+    /// How we reach the server; what it relays to peers is UDP either way (RFC 8656 §3.1).
+    public var transport: TurnTransport
 
-    public init(address: TransportAddress, username: String, password: String) {
+    public init(address: TransportAddress, username: String, password: String, transport: TurnTransport = .udp) {
         self.address = address
         self.username = username
         self.password = password
+        self.transport = transport
     }
 
     /// The server and user, never the password.
-    public var description: String { "turn:\(address) (user \"\(username)\")" }
+    public var description: String { "turn:\(address)\(transport == .tcp ? "?transport=tcp" : "") (user \"\(username)\")" }
+}
+
+/// UDP datagrams, or a TCP connection carrying STUN and padded ChannelData (`TurnStreamFramer`).
+public enum TurnTransport: String, Sendable {
+    case udp, tcp
 }
 
 /// Why a TURN allocation (or a permission on it) failed; each says what to check.
@@ -33,6 +41,8 @@ public enum TurnError: Error, Equatable, Sendable, CustomStringConvertible {
     case timeout(server: String, request: String, seconds: Double)
     /// A success response without XOR-RELAYED-ADDRESS.
     case noRelayedAddress(server: String)
+    /// The TCP connection to the server failed or closed (TURN over TCP).
+    case connectionFailed(server: String, reason: String)
 
     public var description: String {
         switch self {
@@ -45,6 +55,7 @@ public enum TurnError: Error, Equatable, Sendable, CustomStringConvertible {
         case .timeout(let s, let request, let seconds):
             return "TURN server \(s) did not answer \(request) within \(String(format: "%.1f", seconds)) s (unreachable, or UDP to it is blocked)"
         case .noRelayedAddress(let s): return "TURN server \(s) accepted the allocation but gave no XOR-RELAYED-ADDRESS"
+        case .connectionFailed(let s, let reason): return "TURN server \(s) over TCP: \(reason)"
         }
     }
 }
@@ -214,7 +225,8 @@ public final class TurnClient {
             next.rto = min(next.rto * 2, configuration.maximumRto)
             next.nextRetransmit = now + next.rto
             transactions[id] = next
-            outgoing.append(next.bytes)
+            // A stream delivers or breaks: no retransmission (RFC 8489 §6.2.2), same time limit.
+            if server.transport == .udp { outgoing.append(next.bytes) }
         }
         guard state == .allocated else { return }
         if let due = refreshAt, due <= now {
@@ -278,7 +290,7 @@ public final class TurnClient {
     /// queued and goes out with a later `drain()`) or the allocation is not usable.
     public func wrap(_ data: [UInt8], to peer: TransportAddress, now: UInt64) -> [UInt8]? {
         guard state == .allocated, data.count <= 0xFFFF else { return nil }
-        if let channel = channels[peer], channel.bound { return ChannelData(channel: channel.number, data: data).encoded() }
+        if let channel = channels[peer], channel.bound { return ChannelData(channel: channel.number, data: data).encoded(padded: server.transport == .tcp) }
         if let permission = permissions[peer.ip], permission.installed { return sendIndication(data, to: peer) }
         guard permit(peer, now: now) || permissions[peer.ip] != nil else { return nil }
         if permissions[peer.ip] != nil {
@@ -428,6 +440,23 @@ public final class TurnClient {
     }
 
     private static func seconds(_ s: UInt64) -> UInt64 { s * 1_000_000_000 }
+
+    /// The stream to the server (TURN over TCP) failed or closed: the allocation is lost with it.
+    public func connectionFailed(_ reason: String) {
+        switch state {
+        case .allocating, .allocated:
+            let error = TurnError.connectionFailed(server: serverName, reason: reason)
+            state = .failed(error)
+            transactions.removeAll()
+            events.append(.failed(error))
+        case .deallocating:
+            state = .closed
+            transactions.removeAll()
+            events.append(.closed)
+        default:
+            break
+        }
+    }
 
     private func fail(_ kind: Kind, _ error: TurnError) {
         switch kind {

@@ -3,6 +3,7 @@ import KraklBackendABI
 import KraklCore
 import KraklEncoder
 import KraklRTC
+import KraklRoom
 
 /// What a sharing session is made of, fixed for its life.
 public struct SharingConfiguration: Sendable {
@@ -15,6 +16,10 @@ public struct SharingConfiguration: Sendable {
     /// The encoder's settings; the codec is the one the answer chose.
     public var encoder = EncoderSettings()
     public var publisher = PublisherConfiguration()
+    /// STUN/TURN servers by URL (join code, command line): resolved when joining (host names with
+    /// getaddrinfo, at most `resolveTimeout` s, every address used) and added to `publisher`'s.
+    public var iceServers: [IceServer] = []
+    public var resolveTimeout = 2.0
     /// ICE + DTLS must be up this long after the answer, else the session ends as connection-lost.
     public var connectTimeout = 15.0
     /// Also write every encoded picture as raw I420 (tests measure PSNR with it).
@@ -329,9 +334,21 @@ public final class SharingSession: @unchecked Sendable {
 
     /// Offer → room server → answer; the connect time-out starts with the answer.
     private func join(attempt: Int) {
+        // On the work queue, never the control loop: a slow resolver holds this join only.
+        var publisherConfiguration = configuration.publisher
+        let servers = ResolvedIceServers.resolve(configuration.iceServers, timeout: configuration.resolveTimeout)
+        for problem in servers.problems { logger("session", .error, problem) }
+        publisherConfiguration.stunServers += servers.stunServers
+        publisherConfiguration.turnServers += servers.turnServers
+        // A WHIP server may still name TURN servers in its answer; otherwise relay-only cannot work.
+        if publisherConfiguration.relayOnly, publisherConfiguration.turnServers.isEmpty, !publisherConfiguration.trickleLater {
+            post(.failure("relay-only candidates were asked for (--ice-transport relay) but no TURN server is usable"
+                          + (servers.problems.isEmpty ? "" : ": " + servers.problems.joined(separator: "; "))))
+            return
+        }
         let publisher: Publisher
         do {
-            publisher = try Publisher(configuration: configuration.publisher)
+            publisher = try Publisher(configuration: publisherConfiguration)
         } catch {
             post(.failure("cannot open the network side: \(error)"))
             return
@@ -355,11 +372,14 @@ public final class SharingSession: @unchecked Sendable {
         }
         let answeredAt = MonotonicClock.milliseconds()
         lock.withLock { timings.answered = answeredAt }
-        let stun = answer.iceServers.compactMap(\.stunAddress)
-        let turn = answer.iceServers.compactMap(\.turnServer)
-        if stun.count + turn.count < answer.iceServers.count {
-            logger("session", .info, "the room server named ICE servers this agent cannot use yet (turns:, TCP, host names: issue 16): "
-                   + answer.iceServers.filter { $0.stunAddress == nil && $0.turnServer == nil }.map(\.url).joined(separator: ", "))
+        let linked = ResolvedIceServers.resolve(answer.iceServers, timeout: configuration.resolveTimeout)
+        for problem in linked.problems { logger("session", .error, "the room server's \(problem)") }
+        let stun = linked.stunServers
+        let turn = linked.turnServers
+        if publisherConfiguration.relayOnly, publisherConfiguration.turnServers.isEmpty, turn.isEmpty {
+            post(.failure("relay-only candidates were asked for (--ice-transport relay) but no TURN server is usable"
+                          + ((servers.problems + linked.problems).isEmpty ? "" : ": " + (servers.problems + linked.problems).joined(separator: "; "))))
+            return
         }
         do {
             let parsed = try publisher.setAnswer(answer.sdp)

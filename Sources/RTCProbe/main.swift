@@ -18,11 +18,12 @@ import KraklBackendABI
 import KraklCore
 import KraklEncoder
 import KraklRTC
+import KraklRoom
 import KraklSession
 
 let usage = """
 usage: krakl-rtc-probe [--address IP]... [--allow-loopback] [--no-ipv6] [--stun HOST:PORT]
-                       [--turn IP:PORT,USER,PASSWORD]... [--relay-only]
+                       [--turn IP:PORT,USER,PASSWORD]... [--ice-server URL[,USER,PASSWORD]]... [--relay-only]
                        [--answer FILE] [--seconds N] [--connect-timeout S]
                        [--backend NAME] [--plugins FILE] [--option key=value]...
                        [--bitrate KBPS] [--min-bitrate KBPS] [--max-bitrate KBPS]
@@ -52,6 +53,7 @@ var pluginsPath: String?
 var options: [(String, JSON)] = []
 var encoderSettings = SharingConfiguration().encoder
 var dumpInput: String?
+var iceServers: [IceServer] = []
 do {
     var arguments = Array(CommandLine.arguments.dropFirst())
     func value(_ flag: String) -> String {
@@ -88,6 +90,10 @@ do {
                 fail("--turn wants IP:PORT,USER,PASSWORD", status: 2)
             }
             configuration.turnServers.append(TurnServer(address: TransportAddress(ip: ip, port: port), username: parts[1], password: parts[2]))
+        case "--ice-server":
+            // stun:/turn: URL by address or name: the session resolves it when joining.
+            let parts = value(flag).split(separator: ",", maxSplits: 2, omittingEmptySubsequences: false).map(String.init)
+            iceServers.append(IceServer(url: parts[0], username: parts.count > 1 ? parts[1] : nil, credential: parts.count > 2 ? parts[2] : nil))
         case "--relay-only": configuration.relayOnly = true
         case "--answer": answerPath = value(flag)
         case "--seconds": seconds = number(flag)
@@ -197,6 +203,7 @@ sessionConfiguration.encoder = encoderSettings
 sessionConfiguration.publisher = configuration
 sessionConfiguration.connectTimeout = connectTimeout
 sessionConfiguration.dumpInput = dumpInput
+sessionConfiguration.iceServers = iceServers
 
 let log = EventLog()
 let session = SharingSession(configuration: sessionConfiguration, driver: StdioSignalling(answerPath: answerPath),

@@ -92,3 +92,61 @@ final class CoturnServer {
         #expect(!reason.contains("wrong"), "the password appeared in the error")
     }
 }
+
+/// TURN over TCP (RFC 8656 §3.1): all UDP in the namespace is dropped except coturn's relay ports,
+/// so the publisher reaches coturn only over TCP and aiortc only through the relayed UDP.
+@Suite(.serialized) struct RTCTurnTcpTests {
+    @Test func mediaFlowsThroughCoturnOverTcpWhenAllUdpIsBlocked() throws {
+        guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace(),
+              let turn = try CoturnServer.start(in: namespace, extra: ["-v"]) else { return }
+        guard try namespace.prepareFaults() else {
+            skipTest("nft missing (Debian package nftables): UDP cannot be blocked")
+            return
+        }
+        for rule in [["udp", "sport", CoturnServer.relayPorts, "accept"], ["udp", "dport", CoturnServer.relayPorts, "accept"],
+                     ["meta", "l4proto", "udp", "drop"]] {
+            let result = try namespace.run(RtcTestNamespace.nft, ["add", "rule", "inet", "krakl", "input"] + rule)
+            try #require(result.status == 0, "nft: \(result.stderr)")
+        }
+        let session = try RtcPublisherSession(namespace: namespace, seconds: 5,
+                                              extraProbeArguments: ["--ice-server", "turn:127.0.0.2:3478?transport=tcp,u,p", "--connect-timeout", "15"])
+        defer { session.stop() }
+        try session.exchange()
+        let result = try #require(session.probeResult(timeout: 60), "the probe gave no result: \(session.probe.log)")
+        let report = try #require(session.receiverReport(timeout: 30), "aiortc gave no report: \(session.receiver.log)")
+        let stats = try #require(result["stats"] as? [String: Any])
+        let sent = stats["frames_sent"] as? Int ?? 0
+        let decoded = report["frames_decoded"] as? Int ?? 0
+        print("TURN over TCP: connected \(stats["connect_ms"] ?? "-") ms after the answer over \(stats["selected_pair_types"] ?? "-") (\(stats["selected_pair"] ?? "-")); \(decoded) of \(sent) frames decoded; relay errors \(stats["relay_errors"] ?? "-")")
+        #expect(result["status"] as? Int == 0, "probe: \(result["result"] ?? "?")\n\(session.probe.log)\ncoturn: \(turn.process.log.suffix(3000))")
+        #expect((stats["selected_pair_types"] as? String)?.hasPrefix("relay/udp") == true,
+                "the selected pair is \(stats["selected_pair_types"] ?? "none")")
+        #expect(sent >= 100, "only \(sent) frames sent in 5 s")
+        #expect(Double(decoded) >= 0.8 * Double(sent), "aiortc decoded \(decoded) of \(sent) frames through the relay")
+        #expect(report["decreasing"] as? Int == 0, "frame numbers went backwards \(report["decreasing"] ?? "?") times")
+        #expect(turn.process.waitFor("refreshed, realm=<krakl>, username=<u>, lifetime=0", timeout: 5),
+                "coturn logged no deallocation: \(turn.process.log.suffix(2000))")
+        // The allocation was a TCP session of coturn's, which the publisher closed when it ended.
+        #expect(turn.process.waitFor("TCP socket closed remotely", timeout: 5), "coturn logged no TCP session: \(turn.process.log.suffix(2000))")
+    }
+
+    /// Nothing listens on the TURN server's TCP port: relay-only fails at once with the reason,
+    /// not after the allocation's time-out.
+    @Test func aRefusedTcpConnectionFailsRelayOnlyClearly() throws {
+        guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace() else { return }
+        let session = try RtcPublisherSession(namespace: namespace, seconds: 5,
+                                              extraProbeArguments: ["--ice-server", "turn:127.0.0.2:3478?transport=tcp,u,p", "--relay-only",
+                                                                    "--connect-timeout", "10"])
+        defer { session.stop() }
+        if session.probeResult(timeout: 5) == nil, let offer = RtcPublisherSession.waitForSdp(session.probe, timeout: 5) {
+            session.receiver.type(offer + "\n")
+            if let answer = RtcPublisherSession.waitForSdp(session.receiver, timeout: 20) { session.probe.type(answer + "\n") }
+        }
+        let result = try #require(session.probeResult(timeout: 30), "the probe gave no result: \(session.probe.log)")
+        let reason = result["result"] as? String ?? ""
+        print("refused TURN TCP connection: \(reason)")
+        #expect(result["status"] as? Int == 3, "the probe must fail to connect (status 3): \(reason)")
+        #expect(reason.contains("over TCP") && reason.contains("refused"), "unclear error: \(reason)")
+        #expect(!reason.contains("did not answer"), "it waited for a time-out: \(reason)")
+    }
+}

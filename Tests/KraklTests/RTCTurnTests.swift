@@ -11,7 +11,8 @@ struct CannedTurnServer {
     let mapped = TransportAddress(ip: IPAddress("203.0.113.9")!, port: 40_000)
     var user = "u", password = "p", realm = "krakl", nonce = "nonce-1"
     var key: [UInt8] { StunMessage.longTermKey(username: user, realm: realm, password: password) }
-    var server: TurnServer { TurnServer(address: address, username: user, password: password) }
+    var transport = TurnTransport.udp
+    var server: TurnServer { TurnServer(address: address, username: user, password: password, transport: transport) }
 
     func parse(_ bytes: [UInt8]) throws -> StunMessage { try StunMessage(parsing: bytes) }
 
@@ -320,5 +321,35 @@ struct CannedTurnServer {
             #expect(ChannelData.channelRange.contains(message.channel) && message.data.count <= input.count - 4)
         }
         #expect(framing.inputs >= 1000 && framing.accepted > 0 && framing.rejected > 0)
+    }
+
+    /// Over TCP (RFC 8656 §3.1): a request is sent once and times out as over UDP; ChannelData is
+    /// padded to 4 bytes so the next message on the stream starts aligned.
+    @Test func overTcpRequestsAreNotRetransmittedAndChannelDataIsPadded() throws {
+        var tcp = turn
+        tcp.transport = .tcp
+        let client = TurnClient(server: tcp.server)
+        client.start(now: 0)
+        #expect(client.drain().datagrams.count == 1)
+        var later = 0
+        for step in 1...40 {
+            client.tick(now: UInt64(step) * 250_000_000)
+            later += client.drain().datagrams.count
+        }
+        #expect(later == 0, "\(later) retransmissions over TCP")
+        guard case .failed(.timeout) = client.state else {
+            Issue.record("no time-out after 10 s: \(client.state)")
+            return
+        }
+
+        let allocated = try tcp.allocatedClient()
+        let peer = TransportAddress(ip: IPAddress("192.0.2.7")!, port: 9)
+        _ = allocated.wrap([1], to: peer, now: 1_000)
+        let permission = try tcp.parse(allocated.drain().datagrams[0])
+        _ = allocated.receive(tcp.success(permission), now: 1_000)
+        let bind = try allocated.drain().datagrams.map { try tcp.parse($0) }.first { $0.method == TurnMethod.channelBind }!
+        _ = allocated.receive(tcp.success(bind), now: 1_000)
+        let wire = try #require(allocated.wrap([1, 2, 3, 4, 5], to: peer, now: 1_000))
+        #expect(wire.count == 12 && wire[0] == 0x40 && wire[3] == 5, "ChannelData over TCP: \(wire)")
     }
 }

@@ -1,0 +1,127 @@
+import Glibc
+
+/// A TCP connection to a TURN server (RFC 8656 §3.1), on the event loop's thread: connected
+/// without blocking, messages written whole (queued while connecting or while the send buffer is
+/// full, up to a bound) and read back as whole STUN messages or ChannelData (`TurnStreamFramer`).
+final class TurnStreamConnection {
+    /// Bytes queued beyond this are dropped whole (ICE and TURN retransmit; media is lossy anyway).
+    static let maximumQueued = 1 << 20
+
+    let server: TransportAddress
+    let fd: Int32
+    private(set) var isConnected = false
+    private(set) var isClosed = false
+    /// Why the connection ended, once it did (a phrase about "the connection"; the server is named by the caller).
+    private(set) var failure: String?
+    private var queued: [UInt8] = []
+    private var queuedStart = 0
+    private var framer = TurnStreamFramer()
+    private var readBuffer = [UInt8](repeating: 0, count: 65_536)
+    /// Called once, just before the socket is closed (to stop watching it while the fd is still ours).
+    var onClose: (() -> Void)?
+
+    /// Starts connecting; `connected` or `failed` follow through the loop's writable watch.
+    init(server: TransportAddress) throws {
+        self.server = server
+        let family = server.ip.isIPv6 ? AF_INET6 : AF_INET
+        let fd = socket(family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
+        guard fd >= 0 else { throw NetworkError.socket("socket(TCP): \(String(cString: strerror(errno)))") }
+        var one: Int32 = 1
+        // Small STUN and media messages must not wait for Nagle.
+        _ = setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+        var storage = UdpSocket.sockaddr(server)
+        let result = withUnsafePointer(to: &storage.address) {
+            $0.withMemoryRebound(to: Glibc.sockaddr.self, capacity: 1) { connect(fd, $0, storage.length) }
+        }
+        guard result == 0 || errno == EINPROGRESS else {
+            let text = String(cString: strerror(errno))
+            Glibc.close(fd)
+            throw NetworkError.socket("connect(\(server)) over TCP: \(text)")
+        }
+        self.fd = fd
+        isConnected = result == 0
+    }
+
+    deinit { close() }
+
+    /// After the writable watch fired while connecting: true when connected, else the connection failed.
+    func finishConnecting() -> Bool {
+        guard !isClosed else { return false }
+        var error: Int32 = 0
+        var length = socklen_t(MemoryLayout<Int32>.size)
+        _ = getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length)
+        guard error == 0 else {
+            fail("the connection failed: \(String(cString: strerror(error)))")
+            return false
+        }
+        isConnected = true
+        return true
+    }
+
+    /// Queues one whole message and writes what it can; false when dropped (closed or queue full).
+    @discardableResult
+    func write(_ message: [UInt8]) -> Bool {
+        guard !isClosed, queued.count - queuedStart + message.count <= Self.maximumQueued else { return false }
+        queued += message
+        flush()
+        return true
+    }
+
+    /// True when bytes are waiting for the socket to become writable.
+    var hasQueued: Bool { queuedStart < queued.count }
+
+    /// Writes queued bytes until done or the socket would block.
+    func flush() {
+        guard isConnected, !isClosed else { return }
+        while queuedStart < queued.count {
+            let sent = queued[queuedStart...].withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT)) }
+            if sent > 0 { queuedStart += sent; continue }
+            if sent < 0, errno == EINTR { continue }
+            if sent < 0, errno == EAGAIN || errno == EWOULDBLOCK { break }
+            fail("the connection broke while sending: \(String(cString: strerror(errno)))")
+            return
+        }
+        if queuedStart == queued.count {
+            queued.removeAll(keepingCapacity: true)
+            queuedStart = 0
+        } else if queuedStart >= 65_536 {
+            queued.removeFirst(queuedStart)
+            queuedStart = 0
+        }
+    }
+
+    /// Reads what is there (bounded) and returns the whole messages; a closed or broken stream
+    /// ends the connection (`failure` says why).
+    func readMessages() -> [[UInt8]] {
+        var messages: [[UInt8]] = []
+        for _ in 0..<64 where !isClosed {
+            let count = readBuffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+            if count < 0, errno == EINTR { continue }
+            if count < 0, errno == EAGAIN || errno == EWOULDBLOCK { break }
+            guard count > 0 else {
+                fail(count == 0 ? "the server closed the connection"
+                                : "the connection \(isConnected ? "broke" : "failed"): \(String(cString: strerror(errno)))")
+                break
+            }
+            do throws(TurnStreamFramer.Failure) {
+                messages += try framer.feed(readBuffer[0..<count])
+            } catch {
+                fail("\(error)")
+            }
+        }
+        return messages
+    }
+
+    private func fail(_ reason: String) {
+        if failure == nil { failure = reason }
+        close()
+    }
+
+    func close() {
+        guard !isClosed else { return }
+        isClosed = true
+        onClose?()
+        onClose = nil
+        Glibc.close(fd)
+    }
+}
