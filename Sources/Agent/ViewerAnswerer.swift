@@ -11,9 +11,12 @@ final class RtcViewerAnswerer: ViewerPeerFactory, ViewerVideoFeed, @unchecked Se
     let fanout: VideoFanout
     private let loop: EventLoop
 
-    /// - Parameter listen: the viewer's HTTP address: host candidates on that address only (any
-    ///   address of this machine, loopback included, when it is 0.0.0.0 or ::).
-    init(listen host: String, floorBitrate: Int = 300_000) throws {
+    /// - Parameters:
+    ///   - listen: the viewer's HTTP address: host candidates on that address only (any address of
+    ///     this machine, loopback included, when it is 0.0.0.0 or ::).
+    ///   - playoutDelay: asked of browsers that offer the playout-delay extension (docs/viewer.md);
+    ///     nil: Chromium's own jitter buffer decides.
+    init(listen host: String, floorBitrate: Int = 300_000, playoutDelay: PlayoutDelay? = RtcViewerAnswerer.environmentPlayoutDelay()) throws {
         var configuration = PublisherConfiguration()
         if let ip = IPAddress(host), host != "0.0.0.0", host != "::" {
             configuration.addresses = IceAddressPolicy(allowed: [ip])
@@ -21,6 +24,7 @@ final class RtcViewerAnswerer: ViewerPeerFactory, ViewerVideoFeed, @unchecked Se
             configuration.addresses = IceAddressPolicy(includeLoopback: true)
         }
         configuration.label = "krakl-screen"
+        configuration.playoutDelay = playoutDelay
         self.configuration = configuration
         fanout = VideoFanout(floorBitrate: floorBitrate)
         loop = try EventLoop(name: "krakl-viewers")
@@ -28,6 +32,17 @@ final class RtcViewerAnswerer: ViewerPeerFactory, ViewerVideoFeed, @unchecked Se
     }
 
     deinit { loop.stop(timeout: 2) }
+
+    /// `KRAKL_VIEWER_PLAYOUT_DELAY`: `off` (Chromium's own jitter buffer), or `MIN,MAX` milliseconds;
+    /// unset or unreadable: render at once (0,0), which measured best (docs/PERFORMANCE.md, viewer).
+    static func environmentPlayoutDelay(_ environment: [String: String] = ProcessInfo.processInfo.environment) -> PlayoutDelay? {
+        guard let text = environment["KRAKL_VIEWER_PLAYOUT_DELAY"]?.trimmingCharacters(in: .whitespaces), !text.isEmpty else { return .immediate }
+        if text == "off" { return nil }
+        let parts = text.split(separator: ",").map { Int($0.trimmingCharacters(in: .whitespaces)) }
+        guard parts.count == 2, let low = parts[0], let high = parts[1],
+              let delay = PlayoutDelay(minimumMilliseconds: low, maximumMilliseconds: high) else { return .immediate }
+        return delay
+    }
 
     func makePeer(offer: String) throws(ViewerPeerError) -> ViewerPeer {
         let publisher: Publisher
