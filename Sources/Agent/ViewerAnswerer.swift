@@ -33,15 +33,10 @@ final class RtcViewerAnswerer: ViewerPeerFactory, ViewerVideoFeed, @unchecked Se
 
     deinit { loop.stop(timeout: 2) }
 
-    /// `KRAKL_VIEWER_PLAYOUT_DELAY`: `off` (Chromium's own jitter buffer), or `MIN,MAX` milliseconds;
-    /// unset or unreadable: render at once (0,0), which measured best (docs/PERFORMANCE.md, viewer).
+    /// `KRAKL_VIEWER_PLAYOUT_DELAY` (`PlayoutDelay.setting`): unset is 0,0, which measured best
+    /// (docs/PERFORMANCE.md, the viewer).
     static func environmentPlayoutDelay(_ environment: [String: String] = ProcessInfo.processInfo.environment) -> PlayoutDelay? {
-        guard let text = environment["KRAKL_VIEWER_PLAYOUT_DELAY"]?.trimmingCharacters(in: .whitespaces), !text.isEmpty else { return .immediate }
-        if text == "off" { return nil }
-        let parts = text.split(separator: ",").map { Int($0.trimmingCharacters(in: .whitespaces)) }
-        guard parts.count == 2, let low = parts[0], let high = parts[1],
-              let delay = PlayoutDelay(minimumMilliseconds: low, maximumMilliseconds: high) else { return .immediate }
-        return delay
+        PlayoutDelay.setting(environment["KRAKL_VIEWER_PLAYOUT_DELAY"])
     }
 
     func makePeer(offer: String) throws(ViewerPeerError) -> ViewerPeer {

@@ -1,3 +1,5 @@
+import Foundation
+
 /// The range of delay a receiver may hold a frame before rendering it, as the playout-delay header
 /// extension carries it (http://www.webrtc.org/experiments/rtp-hdrext/playout-delay: two 12-bit
 /// values in 10 ms units, so 0 to 40.95 s).
@@ -24,5 +26,16 @@ public struct PlayoutDelay: Sendable, Equatable {
     private init(uncheckedMinimum: UInt16, maximum: UInt16) {
         minimum = uncheckedMinimum
         self.maximum = maximum
+    }
+
+    /// A setting's text (the viewer's `KRAKL_VIEWER_PLAYOUT_DELAY`): `off` is nil (leave the extension
+    /// out), `MIN,MAX` milliseconds a range; nil, empty or unreadable text is `immediate` (0,0).
+    public static func setting(_ text: String?) -> PlayoutDelay? {
+        guard let text = text?.trimmingCharacters(in: .whitespaces), !text.isEmpty else { return .immediate }
+        if text == "off" { return nil }
+        let parts = text.split(separator: ",", omittingEmptySubsequences: false).map { Int($0.trimmingCharacters(in: .whitespaces)) }
+        guard parts.count == 2, let low = parts[0], let high = parts[1],
+              let delay = PlayoutDelay(minimumMilliseconds: low, maximumMilliseconds: high) else { return .immediate }
+        return delay
     }
 }

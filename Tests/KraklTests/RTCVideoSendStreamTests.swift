@@ -120,6 +120,11 @@ func rtcTransportFeedback(mediaSSRC: UInt32, base: UInt16, count: UInt16, feedba
         #expect(RtpHeaderExtension.playoutDelay(id: 7, PlayoutDelay(minimumMilliseconds: 20, maximumMilliseconds: 30)!).data == [0x00, 0x20, 0x03])
         #expect(PlayoutDelay(minimumMilliseconds: 50, maximumMilliseconds: 40) == nil && PlayoutDelay(minimumMilliseconds: 0, maximumMilliseconds: 40960) == nil)
 
+        // The viewer's setting.
+        #expect(PlayoutDelay.setting(nil) == .immediate && PlayoutDelay.setting(" ") == .immediate && PlayoutDelay.setting("off") == nil)
+        #expect(PlayoutDelay.setting("20, 100") == PlayoutDelay(minimumMilliseconds: 20, maximumMilliseconds: 100))
+        #expect(["100,20", "5", "a,b", "1,2,3", "-10,0", ",", "0,99999"].allSatisfy { PlayoutDelay.setting($0) == .immediate })
+
         // Configured but not negotiated, and negotiated but not configured: never written.
         for h in [SendStreamHarness { $0.playoutDelay = .immediate }, SendStreamHarness(extensions: all)] {
             h.stream.start(now: h.now)
