@@ -11,9 +11,12 @@ final class RtcViewerAnswerer: ViewerPeerFactory, ViewerVideoFeed, @unchecked Se
     let fanout: VideoFanout
     private let loop: EventLoop
 
-    /// - Parameter listen: the viewer's HTTP address: host candidates on that address only (any
-    ///   address of this machine, loopback included, when it is 0.0.0.0 or ::).
-    init(listen host: String, floorBitrate: Int = 300_000) throws {
+    /// - Parameters:
+    ///   - listen: the viewer's HTTP address: host candidates on that address only (any address of
+    ///     this machine, loopback included, when it is 0.0.0.0 or ::).
+    ///   - playoutDelay: asked of browsers that offer the playout-delay extension (docs/viewer.md);
+    ///     nil: Chromium's own jitter buffer decides.
+    init(listen host: String, floorBitrate: Int = 300_000, playoutDelay: PlayoutDelay? = RtcViewerAnswerer.environmentPlayoutDelay()) throws {
         var configuration = PublisherConfiguration()
         if let ip = IPAddress(host), host != "0.0.0.0", host != "::" {
             configuration.addresses = IceAddressPolicy(allowed: [ip])
@@ -21,6 +24,7 @@ final class RtcViewerAnswerer: ViewerPeerFactory, ViewerVideoFeed, @unchecked Se
             configuration.addresses = IceAddressPolicy(includeLoopback: true)
         }
         configuration.label = "krakl-screen"
+        configuration.playoutDelay = playoutDelay
         self.configuration = configuration
         fanout = VideoFanout(floorBitrate: floorBitrate)
         loop = try EventLoop(name: "krakl-viewers")
@@ -28,6 +32,12 @@ final class RtcViewerAnswerer: ViewerPeerFactory, ViewerVideoFeed, @unchecked Se
     }
 
     deinit { loop.stop(timeout: 2) }
+
+    /// `KRAKL_VIEWER_PLAYOUT_DELAY` (`PlayoutDelay.setting`): unset is 0,0, which measured best
+    /// (docs/PERFORMANCE.md, the viewer).
+    static func environmentPlayoutDelay(_ environment: [String: String] = ProcessInfo.processInfo.environment) -> PlayoutDelay? {
+        PlayoutDelay.setting(environment["KRAKL_VIEWER_PLAYOUT_DELAY"])
+    }
 
     func makePeer(offer: String) throws(ViewerPeerError) -> ViewerPeer {
         let publisher: Publisher

@@ -75,6 +75,9 @@ public struct PublisherConfiguration: Sendable {
     /// Who publishes (the join code's identity): the offer's `s=` line and its msid stream id carry it,
     /// which is how a WHIP server learns the tile's label. Nil: "-" and "krakl-screen".
     public var label: String?
+    /// Answerer only: the playout delay asked of a receiver whose offer has the playout-delay header
+    /// extension (Chromium's does); nil leaves the extension out of the answer. We never offer it.
+    public var playoutDelay: PlayoutDelay?
 
     public init() {}
 }
@@ -233,7 +236,8 @@ public final class Publisher: @unchecked Sendable {
     ///   `NetworkError` when no address can be bound.
     public convenience init(answering offer: String, configuration: PublisherConfiguration = PublisherConfiguration(), iceLite: Bool = true,
                             loop: EventLoop? = nil) throws {
-        let remote = try SdpRemoteOffer(parsing: offer, codecs: configuration.codecs.map(\.codec))
+        var remote = try SdpRemoteOffer(parsing: offer, codecs: configuration.codecs.map(\.codec))
+        if configuration.playoutDelay == nil { remote.extensions[.playoutDelay] = nil }
         guard !(iceLite && remote.iceLite) else { throw SdpError.offerNotAnswerable("both sides are ICE-lite: one side must run full ICE (RFC 8445 §6.1.1)") }
         try self.init(role: iceLite ? .answererLite : .answerer, configuration: configuration, loop: loop)
         var answer = SdpVideoAnswer(offer: remote, sessionID: currentOffer.sessionID, iceUfrag: transport.ice.local.ufrag,

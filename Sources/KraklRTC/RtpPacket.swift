@@ -41,6 +41,14 @@ public struct RtpHeaderExtension: Equatable, Sendable {
         return RtpHeaderExtension(id: id, data: data)
     }
 
+    /// playout-delay: the receiver's minimum and maximum delay before rendering, 12 bits each.
+    public static func playoutDelay(id: UInt8, _ delay: PlayoutDelay) -> RtpHeaderExtension {
+        let value = UInt32(delay.minimum) << 12 | UInt32(delay.maximum)
+        var data: [UInt8] = []
+        data.appendBE24(value)
+        return RtpHeaderExtension(id: id, data: data)
+    }
+
     /// transport-wide-cc: a 16-bit sequence number over every packet on the transport.
     public static func transportSequence(id: UInt8, _ sequence: UInt16) -> RtpHeaderExtension {
         var data: [UInt8] = []

@@ -36,6 +36,9 @@ public enum RtpHeaderExtensionKind: String, Sendable, CaseIterable {
     case absSendTime = "http://www.webrtc.org/experiments/rtp-hdrext/abs-send-time"
     /// A 16-bit counter over all packets, for transport-wide-cc feedback.
     case transportWideSequence = "http://www.ietf.org/id/draft-holmer-rmcat-transport-wide-cc-extensions-01"
+    /// The delay the sender asks the receiver to hold frames before rendering (`PlayoutDelay`).
+    /// Accepted in an answer only when `PublisherConfiguration.playoutDelay` is set; never offered.
+    case playoutDelay = "http://www.webrtc.org/experiments/rtp-hdrext/playout-delay"
 
     public var uri: String { rawValue }
 }

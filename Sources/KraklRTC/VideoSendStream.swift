@@ -119,6 +119,7 @@ public final class VideoSendStream {
         var sender = RtpVideoSender(codec: parameters.codec, ssrc: ssrc, payloadType: parameters.payloadType,
                                     maxPayloadSize: configuration.maximumPayloadSize)
         if let id = parameters.extensions[.mid] { sender.mid = (id, parameters.mid) }
+        if let id = parameters.extensions[.playoutDelay], let delay = configuration.playoutDelay { sender.playoutDelay = (id, delay) }
         self.sender = sender
         if let rtxType = parameters.rtxPayloadType { rtx = RtxPacketizer(ssrc: rtxSSRC, payloadType: rtxType) }
         history = RtpSendHistory(capacity: configuration.historyCapacity)

@@ -73,16 +73,28 @@ final class AiortcViewer {
     let closedReasons = Locked<[String]>([])
 
     /// Starts the offerer, answers its offer (addresses: 127.0.0.2 only) and hands it the answer.
-    init(iceLite: Bool, loop: EventLoop?, arguments: [String] = []) throws {
+    /// - Parameter playoutDelay: add the playout-delay extension (id 14) to aiortc's video offer, as
+    ///   Chromium offers it, and ask for 0,0: aiortc then receives packets carrying an extension it
+    ///   never negotiated (which it must skip).
+    init(iceLite: Bool, loop: EventLoop?, arguments: [String] = [], playoutDelay: Bool = false) throws {
         process = try DtlsTestProcess(RtcPublisherSession.python, [Self.script, "--seconds", "60"] + arguments)
-        let offer = try #require(RtcPublisherSession.waitForSdp(process, timeout: 30), "no offer from aiortc: \(process.log)")
+        var offer = try #require(RtcPublisherSession.waitForSdp(process, timeout: 30), "no offer from aiortc: \(process.log)")
         var configuration = PublisherConfiguration()
+        if playoutDelay {
+            let mark = "m=video "
+            let range = try #require(offer.range(of: mark), "no video section in aiortc's offer")
+            // Before the section's first attribute line (after m= and c=).
+            let firstAttribute = try #require(offer.range(of: "\r\na=", range: range.upperBound..<offer.endIndex))
+            offer.insert(contentsOf: "\r\na=extmap:14 http://www.webrtc.org/experiments/rtp-hdrext/playout-delay", at: firstAttribute.lowerBound)
+            configuration.playoutDelay = .immediate
+        }
         configuration.addresses = IceAddressPolicy(allowed: [IPAddress("127.0.0.2")!])
         configuration.label = "Answerer test"
         publisher = try Publisher(answering: offer, configuration: configuration, iceLite: iceLite, loop: loop)
         publisher.onEvent = { [events] event in events.withLock { $0.append(event) } }
         publisher.onClosed = { [closedReasons] reason in closedReasons.withLock { $0.append(reason) } }
         let answer = try #require(publisher.answerSDP)
+        #expect(answer.contains("a=extmap:14 http://www.webrtc.org/experiments/rtp-hdrext/playout-delay") == playoutDelay)
         process.type(answer + "\n")
     }
 
@@ -129,8 +141,8 @@ final class AiortcViewer {
     }
 
     /// aiortc offers (recvonly video), we answer, frames flow for ~3 s, our close() ends its track.
-    static func oneViewer(iceLite: Bool, arguments: [String] = []) throws {
-        let viewer = try AiortcViewer(iceLite: iceLite, loop: nil, arguments: arguments)
+    static func oneViewer(iceLite: Bool, arguments: [String] = [], playoutDelay: Bool = false) throws {
+        let viewer = try AiortcViewer(iceLite: iceLite, loop: nil, arguments: arguments, playoutDelay: playoutDelay)
         let source = StampedVideoSource()
         viewer.publisher.onKeyframeRequest = { [source] in source.requestKeyframe() }
         viewer.publisher.start()
@@ -158,6 +170,12 @@ final class AiortcViewer {
     @Test func aiortcOffersAndDecodesTheAnswerersVideoFullIce() throws {
         guard Self.prerequisites(), try InNamespace.enter(suite: "RTCAnswererTests") != nil else { return }
         try Self.oneViewer(iceLite: false)
+    }
+
+    /// The playout-delay extension on the packets (as Chromium viewers get it) does not stop aiortc decoding.
+    @Test func aiortcDecodesPacketsCarryingPlayoutDelay() throws {
+        guard Self.prerequisites(), try InNamespace.enter(suite: "RTCAnswererTests") != nil else { return }
+        try Self.oneViewer(iceLite: true, playoutDelay: true)
     }
 
     /// An offer with audio and a data channel too: both rejected (port 0), video still flows.

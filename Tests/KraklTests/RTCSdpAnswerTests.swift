@@ -193,6 +193,32 @@ import Testing
         full.close()
     }
 
+    @Test func playoutDelayIsAnsweredOnlyWhenOfferedAndConfigured() throws {
+        let extmap = "a=extmap:5 http://www.webrtc.org/experiments/rtp-hdrext/playout-delay"
+        // Chromium 156 offers it on id 5, after transport-cc.
+        let offered = Self.chromiumOffer.replacingOccurrences(
+            of: "a=extmap:4 urn:ietf:params:rtp-hdrext:sdes:mid\r\na=recvonly\r\na=rtcp-mux\r\na=rtcp-rsize",
+            with: extmap + "\r\na=extmap:4 urn:ietf:params:rtp-hdrext:sdes:mid\r\na=recvonly\r\na=rtcp-mux\r\na=rtcp-rsize")
+        try #require(offered != Self.chromiumOffer)
+        var configuration = PublisherConfiguration()
+        configuration.addresses = IceAddressPolicy(allowed: [IPAddress("127.0.0.1")!], includeLoopback: true)
+        configuration.playoutDelay = .immediate
+        for (offer, configured, expected) in [(offered, true, true), (offered, false, false), (Self.chromiumOffer, true, false)] {
+            var c = configuration
+            if !configured { c.playoutDelay = nil }
+            let publisher = try Publisher(answering: offer, configuration: c)
+            defer { publisher.close() }
+            let video = Self.sections(try #require(publisher.answerSDP))[1]
+            #expect(video.contains(extmap) == expected, "offered \(offer == offered), configured \(configured): \(video)")
+            #expect(video.filter { $0.hasPrefix("a=extmap:") }.count == (expected ? 4 : 3))
+            #expect((publisher.remoteOffer?.extensions[.playoutDelay] == 5) == expected)
+        }
+        // We never offer it (Janus, WHIP): only a viewer that asked gets it.
+        #expect(!SdpVideoOffer(sessionID: 1, iceUfrag: "abcd", icePwd: "0123456789abcdefghijklmn",
+                               fingerprint: CertificateFingerprint(algorithm: "sha-256", bytes: [UInt8](repeating: 1, count: 32)),
+                               streamID: "s", trackID: "t", ssrc: 1, rtxSSRC: 2, cname: "c").sdp.contains("playout-delay"))
+    }
+
     @Test func answeringPublishersShareOneLoop() throws {
         var configuration = PublisherConfiguration()
         configuration.addresses = IceAddressPolicy(allowed: [IPAddress("127.0.0.1")!], includeLoopback: true)

@@ -14,12 +14,14 @@ final class SendStreamHarness {
     static let ssrc: UInt32 = 0x1111_2222
     static let rtxSSRC: UInt32 = 0x3333_4444
 
-    init(rtxPayloadType: UInt8? = 97, configure: (inout PublisherConfiguration) -> Void = { _ in }) {
+    init(rtxPayloadType: UInt8? = 97,
+         extensions: [RtpHeaderExtensionKind: UInt8] = [.mid: 1, .absSendTime: 2, .transportWideSequence: 3],
+         configure: (inout PublisherConfiguration) -> Void = { _ in }) {
         var configuration = PublisherConfiguration()
         configuration.protectedFramePackets = 0  // copies are their own test (RTCPublisherLoopbackTests)
         configure(&configuration)
         let parameters = VideoSendParameters(codec: .vp8, payloadType: 96, rtxPayloadType: rtxPayloadType,
-                                             extensions: [.mid: 1, .absSendTime: 2, .transportWideSequence: 3], mid: "0")
+                                             extensions: extensions, mid: "0")
         stream = VideoSendStream(configuration: configuration, parameters: parameters, ssrc: Self.ssrc, rtxSSRC: Self.rtxSSRC,
                                  cname: "test", stats: stats)
         stream.onKeyframeRequest = { [unowned self] in keyframeRequests += 1 }
@@ -98,6 +100,42 @@ func rtcTransportFeedback(mediaSSRC: UInt32, base: UInt16, count: UInt16, feedba
         let twcc = packets.compactMap { $0.extensionData(id: 3) }.map { UInt16($0[0]) << 8 | UInt16($0[1]) }
         #expect(twcc == [0, 1, 2])
         #expect(h.stats.snapshot.framesSent == 1 && h.stats.snapshot.keyframesSent == 1 && h.stats.snapshot.packetsSent == 3)
+    }
+
+    @Test func playoutDelayGoesOnKeyframesAndFirstPacketsOnlyWhenNegotiatedAndConfigured() throws {
+        let all: [RtpHeaderExtensionKind: UInt8] = [.mid: 1, .absSendTime: 2, .transportWideSequence: 3, .playoutDelay: 5]
+        // Negotiated and configured (0 and 1 s, to see both 12-bit halves): id 5, min 0 / max 100 × 10 ms.
+        let h = SendStreamHarness(extensions: all) { $0.playoutDelay = PlayoutDelay(minimumMilliseconds: 0, maximumMilliseconds: 1000) }
+        h.stream.start(now: h.now)
+        h.frame(bytes: 3000, keyframe: true)
+        h.frame(bytes: 3000)
+        let packets = h.rtp
+        try #require(packets.count == 6)
+        let delays = packets.map { $0.extensionData(id: 5) }
+        #expect(delays == [[0x00, 0x00, 0x64], [0x00, 0x00, 0x64], [0x00, 0x00, 0x64], [0x00, 0x00, 0x64], nil, nil],
+                "every keyframe packet, then the delta frame's first packet: \(delays)")
+        #expect(packets.allSatisfy { $0.extensionData(id: 1) == Array("0".utf8) && $0.extensionData(id: 3) != nil })
+        // The wire form: min in the high 12 bits.
+        let longest = try #require(PlayoutDelay(minimumMilliseconds: 40950, maximumMilliseconds: 40950))
+        #expect(RtpHeaderExtension.playoutDelay(id: 7, longest).data == [0xFF, 0xFF, 0xFF])
+        let short = try #require(PlayoutDelay(minimumMilliseconds: 20, maximumMilliseconds: 30))
+        #expect(RtpHeaderExtension.playoutDelay(id: 7, short).data == [0x00, 0x20, 0x03])
+        #expect(PlayoutDelay(minimumMilliseconds: 50, maximumMilliseconds: 40) == nil)
+        #expect(PlayoutDelay(minimumMilliseconds: 0, maximumMilliseconds: 40960) == nil)
+
+        // The viewer's setting.
+        #expect(PlayoutDelay.setting(nil) == .immediate && PlayoutDelay.setting(" ") == .immediate && PlayoutDelay.setting("off") == nil)
+        #expect(PlayoutDelay.setting("20, 100") == PlayoutDelay(minimumMilliseconds: 20, maximumMilliseconds: 100))
+        #expect(["100,20", "5", "a,b", "1,2,3", "-10,0", ",", "0,99999"].allSatisfy { PlayoutDelay.setting($0) == .immediate })
+
+        // Configured but not negotiated, and negotiated but not configured: never written.
+        for h in [SendStreamHarness { $0.playoutDelay = .immediate }, SendStreamHarness(extensions: all)] {
+            h.stream.start(now: h.now)
+            h.frame(bytes: 3000, keyframe: true)
+            h.frame(bytes: 100)
+            #expect(h.rtp.count == 4)
+            #expect(h.rtp.allSatisfy { $0.extensionData(id: 5) == nil && $0.extensions.map(\.id).sorted() == [1, 2, 3] })
+        }
     }
 
     @Test(arguments: [true, false])

@@ -1,0 +1,41 @@
+import Foundation
+
+/// The range of delay a receiver may hold a frame before rendering it, as the playout-delay header
+/// extension carries it (http://www.webrtc.org/experiments/rtp-hdrext/playout-delay: two 12-bit
+/// values in 10 ms units, so 0 to 40.95 s).
+///
+/// Why a sender says so: libwebrtc receivers (Chromium) otherwise size a jitter buffer from the frame
+/// arrival jitter they see, which on a loaded machine is tens of milliseconds a frame. A remote
+/// desktop would rather show each frame at once; minimum = maximum = 0 asks for exactly that.
+public struct PlayoutDelay: Sendable, Equatable {
+    /// In 10 ms units, at most 4095.
+    public let minimum: UInt16
+    public let maximum: UInt16
+
+    /// Render each frame as soon as it is decoded (no smoothing).
+    public static let immediate = PlayoutDelay(uncheckedMinimum: 0, maximum: 0)
+
+    /// - Parameters: milliseconds, rounded down to 10 ms.
+    /// - Returns: nil when `minimumMilliseconds` > `maximumMilliseconds` or either is above 40 950.
+    public init?(minimumMilliseconds: Int, maximumMilliseconds: Int) {
+        guard (0...40_950).contains(minimumMilliseconds), (0...40_950).contains(maximumMilliseconds),
+              minimumMilliseconds <= maximumMilliseconds else { return nil }
+        self.init(uncheckedMinimum: UInt16(minimumMilliseconds / 10), maximum: UInt16(maximumMilliseconds / 10))
+    }
+
+    private init(uncheckedMinimum: UInt16, maximum: UInt16) {
+        minimum = uncheckedMinimum
+        self.maximum = maximum
+    }
+
+    /// A setting's text (the viewer's `KRAKL_VIEWER_PLAYOUT_DELAY`): `off` is nil (leave the extension
+    /// out), `MIN,MAX` milliseconds a range; nil, empty or unreadable text is `immediate` (0,0).
+    public static func setting(_ text: String?) -> PlayoutDelay? {
+        guard let text = text?.trimmingCharacters(in: .whitespaces), !text.isEmpty else { return .immediate }
+        if text == "off" { return nil }
+        let parts = text.split(separator: ",", omittingEmptySubsequences: false).map { Int($0.trimmingCharacters(in: .whitespaces)) }
+        guard parts.count == 2, let low = parts[0], let high = parts[1],
+              let delay = PlayoutDelay(minimumMilliseconds: low, maximumMilliseconds: high) else { return .immediate }
+        return delay
+    }
+}
