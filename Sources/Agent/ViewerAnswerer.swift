@@ -36,7 +36,9 @@ final class RtcViewerAnswerer: ViewerPeerFactory, ViewerVideoFeed, @unchecked Se
     /// `KRAKL_VIEWER_PLAYOUT_DELAY` (`PlayoutDelay.setting`): unset is 0,0, which measured best
     /// (docs/PERFORMANCE.md, the viewer).
     static func environmentPlayoutDelay(_ environment: [String: String] = ProcessInfo.processInfo.environment) -> PlayoutDelay? {
-        PlayoutDelay.setting(environment["KRAKL_VIEWER_PLAYOUT_DELAY"])
+        let (delay, problem) = PlayoutDelay.reading(environment["KRAKL_VIEWER_PLAYOUT_DELAY"])
+        if let problem { fputs("krakl-agent: warning: KRAKL_VIEWER_PLAYOUT_DELAY: \(problem)\n", stderr) }
+        return delay
     }
 
     func makePeer(offer: String) throws(ViewerPeerError) -> ViewerPeer {

@@ -29,13 +29,18 @@ public struct PlayoutDelay: Sendable, Equatable {
     }
 
     /// A setting's text (the viewer's `KRAKL_VIEWER_PLAYOUT_DELAY`): `off` is nil (leave the extension
-    /// out), `MIN,MAX` milliseconds a range; nil, empty or unreadable text is `immediate` (0,0).
-    public static func setting(_ text: String?) -> PlayoutDelay? {
-        guard let text = text?.trimmingCharacters(in: .whitespaces), !text.isEmpty else { return .immediate }
-        if text == "off" { return nil }
+    /// out), `MIN,MAX` milliseconds a range; nil or empty text is `immediate` (0,0). Unreadable text is
+    /// `immediate` too, with the problem to tell the person (a typo must not pass unnoticed).
+    public static func reading(_ text: String?) -> (delay: PlayoutDelay?, problem: String?) {
+        guard let text = text?.trimmingCharacters(in: .whitespaces), !text.isEmpty else { return (.immediate, nil) }
+        if text == "off" { return (nil, nil) }
         let parts = text.split(separator: ",", omittingEmptySubsequences: false).map { Int($0.trimmingCharacters(in: .whitespaces)) }
         guard parts.count == 2, let low = parts[0], let high = parts[1],
-              let delay = PlayoutDelay(minimumMilliseconds: low, maximumMilliseconds: high) else { return .immediate }
-        return delay
+              let delay = PlayoutDelay(minimumMilliseconds: low, maximumMilliseconds: high) else {
+            return (.immediate, "\"\(text.prefix(40))\" is not off or MIN,MAX milliseconds (0 <= MIN <= MAX <= 40950); using 0,0")
+        }
+        return (delay, nil)
     }
+
+    public static func setting(_ text: String?) -> PlayoutDelay? { reading(text).delay }
 }

@@ -127,6 +127,7 @@ func rtcTransportFeedback(mediaSSRC: UInt32, base: UInt16, count: UInt16, feedba
         #expect(PlayoutDelay.setting(nil) == .immediate && PlayoutDelay.setting(" ") == .immediate && PlayoutDelay.setting("off") == nil)
         #expect(PlayoutDelay.setting("20, 100") == PlayoutDelay(minimumMilliseconds: 20, maximumMilliseconds: 100))
         #expect(["100,20", "5", "a,b", "1,2,3", "-10,0", ",", "0,99999"].allSatisfy { PlayoutDelay.setting($0) == .immediate })
+        #expect(["100,20", "5", "a,b"].allSatisfy { PlayoutDelay.reading($0).problem != nil } && PlayoutDelay.reading("20,100").problem == nil)
 
         // Configured but not negotiated, and negotiated but not configured: never written.
         for h in [SendStreamHarness { $0.playoutDelay = .immediate }, SendStreamHarness(extensions: all)] {
