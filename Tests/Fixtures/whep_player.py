@@ -25,10 +25,9 @@ import urllib.parse
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from aiortc_receiver import read_stamp  # noqa: E402
+from aiortc_receiver import collect_stamped_frames  # noqa: E402
 
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription  # noqa: E402
-from aiortc.mediastreams import MediaStreamError  # noqa: E402
 
 
 def http(method, url, token, body=None, content_type=None):
@@ -62,20 +61,12 @@ async def main():
     def on_state():
         states.append([round((time.monotonic() - started) * 1000, 1), pc.connectionState])
 
-    async def consume(track):
-        try:
-            while True:
-                frame = await track.recv()
-                plane = frame.planes[0]
-                stamp = read_stamp(bytes(plane), plane.line_size, frame.width, frame.height)
-                frames.append((time.monotonic() * 1000, stamp[0] if stamp else None, frame.width, frame.height))
-        except MediaStreamError:
-            pass
+    track_ended = asyncio.Event()
 
     @pc.on("track")
     def on_track(track):
         if track.kind == "video":
-            asyncio.ensure_future(consume(track))
+            asyncio.ensure_future(collect_stamped_frames(track, frames, track_ended))
 
     await pc.setLocalDescription(await pc.createOffer())  # aiortc gathers before it returns
     loop = asyncio.get_running_loop()
