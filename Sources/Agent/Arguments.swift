@@ -59,6 +59,8 @@ struct Arguments {
     var iceServers: [IceServer] = []
     /// `--ice-transport relay`: only relay candidates (as iceTransportPolicy "relay").
     var relayOnly = false
+    /// `--ice-ca FILE`: trust only these CA certificates (PEM) for turns: servers.
+    var iceCAFile: String?
     /// --refresh was given (a room session otherwise turns the idle refresh off).
     var refreshGiven = false
     /// --qr FILE: the join code from a picture; --scan-only: print its summary instead of joining.
@@ -193,6 +195,12 @@ struct Arguments {
                 let text = try value(for: flag)
                 guard text == "all" || text == "relay" else { throw .usage("--ice-transport \(text): use all or relay") }
                 relayOnly = text == "relay"
+            case "--ice-ca":
+                let path = try value(for: flag)
+                guard access(path, R_OK) == 0 else {
+                    throw .usage("--ice-ca \(path): cannot read it (\(String(cString: strerror(errno)))); give a PEM file of CA certificates")
+                }
+                iceCAFile = path
             case "--expect-end": expectEnd = true
             case "--json": json = true
             case "--headless": headless = true
@@ -372,9 +380,12 @@ OPTIONS
                           default: every interface that is up, loopback excluded).
       --ice-server URL[,USER,CREDENTIAL]
                           (--join) A STUN or TURN server besides the join code's and the room
-                          server's (repeatable): stun:HOST[:PORT] or turn:HOST[:PORT][?transport=udp|tcp]
-                          with its long-term credentials; HOST is an address or a name (every
-                          address it resolves to within 2 s is used). turns: not yet.
+                          server's (repeatable): stun:HOST[:PORT], turn:HOST[:PORT][?transport=udp|tcp]
+                          or turns:HOST[:PORT] (TLS, port 5349 unless given) with its long-term
+                          credentials; HOST is an address or a name (every address it resolves
+                          to within 2 s is used; a turns: certificate must be for HOST).
+      --ice-ca FILE       (--join) Check turns: servers' certificates against the CA certificates
+                          in this PEM file only (default: the system store, /etc/ssl/certs).
       --ice-transport P   (--join) all (default) or relay: only relay candidates (TURN).
       --connect-timeout S (--join) ICE and DTLS must be up S seconds after the room's
                           answer (default 15), else the session ends as connection lost.
@@ -484,7 +495,7 @@ EXIT STATUS
 """
 
 extension Arguments {
-    /// `URL[,USER,CREDENTIAL]` as the agent can use it today: STUN, or TURN over UDP, by address or name.
+    /// `URL[,USER,CREDENTIAL]` as the agent can use it: STUN, or TURN over UDP, TCP or TLS, by address or name.
     static func iceServer(_ text: String) throws(HostError) -> IceServer {
         let fields = text.split(separator: ",", maxSplits: 2, omittingEmptySubsequences: false).map(String.init)
         let server = IceServer(url: fields[0], username: fields.count > 1 ? fields[1] : nil, credential: fields.count > 2 ? fields[2] : nil)
@@ -492,7 +503,7 @@ extension Arguments {
             throw .usage("--ice-server \(fields[0]): not a stun:/turn:/turns: URL (RFC 7064/7065)")
         }
         if let reason = server.unusableReason {
-            throw .usage("--ice-server \(fields[0]): " + (server.parts?.scheme == "turn" && (server.username == nil || server.credential == nil)
+            throw .usage("--ice-server \(fields[0]): " + (server.parts?.scheme != "stun" && (server.username == nil || server.credential == nil)
                 ? "a TURN server needs its user and credential: --ice-server URL,USER,CREDENTIAL" : reason))
         }
         return server

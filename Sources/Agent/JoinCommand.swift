@@ -80,6 +80,7 @@ func sharingConfiguration(_ arguments: Arguments, invitation: Invitation, logger
     // A WHIP server may name STUN servers in its answer (Link headers): candidates may trickle then.
     configuration.publisher.trickleLater = invitation.code.service == .whip
     configuration.publisher.relayOnly = arguments.relayOnly
+    configuration.publisher.turnCAFile = arguments.iceCAFile
     // Resolved by the session when it joins (names, bounded in time), never here.
     configuration.iceServers = invitation.code.iceServers + arguments.iceServers
     return configuration

@@ -376,7 +376,7 @@ public final class IceAgent {
     /// The TCP connection to a TURN server reached over TCP failed: its allocation is lost
     /// (reported on the next `drain()`, like any relay failure).
     public func relayConnectionFailed(server: TransportAddress, reason: String) {
-        for relay in relays where relay.client.server.address == server && relay.client.server.transport == .tcp {
+        for relay in relays where relay.client.server.address == server && relay.client.server.transport.isStream {
             relay.client.connectionFailed(reason)
         }
     }

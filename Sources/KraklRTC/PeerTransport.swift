@@ -63,6 +63,8 @@ final class PeerTransport {
     /// TCP connections to TURN servers reached over TCP, by server address: what the ICE agent
     /// sends to such an address goes down the stream instead of a UDP socket.
     private var turnStreams: [TransportAddress: TurnStreamConnection] = [:]
+    /// For `turns:` servers, made with the first one (it loads the trusted certificates).
+    private var turnTlsContext: TurnTlsContext?
 
     /// Gathers host candidates (binding one UDP socket per address) and makes the session's certificate.
     /// Nothing runs until `start()`.
@@ -167,16 +169,32 @@ final class PeerTransport {
 
     // MARK: TURN over TCP
 
-    /// Network thread: starts a TCP connection to each TURN server reached over TCP.
+    /// Network thread: starts a TCP connection to each TURN server reached over TCP or TLS.
     func openTurnStreams(_ servers: [TurnServer]) {
-        for server in servers where server.transport == .tcp && turnStreams[server.address] == nil {
+        for server in servers where server.transport.isStream && turnStreams[server.address] == nil {
+            var tls: (context: TurnTlsContext, name: String)?
+            if server.transport == .tls {
+                do {
+                    let context = try turnTlsContext ?? TurnTlsContext(caFile: configuration.turnCAFile)
+                    turnTlsContext = context
+                    tls = (context, server.tlsName ?? "\(server.address.ip)")
+                } catch {
+                    // Unusable trusted certificates: this relay fails at once, saying why.
+                    loop.post { [weak self] in
+                        guard let self, !self.finished else { return }
+                        self.ice.relayConnectionFailed(server: server.address, reason: "\(error)")
+                        self.service()
+                    }
+                    continue
+                }
+            }
             // A failed connect() is not fatal here: the TURN client's Allocate times out and says so.
-            guard let stream = try? TurnStreamConnection(server: server.address) else { continue }
+            guard let stream = try? TurnStreamConnection(server: server.address, tls: tls) else { continue }
             let fd = stream.fd
             stream.onClose = { [weak self] in self?.loop.unwatch(fd: fd) }
             turnStreams[server.address] = stream
             loop.watch(fd: fd) { [weak self] in self?.readTurnStream(stream) }
-            if !stream.isConnected { watchWritable(stream) }
+            if !stream.isConnected || stream.hasQueued { watchWritable(stream) }
         }
     }
 
@@ -210,6 +228,7 @@ final class PeerTransport {
                 }
             }
         }
+        if stream.isConnected, stream.hasQueued { watchWritable(stream) }
         _ = reportIfFailed(stream)
         service()
     }

@@ -30,6 +30,9 @@ public struct PublisherConfiguration: Sendable {
     public var turnServers: [TurnServer] = []
     /// Relay candidates only (`iceTransportPolicy: "relay"`): nothing but the TURN servers sees our addresses.
     public var relayOnly = false
+    /// `turns:` servers' certificates are checked against the CA certificates in this PEM file
+    /// only (`--ice-ca`); nil: the system store.
+    public var turnCAFile: String?
     public var codecs: [SdpVideoOffer.Codec] = [.vp8, .vp9]
     /// Encoder bitrate bounds and start, bits per second.
     public var minimumBitrate = 150_000.0

@@ -6,21 +6,35 @@ public struct TurnServer: Equatable, Sendable, CustomStringConvertible {
     public var password: String
     /// How we reach the server; what it relays to peers is UDP either way (RFC 8656 §3.1).
     public var transport: TurnTransport
+    /// TLS only: the name (or IP address) of the `turns:` URL, which the server's certificate must
+    /// be for (SNI and host name check); the address alone when nil.
+    public var tlsName: String?
 
-    public init(address: TransportAddress, username: String, password: String, transport: TurnTransport = .udp) {
+    public init(address: TransportAddress, username: String, password: String, transport: TurnTransport = .udp, tlsName: String? = nil) {
         self.address = address
         self.username = username
         self.password = password
         self.transport = transport
+        self.tlsName = transport == .tls ? (tlsName ?? "\(address.ip)") : nil
     }
 
     /// The server and user, never the password.
-    public var description: String { "turn:\(address)\(transport == .tcp ? "?transport=tcp" : "") (user \"\(username)\")" }
+    public var description: String {
+        switch transport {
+        case .udp: return "turn:\(address) (user \"\(username)\")"
+        case .tcp: return "turn:\(address)?transport=tcp (user \"\(username)\")"
+        case .tls: return "turns:\(tlsName ?? "") at \(address) (user \"\(username)\")"
+        }
+    }
 }
 
-/// UDP datagrams, or a TCP connection carrying STUN and padded ChannelData (`TurnStreamFramer`).
+/// UDP datagrams, or a TCP connection (plain, or TLS for `turns:`) carrying STUN and padded
+/// ChannelData (`TurnStreamFramer`).
 public enum TurnTransport: String, Sendable {
-    case udp, tcp
+    case udp, tcp, tls
+
+    /// A byte stream (TCP or TLS): no retransmission, ChannelData padded to 4 bytes.
+    public var isStream: Bool { self != .udp }
 }
 
 /// Why a TURN allocation (or a permission on it) failed; each says what to check.
@@ -41,8 +55,9 @@ public enum TurnError: Error, Equatable, Sendable, CustomStringConvertible {
     case timeout(server: String, request: String, seconds: Double)
     /// A success response without XOR-RELAYED-ADDRESS.
     case noRelayedAddress(server: String)
-    /// The TCP connection to the server failed or closed (TURN over TCP).
-    case connectionFailed(server: String, reason: String)
+    /// The TCP or TLS connection to the server failed or closed (TURN over TCP or TLS); `over` is
+    /// "TCP" or "TLS".
+    case connectionFailed(server: String, over: String, reason: String)
 
     public var description: String {
         switch self {
@@ -55,7 +70,7 @@ public enum TurnError: Error, Equatable, Sendable, CustomStringConvertible {
         case .timeout(let s, let request, let seconds):
             return "TURN server \(s) did not answer \(request) within \(String(format: "%.1f", seconds)) s (unreachable, or UDP to it is blocked)"
         case .noRelayedAddress(let s): return "TURN server \(s) accepted the allocation but gave no XOR-RELAYED-ADDRESS"
-        case .connectionFailed(let s, let reason): return "TURN server \(s) over TCP: \(reason)"
+        case .connectionFailed(let s, let over, let reason): return "TURN server \(s) over \(over): \(reason)"
         }
     }
 }
@@ -182,7 +197,8 @@ public final class TurnClient {
         self.configuration = configuration
     }
 
-    private var serverName: String { "\(server.address)" }
+    /// The address, and for TLS the name the certificate is checked against.
+    private var serverName: String { server.transport == .tls ? "\(server.tlsName ?? "") (\(server.address))" : "\(server.address)" }
 
     /// Sends the first Allocate (unauthenticated: the server's 401 brings realm and nonce).
     public func start(now: UInt64) {
@@ -226,7 +242,7 @@ public final class TurnClient {
             next.nextRetransmit = now + next.rto
             transactions[id] = next
             // A stream delivers or breaks: no retransmission (RFC 8489 §6.2.2), same time limit.
-            if server.transport == .udp { outgoing.append(next.bytes) }
+            if !server.transport.isStream { outgoing.append(next.bytes) }
         }
         guard state == .allocated else { return }
         if let due = refreshAt, due <= now {
@@ -290,7 +306,7 @@ public final class TurnClient {
     /// queued and goes out with a later `drain()`) or the allocation is not usable.
     public func wrap(_ data: [UInt8], to peer: TransportAddress, now: UInt64) -> [UInt8]? {
         guard state == .allocated, data.count <= 0xFFFF else { return nil }
-        if let channel = channels[peer], channel.bound { return ChannelData(channel: channel.number, data: data).encoded(padded: server.transport == .tcp) }
+        if let channel = channels[peer], channel.bound { return ChannelData(channel: channel.number, data: data).encoded(padded: server.transport.isStream) }
         if let permission = permissions[peer.ip], permission.installed { return sendIndication(data, to: peer) }
         guard permit(peer, now: now) || permissions[peer.ip] != nil else { return nil }
         if permissions[peer.ip] != nil {
@@ -445,7 +461,7 @@ public final class TurnClient {
     public func connectionFailed(_ reason: String) {
         switch state {
         case .allocating, .allocated:
-            let error = TurnError.connectionFailed(server: serverName, reason: reason)
+            let error = TurnError.connectionFailed(server: serverName, over: server.transport == .tls ? "TLS" : "TCP", reason: reason)
             state = .failed(error)
             transactions.removeAll()
             events.append(.failed(error))

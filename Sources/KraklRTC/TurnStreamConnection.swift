@@ -1,8 +1,9 @@
 import Glibc
 
-/// A TCP connection to a TURN server (RFC 8656 §3.1), on the event loop's thread: connected
-/// without blocking, messages written whole (queued while connecting or while the send buffer is
-/// full, up to a bound) and read back as whole STUN messages or ChannelData (`TurnStreamFramer`).
+/// A TCP connection to a TURN server (RFC 8656 §3.1), plain or with TLS on it (`turns:`), on the
+/// event loop's thread: connected without blocking, messages written whole (queued while
+/// connecting, during the TLS handshake or while the send buffer is full, up to a bound) and read
+/// back as whole STUN messages or ChannelData (`TurnStreamFramer`).
 final class TurnStreamConnection {
     /// Bytes queued beyond this are dropped whole (ICE and TURN retransmit; media is lossy anyway).
     static let maximumQueued = 1 << 20
@@ -19,10 +20,17 @@ final class TurnStreamConnection {
     private var readBuffer = [UInt8](repeating: 0, count: 65_536)
     /// Called once, just before the socket is closed (to stop watching it while the fd is still ours).
     var onClose: (() -> Void)?
+    /// For `turns:`: the context and the name the certificate must be for; TLS starts once TCP is connected.
+    private let tlsSetUp: (context: TurnTlsContext, name: String)?
+    private var tls: TurnTlsSession?
+    /// Messages written before the TLS handshake finished (sealed once it has).
+    private var waitingForHandshake: [UInt8] = []
 
     /// Starts connecting; `connected` or `failed` follow through the loop's writable watch.
-    init(server: TransportAddress) throws {
+    /// With `tls`, a TLS client handshake follows, checking the server's certificate for `name`.
+    init(server: TransportAddress, tls: (context: TurnTlsContext, name: String)? = nil) throws {
         self.server = server
+        self.tlsSetUp = tls
         let family = server.ip.isIPv6 ? AF_INET6 : AF_INET
         let fd = socket(family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
         guard fd >= 0 else { throw NetworkError.socket("socket(TCP): \(String(cString: strerror(errno)))") }
@@ -40,6 +48,7 @@ final class TurnStreamConnection {
         }
         self.fd = fd
         isConnected = result == 0
+        if isConnected { startTls() }
     }
 
     deinit { close() }
@@ -55,16 +64,59 @@ final class TurnStreamConnection {
             return false
         }
         isConnected = true
-        return true
+        startTls()
+        return !isClosed
+    }
+
+    /// TCP is up: the ClientHello goes out (queued; the caller flushes).
+    private func startTls() {
+        guard let tlsSetUp, tls == nil else { return }
+        do {
+            tls = try TurnTlsSession(context: tlsSetUp.context, name: tlsSetUp.name)
+        } catch {
+            fail("\(error)")
+            return
+        }
+        advanceHandshake()
+    }
+
+    /// Moves the handshake on with what arrived; once done, seals what waited for it.
+    private func advanceHandshake() {
+        guard let tls, !tls.handshakeDone else { return }
+        if let failure = tls.handshake() {
+            fail(failure)
+            return
+        }
+        queue(tls.takeOutgoing())
+        if tls.handshakeDone, !waitingForHandshake.isEmpty {
+            let plain = waitingForHandshake
+            waitingForHandshake = []
+            seal(plain)
+        }
+    }
+
+    private func seal(_ plain: [UInt8]) {
+        guard let tls else { return }
+        guard tls.seal(plain) else { fail("TLS sealing failed"); return }
+        queue(tls.takeOutgoing())
+    }
+
+    /// Appends bytes for the socket (no bound: callers checked it).
+    private func queue(_ bytes: [UInt8]) {
+        if !bytes.isEmpty { queued += bytes }
     }
 
     /// Queues one whole message and writes what it can; false when dropped (closed or queue full).
     @discardableResult
     func write(_ message: [UInt8]) -> Bool {
-        guard !isClosed, queued.count - queuedStart + message.count <= Self.maximumQueued else { return false }
-        queued += message
+        guard !isClosed, queued.count - queuedStart + waitingForHandshake.count + message.count <= Self.maximumQueued else { return false }
+        if tlsSetUp != nil {
+            if let tls, tls.handshakeDone { seal(message) } else { waitingForHandshake += message }
+        } else {
+            queued += message
+        }
         flush()
-        return true
+        return !isClosed
     }
 
     /// True when bytes are waiting for the socket to become writable.
@@ -103,22 +155,49 @@ final class TurnStreamConnection {
                                 : "the connection \(isConnected ? "broke" : "failed"): \(String(cString: strerror(errno)))")
                 break
             }
-            do throws(TurnStreamFramer.Failure) {
-                messages += try framer.feed(readBuffer[0..<count])
-            } catch {
-                fail("\(error)")
+            if let tls {
+                tls.feed(readBuffer[0..<count])
+                advanceHandshake()
+                guard !isClosed, tls.handshakeDone else { continue }
+                let (plain, closed, failure) = tls.open(into: &plainBuffer)
+                queue(tls.takeOutgoing())
+                frame(plain[...], into: &messages)
+                if let failure { fail(failure) } else if closed { fail("the server closed the TLS session") }
+            } else {
+                frame(readBuffer[0..<count], into: &messages)
             }
         }
+        flush()
         return messages
+    }
+
+    private var plainBuffer = [UInt8](repeating: 0, count: 16_384)
+
+    private func frame(_ bytes: ArraySlice<UInt8>, into messages: inout [[UInt8]]) {
+        guard !bytes.isEmpty, !isClosed else { return }
+        do throws(TurnStreamFramer.Failure) {
+            messages += try framer.feed(bytes)
+        } catch {
+            fail("\(error)")
+        }
     }
 
     private func fail(_ reason: String) {
         if failure == nil { failure = reason }
+        tls = nil  // no close_notify on a broken session
         close()
     }
 
     func close() {
         guard !isClosed else { return }
+        if let tls, isConnected {
+            // close_notify, sent if the socket takes it now; nothing waits for it.
+            self.tls = nil
+            tls.shutDown()
+            queue(tls.takeOutgoing())
+            flush()
+            guard !isClosed else { return }  // the send failed, and closed
+        }
         isClosed = true
         onClose?()
         onClose = nil

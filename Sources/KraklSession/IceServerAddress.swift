@@ -8,13 +8,13 @@ extension IceServer {
         return TransportAddress(ip: ip, port: UInt16(parts.port ?? 3478))
     }
 
-    /// `turn:IP[:port][?transport=udp|tcp]` with its username and credential as a TURN server
-    /// (default port 3478, RFC 7065); nil for `turns:`, a host name, or missing credentials.
+    /// `turn:IP[:port][?transport=udp|tcp]` or `turns:IP[:port]` with its username and credential as
+    /// a TURN server (default port 3478, 5349 for turns:, RFC 7065); nil for a host name or missing credentials.
     public var turnServer: TurnServer? {
-        guard unusableReason == nil, let parts, parts.scheme == "turn", let ip = IPAddress(parts.host),
+        guard unusableReason == nil, let parts, parts.scheme != "stun", let ip = IPAddress(parts.host),
               let username, let credential else { return nil }
-        return TurnServer(address: TransportAddress(ip: ip, port: UInt16(parts.port ?? 3478)), username: username, password: credential,
-                          transport: parts.transport == "tcp" ? .tcp : .udp)
+        return TurnServer(address: TransportAddress(ip: ip, port: parts.defaultedPort), username: username, password: credential,
+                          transport: parts.turnTransport, tlsName: parts.host)
     }
 
     /// Why this agent cannot use the server whatever its name resolves to; nil when it can.
@@ -23,11 +23,11 @@ extension IceServer {
         switch parts.scheme {
         case "stun":
             return nil
-        case "turn":
+        case "turns" where parts.transport == "udp":
+            return "turns: over UDP would be DTLS to the TURN server, which this agent does not speak; use turns: (TLS over TCP) or turn:"
+        default:
             guard username != nil, credential != nil else { return "a TURN server needs a user name and credential" }
             return nil
-        default:
-            return "turns: (TURN over TLS) is not supported yet (issue 16)"
         }
     }
 
@@ -67,18 +67,30 @@ public struct ResolvedIceServers: Sendable {
                 case nil: continue
                 }
             }
-            let port = UInt16(parts.port ?? 3478)
+            let port = parts.defaultedPort
             for ip in addresses {
                 let address = TransportAddress(ip: ip, port: port)
                 if parts.scheme == "stun" {
                     if !resolved.stunServers.contains(address) { resolved.stunServers.append(address) }
                 } else if let username = server.username, let credential = server.credential {
+                    // For turns: the certificate must be for the URL's name, whichever address it led to.
                     let turn = TurnServer(address: address, username: username, password: credential,
-                                          transport: parts.transport == "tcp" ? .tcp : .udp)
+                                          transport: parts.turnTransport, tlsName: parts.host)
                     if !resolved.turnServers.contains(turn) { resolved.turnServers.append(turn) }
                 }
             }
         }
         return resolved
+    }
+}
+
+extension IceServerURL.Parts {
+    /// The port, or the default: 3478 for stun: and turn:, 5349 for turns: (RFC 7064/7065).
+    var defaultedPort: UInt16 { UInt16(port ?? (scheme == "turns" ? 5349 : 3478)) }
+
+    /// How a TURN server of this URL is reached: turns: is TLS over TCP.
+    var turnTransport: TurnTransport {
+        if scheme == "turns" { return .tls }
+        return transport == "tcp" ? .tcp : .udp
     }
 }

@@ -23,7 +23,7 @@ import KraklSession
 
 let usage = """
 usage: krakl-rtc-probe [--address IP]... [--allow-loopback] [--no-ipv6] [--stun HOST:PORT]
-                       [--turn IP:PORT,USER,PASSWORD]... [--ice-server URL[,USER,PASSWORD]]... [--relay-only]
+                       [--turn IP:PORT,USER,PASSWORD]... [--ice-server URL[,USER,PASSWORD]]... [--relay-only] [--ice-ca FILE]
                        [--answer FILE] [--seconds N] [--connect-timeout S]
                        [--backend NAME] [--plugins FILE] [--option key=value]...
                        [--bitrate KBPS] [--min-bitrate KBPS] [--max-bitrate KBPS]
@@ -95,6 +95,7 @@ do {
             let parts = value(flag).split(separator: ",", maxSplits: 2, omittingEmptySubsequences: false).map(String.init)
             iceServers.append(IceServer(url: parts[0], username: parts.count > 1 ? parts[1] : nil, credential: parts.count > 2 ? parts[2] : nil))
         case "--relay-only": configuration.relayOnly = true
+        case "--ice-ca": configuration.turnCAFile = value(flag)
         case "--answer": answerPath = value(flag)
         case "--seconds": seconds = number(flag)
         case "--connect-timeout": connectTimeout = number(flag)
