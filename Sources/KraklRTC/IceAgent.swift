@@ -46,6 +46,9 @@ public enum IceEvent: Equatable, Sendable {
     case relayFailed(String)
     /// RFC 7675: no consent response for the consent timeout; nothing more may be sent.
     case consentExpired
+    /// The TURN allocation the selected pair is relayed through is gone (its TCP or TLS connection
+    /// broke, the server died): nothing can be sent on that pair any more.
+    case selectedRelayLost(String)
     case failed(String)
 }
 
@@ -300,6 +303,10 @@ public final class IceAgent {
                 case .failed(let error):
                     relayErrors.append(error.description)
                     events.append(.relayFailed(error.description))
+                    // Not waiting for consent to expire (30 s): the path is known to be gone.
+                    if let pair = selected, let relayed = relay.candidate?.transportAddress, pair.localBase == relayed {
+                        events.append(.selectedRelayLost(error.description))
+                    }
                     if relayOnly, relays.allSatisfy({ if case .failed = $0.client.state { return true } else { return false } }) {
                         failRelayOnly()
                     }

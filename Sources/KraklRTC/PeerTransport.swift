@@ -174,15 +174,18 @@ final class PeerTransport {
         for server in servers where server.transport.isStream && turnStreams[server.address] == nil {
             var tls: (context: TurnTlsContext, name: String)?
             if server.transport == .tls {
-                do {
-                    let context = try turnTlsContext ?? TurnTlsContext(caFile: configuration.turnCAFile)
+                do throws(NetworkError) {
+                    let context: TurnTlsContext
+                    if let made = turnTlsContext { context = made } else { context = try TurnTlsContext(caFile: configuration.turnCAFile) }
                     turnTlsContext = context
                     tls = (context, server.tlsName ?? "\(server.address.ip)")
                 } catch {
                     // Unusable trusted certificates: this relay fails at once, saying why.
+                    let reason: String
+                    if case .socket(let text) = error { reason = text } else { reason = "\(error)" }
                     loop.post { [weak self] in
                         guard let self, !self.finished else { return }
-                        self.ice.relayConnectionFailed(server: server.address, reason: "\(error)")
+                        self.ice.relayConnectionFailed(server: server.address, reason: reason)
                         self.service()
                     }
                     continue
@@ -352,6 +355,8 @@ final class PeerTransport {
                 end(.connectionLost(role.iceLite ? "ICE consent expired: no consent check from the peer for \(seconds) s (RFC 7675)"
                                                  : "ICE consent expired: no answer to consent checks for \(seconds) s (RFC 7675)"),
                     state: "lost")
+            case .selectedRelayLost(let reason):
+                end(.connectionLost("the relay carrying the session is gone: \(reason)"), state: "lost")
             case .failed(let reason):
                 end(.failed(reason), state: "failed")
             }

@@ -1,3 +1,5 @@
+import Glibc
+
 /// A TURN server and the long-term credentials for it (RFC 8656 §9.2). Time-limited REST
 /// credentials (coturn's `use-auth-secret`: "expiry:user" and an HMAC password) are given as is.
 public struct TurnServer: Equatable, Sendable, CustomStringConvertible {
@@ -28,6 +30,20 @@ public struct TurnServer: Equatable, Sendable, CustomStringConvertible {
     }
 }
 
+extension TurnServer {
+    /// The expiry time (Unix seconds) a TURN REST API user name carries ("EXPIRY:USER", coturn's
+    /// default, or "USER:EXPIRY"), if it has one.
+    static func restExpiry(_ username: String) -> Int? {
+        let fields = username.split(separator: ":", omittingEmptySubsequences: false)
+        guard fields.count >= 2 else { return nil }
+        // 10 digits: a Unix time of this era, not a user name that is a small number.
+        for field in [fields.first!, fields.last!] where field.count == 10 && field.allSatisfy(\.isASCII) {
+            if let value = Int(field) { return value }
+        }
+        return nil
+    }
+}
+
 /// UDP datagrams, or a TCP connection (plain, or TLS for `turns:`) carrying STUN and padded
 /// ChannelData (`TurnStreamFramer`).
 public enum TurnTransport: String, Sendable {
@@ -41,6 +57,8 @@ public enum TurnTransport: String, Sendable {
 public enum TurnError: Error, Equatable, Sendable, CustomStringConvertible {
     /// 401 to a request that carried our credentials.
     case unauthorized(server: String)
+    /// 401 to a time-limited (TURN REST API) credential whose expiry time has passed.
+    case credentialExpired(server: String, secondsAgo: Int)
     /// 401 without the REALM and NONCE a long-term credential exchange needs.
     case noChallenge(server: String)
     /// 486 Allocation Quota Reached.
@@ -62,6 +80,8 @@ public enum TurnError: Error, Equatable, Sendable, CustomStringConvertible {
     public var description: String {
         switch self {
         case .unauthorized(let s): return "TURN server \(s) refused the credentials (401 after authenticating): check the username and password, or renew an expired time-limited credential"
+        case .credentialExpired(let s, let ago):
+            return "TURN server \(s) refused the time-limited credential: it expired \(ago) s ago (its user name says so); get a fresh one from the room service"
         case .noChallenge(let s): return "TURN server \(s) answered 401 without REALM and NONCE; it does not offer long-term credentials"
         case .quotaReached(let s): return "TURN server \(s) refused the allocation: quota reached (486); too many allocations for this user"
         case .allocationMismatch(let s): return "TURN server \(s) reports an allocation mismatch (437): the allocation is gone or another one holds this address"
@@ -198,7 +218,10 @@ public final class TurnClient {
     }
 
     /// The address, and for TLS the name the certificate is checked against.
-    private var serverName: String { server.transport == .tls ? "\(server.tlsName ?? "") (\(server.address))" : "\(server.address)" }
+    private var serverName: String {
+        guard server.transport == .tls, let name = server.tlsName, IPAddress(name) == nil else { return "\(server.address)" }
+        return "\(name) (\(server.address))"
+    }
 
     /// Sends the first Allocate (unauthenticated: the server's 401 brings realm and nonce).
     public func start(now: UInt64) {
@@ -373,6 +396,9 @@ public final class TurnClient {
             setChallenge(realm: newRealm, nonce: newNonce)
             request(transaction.kind, now: now, staleRetries: transaction.staleRetries)
         case 401:
+            if let expiry = TurnServer.restExpiry(server.username), expiry < Int(time(nil)) {
+                return fail(transaction.kind, .credentialExpired(server: serverName, secondsAgo: Int(time(nil)) - expiry))
+            }
             fail(transaction.kind, .unauthorized(server: serverName))
         case 438:
             guard let newNonce, transaction.staleRetries < configuration.maximumStaleNonceRetries else {

@@ -16,7 +16,7 @@ final class TurnTlsContext {
         guard loaded == 1 else {
             ERR_clear_error()
             SSL_CTX_free(context)
-            throw .socket("TURN over TLS: cannot load trusted certificates \(caFile.map { "from \($0) (it must be a PEM file of CA certificates)" } ?? "from the system store")")
+            throw .socket("cannot load trusted certificates \(caFile.map { "from \($0) (it must be a PEM file of CA certificates)" } ?? "from the system store")")
         }
         self.context = context
     }

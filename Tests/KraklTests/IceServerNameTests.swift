@@ -12,14 +12,18 @@ import KraklSession
         let servers = [IceServer(url: "stun:127.0.0.2"), IceServer(url: "turn:[::1]:3479", username: "u", credential: "secret-pw"),
                        IceServer(url: "turn:127.0.0.2?transport=tcp", username: "u", credential: "secret-pw"),
                        IceServer(url: "turns:127.0.0.2", username: "u", credential: "secret-pw"),
+                       IceServer(url: "turns:127.0.0.2?transport=udp", username: "u", credential: "secret-pw"),
                        IceServer(url: "turn:127.0.0.2")]
         let resolved = ResolvedIceServers.resolve(servers, timeout: 2)
         #expect(resolved.stunServers == [TransportAddress(ip: IPAddress("127.0.0.2")!, port: 3478)])
         #expect(resolved.turnServers == [TurnServer(address: TransportAddress(ip: IPAddress("::1")!, port: 3479), username: "u", password: "secret-pw"),
                                          TurnServer(address: TransportAddress(ip: IPAddress("127.0.0.2")!, port: 3478), username: "u", password: "secret-pw",
-                                                    transport: .tcp)])
+                                                    transport: .tcp),
+                                         // turns: is TLS on 5349 by default, the certificate checked for the URL's host.
+                                         TurnServer(address: TransportAddress(ip: IPAddress("127.0.0.2")!, port: 5349), username: "u", password: "secret-pw",
+                                                    transport: .tls, tlsName: "127.0.0.2")])
         #expect(resolved.problems.count == 2, "\(resolved.problems)")
-        #expect(resolved.problems.contains { $0.contains("turns:") })
+        #expect(resolved.problems.contains { $0.contains("turns:") && $0.contains("DTLS") })
         #expect(resolved.problems.contains { $0.contains("needs a user name and credential") })
         #expect(!resolved.problems.joined().contains("secret-pw"), "a credential in: \(resolved.problems)")
     }

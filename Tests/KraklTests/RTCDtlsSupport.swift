@@ -134,6 +134,9 @@ final class DtlsTestProcess {
     var log: String { condition.lock(); defer { condition.unlock() }; return text }
     var isRunning: Bool { process.isRunning }
 
+    /// Sends `signal` (SIGKILL: a peer that dies without a word).
+    func send(signal: Int32) { if process.isRunning { kill(process.processIdentifier, signal) } }
+
     /// Waits (bounded) until the output holds a line starting with `prefix`; returns the rest of that line.
     func value(after prefix: String, timeout: Double = 10) -> String? {
         let deadline = Date().addingTimeInterval(timeout)

@@ -9,15 +9,18 @@ final class CoturnServer {
     static let relayPorts = "20000-20100"
     let process: DtlsTestProcess
 
-    /// nil (after SKIP) when coturn is not installed.
-    static func start(in namespace: RtcTestNamespace, extra: [String] = []) throws -> CoturnServer? {
+    /// nil (after SKIP) when coturn is not installed. With `tls` (certificate and key files) it
+    /// also listens for TLS on 5349, else TLS is off.
+    static func start(in namespace: RtcTestNamespace, extra: [String] = [], tls: (cert: String, key: String)? = nil) throws -> CoturnServer? {
         guard FileManager.default.isExecutableFile(atPath: program) else {
             skipTest("\(program) missing (Debian package coturn; scripts/setup installs it)")
             return nil
         }
         let (p, a) = namespace.command(program, ["-n", "--listening-ip=127.0.0.2", "--relay-ip=127.0.0.2", "--listening-port=3478",
-                                                 "--min-port=20000", "--max-port=20100", "--lt-cred-mech", "--user=u:p", "--realm=krakl",
-                                                 "--no-tls", "--no-dtls", "--no-cli", "--allow-loopback-peers", "--simple-log",
+                                                 "--min-port=20000", "--max-port=20100", "--realm=krakl"]
+                                                + (extra.contains("--use-auth-secret") ? [] : ["--lt-cred-mech", "--user=u:p"])
+                                                + (tls.map { ["--cert=\($0.cert)", "--pkey=\($0.key)", "--tls-listening-port=5349"] } ?? ["--no-tls"])
+                                                + ["--no-dtls", "--no-cli", "--allow-loopback-peers", "--simple-log",
                                                  "--log-file=stdout"] + extra)
         let server = CoturnServer(process: try DtlsTestProcess(p, a))
         // Its last start-up line; a request sent a little early is retransmitted anyway.

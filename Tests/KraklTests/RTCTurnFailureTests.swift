@@ -1,0 +1,109 @@
+import Foundation
+import Testing
+import KraklRTC
+
+/// TURN failures a user meets (issue 16): an expired time-limited credential, a user over its
+/// allocation quota, and a TURN server that dies while it carries the session.
+@Suite(.serialized) struct RTCTurnFailureTests {
+    static let secret = "krakl-rest-secret"
+
+    /// coturn's TURN REST API credential (`use-auth-secret`): base64(HMAC-SHA1(secret, user name)),
+    /// the HMAC made by the openssl CLI, not by our own STUN code.
+    static func restCredential(_ username: String) throws -> String? {
+        guard let openssl = Harness.which("openssl") else {
+            skipTest("openssl is not installed (Debian package openssl)")
+            return nil
+        }
+        let result = try Harness.run(openssl, ["dgst", "-sha1", "-hmac", secret], timeout: 10, stdin: username)
+        try #require(result.status == 0, "openssl dgst: \(result.stderr)")
+        let hex = try #require(result.stdout.split(whereSeparator: \.isWhitespace).last.map(String.init))
+        var bytes: [UInt8] = []
+        var index = hex.startIndex
+        while index < hex.endIndex, let next = hex.index(index, offsetBy: 2, limitedBy: hex.endIndex), let byte = UInt8(hex[index..<next], radix: 16) {
+            bytes.append(byte)
+            index = next
+        }
+        try #require(bytes.count == 20, "not an HMAC-SHA1: \(result.stdout)")
+        return Data(bytes).base64EncodedString()
+    }
+
+    @Test func aTimeLimitedCredentialWorksUntilItExpires() throws {
+        guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace(),
+              let turn = try CoturnServer.start(in: namespace, extra: ["--use-auth-secret", "--static-auth-secret=\(Self.secret)"]) else { return }
+        let now = Int(Date().timeIntervalSince1970)
+
+        // Valid for an hour: the session connects through the relay (the credential is made right).
+        let fresh = "\(now + 3600):krakl"
+        let freshCredential = try #require(try Self.restCredential(fresh))
+        do {
+            let session = try RtcPublisherSession(namespace: namespace, seconds: 2,
+                                                  extraProbeArguments: ["--ice-server", "turn:127.0.0.2,\(fresh),\(freshCredential)", "--relay-only",
+                                                                        "--connect-timeout", "10"])
+            defer { session.stop() }
+            try session.exchange()
+            let result = try #require(session.probeResult(timeout: 60), "the probe gave no result: \(session.probe.log)")
+            #expect(result["status"] as? Int == 0, "a fresh REST credential: \(result["result"] ?? "?")\ncoturn: \(turn.process.log.suffix(2000))")
+        }
+
+        // Expired an hour ago: relay-only fails at once, saying the credential expired.
+        let expired = "\(now - 3600):krakl"
+        let expiredCredential = try #require(try Self.restCredential(expired))
+        let session = try RtcPublisherSession(namespace: namespace, seconds: 2,
+                                              extraProbeArguments: ["--ice-server", "turn:127.0.0.2,\(expired),\(expiredCredential)", "--relay-only",
+                                                                    "--connect-timeout", "10"])
+        defer { session.stop() }
+        RTCTurnTlsTests.answerIfAsked(session)
+        let result = try #require(session.probeResult(timeout: 30), "the probe gave no result: \(session.probe.log)")
+        let reason = result["result"] as? String ?? ""
+        print("expired TURN REST credential: \(reason)")
+        #expect(result["status"] as? Int == 3, "the probe must fail to connect (status 3): \(reason)")
+        #expect(reason.contains("TURN server 127.0.0.2:3478") && reason.contains("expired 36"), "unclear error: \(reason)")
+        #expect(!reason.contains("did not answer"), "it waited for a time-out: \(reason)")
+        #expect(!session.probe.log.contains(expiredCredential), "the credential was printed")
+    }
+
+    /// coturn allows user u one allocation: of two TURN servers (UDP and TCP to the same coturn) one
+    /// allocates, the other is refused with 486, reported clearly; the session connects through the first.
+    @Test func anAllocationOverTheQuotaIsAClearRelayError() throws {
+        guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace(),
+              let turn = try CoturnServer.start(in: namespace, extra: ["--user-quota=1"]) else { return }
+        let session = try RtcPublisherSession(namespace: namespace, seconds: 2,
+                                              extraProbeArguments: ["--ice-server", "turn:127.0.0.2,u,p", "--ice-server", "turn:127.0.0.2?transport=tcp,u,p",
+                                                                    "--relay-only", "--connect-timeout", "10"])
+        defer { session.stop() }
+        try session.exchange()
+        let result = try #require(session.probeResult(timeout: 60), "the probe gave no result: \(session.probe.log)")
+        let stats = try #require(result["stats"] as? [String: Any])
+        let errors = stats["relay_errors"] as? [String] ?? []
+        print("TURN quota: \(result["result"] ?? "-"); relay errors \(errors)")
+        #expect(result["status"] as? Int == 0, "probe: \(result["result"] ?? "?")\ncoturn: \(turn.process.log.suffix(2000))")
+        #expect(errors.count == 1 && errors.allSatisfy { $0.contains("quota reached (486)") && $0.contains("127.0.0.2:3478") },
+                "relay errors: \(errors)\ncoturn: \(turn.process.log.suffix(2000))")
+    }
+
+    /// coturn is killed while the session runs through its relay (over TCP, all other UDP dropped):
+    /// the session ends as connection lost, well before its --seconds, not left hanging.
+    @Test func aTurnServerThatDiesEndsTheSessionAsConnectionLost() throws {
+        guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace(),
+              let turn = try CoturnServer.start(in: namespace) else { return }
+        guard try CoturnServer.blockAllUdpButRelays(in: namespace) else {
+            skipTest("nft missing (Debian package nftables): UDP cannot be blocked")
+            return
+        }
+        let session = try RtcPublisherSession(namespace: namespace, seconds: 60,
+                                              extraProbeArguments: ["--ice-server", "turn:127.0.0.2?transport=tcp,u,p", "--connect-timeout", "10"])
+        defer { session.stop() }
+        try session.exchange()
+        try #require(session.waitConnected(timeout: 20) != nil, "not connected: \(session.probe.log)")
+        // Media flows: the probe's once-a-second status lines count frames sent.
+        try #require(session.probe.waitFor("\"frames_sent\"", timeout: 10), "no status line: \(session.probe.log)")
+        turn.process.send(signal: SIGKILL)
+        // Far less than the 60 s the probe would run: it must end on its own.
+        let result = try #require(session.probeResult(timeout: 30), "the session did not end after coturn died: \(session.probe.log.suffix(2000))")
+        let reason = result["result"] as? String ?? ""
+        print("TURN server died mid-session: \(reason)")
+        #expect(result["status"] as? Int == 4, "the probe must end as connection lost (status 4): \(reason)")
+        #expect(reason.contains("connection lost") && reason.contains("relay carrying the session is gone")
+                && reason.contains("TURN server 127.0.0.2:3478 over TCP"), "unclear reason: \(reason)")
+    }
+}

@@ -1,0 +1,153 @@
+import Foundation
+import Testing
+import KraklRTC
+
+/// A test CA and a server certificate for turn.krakl.test signed by it, made with the openssl CLI
+/// (ECDSA P-256, valid two days), and a second CA that signed nothing.
+struct TurnTestCertificates {
+    let folder: String
+    var caFile: String { folder + "/ca.pem" }
+    var otherCAFile: String { folder + "/other-ca.pem" }
+    var certFile: String { folder + "/server.pem" }
+    var keyFile: String { folder + "/server.key" }
+    static let name = "turn.krakl.test"
+
+    /// nil (after SKIP) when openssl is not installed.
+    static func make() throws -> TurnTestCertificates? {
+        guard let openssl = Harness.which("openssl") else {
+            skipTest("openssl is not installed (Debian package openssl)")
+            return nil
+        }
+        let certificates = TurnTestCertificates(folder: try Harness.temporaryDirectory())
+        let folder = certificates.folder
+        try "subjectAltName=DNS:\(name)\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n"
+            .write(toFile: folder + "/server.ext", atomically: true, encoding: .utf8)
+        let key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        for arguments in [["req", "-x509"] + key + ["-keyout", folder + "/ca.key", "-out", certificates.caFile, "-days", "2", "-subj", "/CN=krakl test CA"],
+                          ["req", "-x509"] + key + ["-keyout", folder + "/other-ca.key", "-out", certificates.otherCAFile, "-days", "2",
+                                                     "-subj", "/CN=krakl other CA"],
+                          ["req"] + key + ["-keyout", certificates.keyFile, "-out", folder + "/server.csr", "-subj", "/CN=\(name)"],
+                          ["x509", "-req", "-in", folder + "/server.csr", "-CA", certificates.caFile, "-CAkey", folder + "/ca.key",
+                           "-CAcreateserial", "-out", certificates.certFile, "-days", "2", "-extfile", folder + "/server.ext"]] {
+            let result = try Harness.run(openssl, arguments, timeout: 30)
+            try #require(result.status == 0, "openssl \(arguments.prefix(2).joined(separator: " ")): \(result.stderr)")
+        }
+        return certificates
+    }
+}
+
+extension CoturnServer {
+    /// Drops all UDP in the namespace except coturn's relay ports: the publisher reaches coturn only
+    /// over TCP (or TLS), aiortc only through the relayed UDP. False when nft is missing.
+    static func blockAllUdpButRelays(in namespace: RtcTestNamespace) throws -> Bool {
+        guard try namespace.prepareFaults() else { return false }
+        for rule in [["udp", "sport", relayPorts, "accept"], ["udp", "dport", relayPorts, "accept"], ["meta", "l4proto", "udp", "drop"]] {
+            let result = try namespace.run(RtcTestNamespace.nft, ["add", "rule", "inet", "krakl", "input"] + rule)
+            try #require(result.status == 0, "nft: \(result.stderr)")
+        }
+        return true
+    }
+}
+
+/// TURN over TLS (`turns:`, RFC 7065; RFC 8656 §3.1): coturn with a certificate of a test CA for
+/// turn.krakl.test (a name from the test's hosts file), reached on 5349 (the default port).
+@Suite(.serialized) struct RTCTurnTlsTests {
+    /// Relay-only runs end before an answer is needed; should the probe wait for one, it gets it.
+    static func answerIfAsked(_ session: RtcPublisherSession) {
+        if session.probeResult(timeout: 5) == nil, let offer = RtcPublisherSession.waitForSdp(session.probe, timeout: 5) {
+            session.receiver.type(offer + "\n")
+            if let answer = RtcPublisherSession.waitForSdp(session.receiver, timeout: 20) { session.probe.type(answer + "\n") }
+        }
+    }
+
+    @Test func mediaFlowsThroughCoturnOverTlsWhenAllUdpIsBlocked() throws {
+        guard RtcPublisherSession.prerequisites(), let certificates = try TurnTestCertificates.make(),
+              let namespace = try RtcTestNamespace() else { return }
+        let hosts = try HostsFile(namespace: namespace, "127.0.0.2 \(TurnTestCertificates.name)\n")
+        defer { hosts.remove() }
+        guard let turn = try CoturnServer.start(in: namespace, extra: ["-v"], tls: (certificates.certFile, certificates.keyFile)) else { return }
+        guard try CoturnServer.blockAllUdpButRelays(in: namespace) else {
+            skipTest("nft missing (Debian package nftables): UDP cannot be blocked")
+            return
+        }
+        let session = try RtcPublisherSession(namespace: namespace, seconds: 5,
+                                              extraProbeArguments: ["--ice-server", "turns:\(TurnTestCertificates.name),u,p",
+                                                                    "--ice-ca", certificates.caFile, "--connect-timeout", "15"])
+        defer { session.stop() }
+        try session.exchange()
+        let result = try #require(session.probeResult(timeout: 60), "the probe gave no result: \(session.probe.log)")
+        let report = try #require(session.receiverReport(timeout: 30), "aiortc gave no report: \(session.receiver.log)")
+        let stats = try #require(result["stats"] as? [String: Any])
+        let sent = stats["frames_sent"] as? Int ?? 0
+        let decoded = report["frames_decoded"] as? Int ?? 0
+        print("TURN over TLS: connected \(stats["connect_ms"] ?? "-") ms after the answer over \(stats["selected_pair_types"] ?? "-") (\(stats["selected_pair"] ?? "-")); \(decoded) of \(sent) frames decoded; relay errors \(stats["relay_errors"] ?? "-")")
+        #expect(result["status"] as? Int == 0, "probe: \(result["result"] ?? "?")\n\(session.probe.log)\ncoturn: \(turn.process.log.suffix(3000))")
+        #expect((stats["selected_pair_types"] as? String)?.hasPrefix("relay/udp") == true,
+                "the selected pair is \(stats["selected_pair_types"] ?? "none")")
+        #expect(sent >= 100, "only \(sent) frames sent in 5 s")
+        #expect(Double(decoded) >= 0.8 * Double(sent), "aiortc decoded \(decoded) of \(sent) frames through the relay")
+        #expect(report["decreasing"] as? Int == 0, "frame numbers went backwards \(report["decreasing"] ?? "?") times")
+        #expect((report["stamps_read"] as? Int ?? 0) >= decoded * 9 / 10, "frame stamps unreadable in most frames")
+        // The allocation was made over TLS on 5349 and released when the publisher ended.
+        #expect(turn.process.log.contains("TLS") , "coturn logged no TLS session: \(turn.process.log.suffix(3000))")
+        #expect(turn.process.waitFor("refreshed, realm=<krakl>, username=<u>, lifetime=0", timeout: 5),
+                "coturn logged no deallocation: \(turn.process.log.suffix(2000))")
+    }
+
+    /// The server's certificate is from a CA the agent was not told to trust: relay-only fails at
+    /// once, naming the server and the verification failure, not after an Allocate time-out.
+    @Test func aCertificateFromAnotherCAFailsClearly() throws {
+        guard RtcPublisherSession.prerequisites(), let certificates = try TurnTestCertificates.make(),
+              let namespace = try RtcTestNamespace() else { return }
+        let hosts = try HostsFile(namespace: namespace, "127.0.0.2 \(TurnTestCertificates.name)\n")
+        defer { hosts.remove() }
+        guard let turn = try CoturnServer.start(in: namespace, tls: (certificates.certFile, certificates.keyFile)) else { return }
+        let session = try RtcPublisherSession(namespace: namespace, seconds: 5,
+                                              extraProbeArguments: ["--ice-server", "turns:\(TurnTestCertificates.name):5349,u,secret-pw",
+                                                                    "--ice-ca", certificates.otherCAFile, "--relay-only", "--connect-timeout", "10"])
+        defer { session.stop() }
+        Self.answerIfAsked(session)
+        let result = try #require(session.probeResult(timeout: 30), "the probe gave no result: \(session.probe.log)")
+        let reason = result["result"] as? String ?? ""
+        print("turns: with the wrong CA: \(reason)")
+        #expect(result["status"] as? Int == 3, "the probe must fail to connect (status 3): \(reason)")
+        #expect(reason.contains("TURN server \(TurnTestCertificates.name) (127.0.0.2:5349) over TLS"), "the server is not named: \(reason)")
+        #expect(reason.contains("not trusted for \(TurnTestCertificates.name)") && reason.contains("local issuer"),
+                "unclear error: \(reason)\ncoturn: \(turn.process.log.suffix(2000))")
+        #expect(!reason.contains("did not answer"), "it waited for a time-out: \(reason)")
+        #expect(!session.probe.log.contains("secret-pw"), "the credential was printed")
+    }
+
+    /// A certificate for turn.krakl.test does not do for turns:127.0.0.2 (no IP address in it).
+    @Test func aCertificateForAnotherNameFailsClearly() throws {
+        guard RtcPublisherSession.prerequisites(), let certificates = try TurnTestCertificates.make(),
+              let namespace = try RtcTestNamespace() else { return }
+        guard let turn = try CoturnServer.start(in: namespace, tls: (certificates.certFile, certificates.keyFile)) else { return }
+        defer { turn.process.stop() }
+        let session = try RtcPublisherSession(namespace: namespace, seconds: 5,
+                                              extraProbeArguments: ["--ice-server", "turns:127.0.0.2,u,p", "--ice-ca", certificates.caFile,
+                                                                    "--relay-only", "--connect-timeout", "10"])
+        defer { session.stop() }
+        Self.answerIfAsked(session)
+        let result = try #require(session.probeResult(timeout: 30), "the probe gave no result: \(session.probe.log)")
+        let reason = result["result"] as? String ?? ""
+        print("turns: by an address the certificate is not for: \(reason)")
+        #expect(result["status"] as? Int == 3, "the probe must fail to connect (status 3): \(reason)")
+        #expect(reason.contains("not trusted for 127.0.0.2") && reason.contains("mismatch"), "unclear error: \(reason)")
+    }
+
+    /// An unreadable CA file: the relay fails at once saying which file.
+    @Test func anUnreadableCAFileFailsClearly() throws {
+        guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace() else { return }
+        let session = try RtcPublisherSession(namespace: namespace, seconds: 5,
+                                              extraProbeArguments: ["--ice-server", "turns:127.0.0.2,u,p", "--ice-ca", "/nonexistent/ca.pem",
+                                                                    "--relay-only", "--connect-timeout", "10"])
+        defer { session.stop() }
+        Self.answerIfAsked(session)
+        let result = try #require(session.probeResult(timeout: 30), "the probe gave no result: \(session.probe.log)")
+        let reason = result["result"] as? String ?? ""
+        print("turns: with an unreadable CA file: \(reason)")
+        #expect(result["status"] as? Int == 3, "the probe must fail to connect (status 3): \(reason)")
+        #expect(reason.contains("/nonexistent/ca.pem"), "the file is not named: \(reason)")
+    }
+}
