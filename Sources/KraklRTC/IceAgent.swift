@@ -57,6 +57,9 @@ public struct IceTransmit: Equatable, Sendable {
     public var localBase: TransportAddress
     public var to: TransportAddress
     public var bytes: [UInt8]
+    /// For a TURN server reached over TCP or TLS: down that connection, not from the UDP socket
+    /// (a server may take both at one address, e.g. turn:x and turn:x?transport=tcp).
+    public var overStream = false
 }
 
 /// A full ICE agent (RFC 8445) for one component (rtcp-mux, BUNDLE), as
@@ -272,7 +275,8 @@ public final class IceAgent {
             transmits = transmits.compactMap { transmit in
                 guard let relay = relays.first(where: { $0.client.relayedAddress == transmit.localBase }) else { return transmit }
                 return relay.client.wrap(transmit.bytes, to: transmit.to, now: lastNow)
-                    .map { IceTransmit(localBase: relay.base, to: relay.client.server.address, bytes: $0) }
+                    .map { IceTransmit(localBase: relay.base, to: relay.client.server.address, bytes: $0,
+                                       overStream: relay.client.server.transport.isStream) }
             }
             pumpRelays()
         }
@@ -287,7 +291,8 @@ public final class IceAgent {
         for index in relays.indices {
             let relay = relays[index]
             let (datagrams, relayEvents) = relay.client.drain()
-            for datagram in datagrams { transmits.append(IceTransmit(localBase: relay.base, to: relay.client.server.address, bytes: datagram)) }
+            for datagram in datagrams { transmits.append(IceTransmit(localBase: relay.base, to: relay.client.server.address, bytes: datagram,
+                                                                         overStream: relay.client.server.transport.isStream)) }
             for event in relayEvents {
                 switch event {
                 case .allocated(let relayed, let mapped):
@@ -320,7 +325,8 @@ public final class IceAgent {
         // Events above may have queued more (permissions for the pairs just made).
         for relay in relays {
             let (datagrams, _) = relay.client.drain()
-            for datagram in datagrams { transmits.append(IceTransmit(localBase: relay.base, to: relay.client.server.address, bytes: datagram)) }
+            for datagram in datagrams { transmits.append(IceTransmit(localBase: relay.base, to: relay.client.server.address, bytes: datagram,
+                                                                         overStream: relay.client.server.transport.isStream)) }
         }
     }
 
@@ -347,8 +353,8 @@ public final class IceAgent {
 
     /// True when `from` is the TURN server the socket bound to `base` talks to: the datagram is
     /// for `receiveFromRelayServer`, whatever its first byte.
-    public func isRelayServer(_ from: TransportAddress, base: TransportAddress) -> Bool {
-        relays.contains { $0.base == base && $0.client.server.address == from }
+    public func isRelayServer(_ from: TransportAddress, base: TransportAddress, overStream: Bool = false) -> Bool {
+        relays.contains { $0.base == base && $0.client.server.address == from && $0.client.server.transport.isStream == overStream }
     }
 
     /// True when `base` is a relayed address (no socket of ours: send through `relayWrap`).
@@ -360,10 +366,10 @@ public final class IceAgent {
     /// indication or ChannelData is handled here (its base is the relayed address). Anything else
     /// a peer relayed (DTLS, SRTP) is returned for the owner to demultiplex as if it had arrived on
     /// `relayBase` from `peer`.
-    public func receiveFromRelayServer(_ datagram: [UInt8], from: TransportAddress, base: TransportAddress,
+    public func receiveFromRelayServer(_ datagram: [UInt8], from: TransportAddress, base: TransportAddress, overStream: Bool = false,
                                        now: UInt64) -> (relayBase: TransportAddress, peer: TransportAddress, data: [UInt8])? {
         lastNow = now
-        guard let relay = relays.first(where: { $0.base == base && $0.client.server.address == from }),
+        guard let relay = relays.first(where: { $0.base == base && $0.client.server.address == from && $0.client.server.transport.isStream == overStream }),
               let (peer, data) = relay.client.receive(datagram, now: now), let relayed = relay.client.relayedAddress else { return nil }
         if StunMessage.looksLikeStun(data) {
             receive(data, from: peer, base: relayed, now: now)
@@ -377,7 +383,7 @@ public final class IceAgent {
     public func relayWrap(_ bytes: [UInt8], relayBase: TransportAddress, to: TransportAddress, now: UInt64) -> IceTransmit? {
         guard let relay = relays.first(where: { $0.client.relayedAddress == relayBase }),
               let wire = relay.client.wrap(bytes, to: to, now: now) else { return nil }
-        return IceTransmit(localBase: relay.base, to: relay.client.server.address, bytes: wire)
+        return IceTransmit(localBase: relay.base, to: relay.client.server.address, bytes: wire, overStream: relay.client.server.transport.isStream)
     }
 
     /// The TCP connection to a TURN server reached over TCP failed: its allocation is lost

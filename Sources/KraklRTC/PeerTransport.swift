@@ -152,13 +152,14 @@ final class PeerTransport {
     private func send(_ bytes: [UInt8], base: TransportAddress, to: TransportAddress) -> Bool {
         if socket(for: base) != nil { return sendFromHost(bytes, base: base, to: to) }
         guard let wrapped = ice.relayWrap(bytes, relayBase: base, to: to, now: MonotonicClock.nanoseconds()) else { return false }
-        return sendFromHost(wrapped.bytes, base: wrapped.localBase, to: wrapped.to)
+        return sendFromHost(wrapped.bytes, base: wrapped.localBase, to: wrapped.to, overStream: wrapped.overStream)
     }
 
     /// From a host socket, or down the TCP connection when `to` is a TURN server reached over TCP.
     @discardableResult
-    private func sendFromHost(_ bytes: [UInt8], base: TransportAddress, to: TransportAddress) -> Bool {
-        if let stream = turnStreams[to] {
+    private func sendFromHost(_ bytes: [UInt8], base: TransportAddress, to: TransportAddress, overStream: Bool = false) -> Bool {
+        if overStream {
+            guard let stream = turnStreams[to] else { return false }
             let queued = stream.write(bytes)
             if stream.isConnected, stream.hasQueued { watchWritable(stream) }
             if reportIfFailed(stream) { loop.post { [weak self] in self?.service() } }
@@ -223,10 +224,10 @@ final class PeerTransport {
     private func readTurnStream(_ stream: TurnStreamConnection) {
         let messages = stream.readMessages()
         // The agent pairs each TURN server with a host base of its family: that is where it "arrived".
-        if let base = sockets.map(\.localAddress).first(where: { ice.isRelayServer(stream.server, base: $0) }) {
+        if let base = sockets.map(\.localAddress).first(where: { ice.isRelayServer(stream.server, base: $0, overStream: true) }) {
             for message in messages where !finished {
                 let now = MonotonicClock.nanoseconds()
-                if let relayed = ice.receiveFromRelayServer(message, from: stream.server, base: base, now: now) {
+                if let relayed = ice.receiveFromRelayServer(message, from: stream.server, base: base, overStream: true, now: now) {
                     demultiplex(relayed.data, from: relayed.peer, base: relayed.relayBase, now: now)
                 }
             }
@@ -243,7 +244,7 @@ final class PeerTransport {
         if let dtls { sendDtls(dtls.close()) }
         // Deallocate relays: one Refresh (lifetime 0) each, not waited for.
         ice.closeRelays(now: MonotonicClock.nanoseconds())
-        for transmit in ice.drain().transmits { sendFromHost(transmit.bytes, base: transmit.localBase, to: transmit.to) }
+        for transmit in ice.drain().transmits { sendFromHost(transmit.bytes, base: transmit.localBase, to: transmit.to, overStream: transmit.overStream) }
         // The deallocation goes out if the send buffer has room; nothing waits for the rest.
         for stream in turnStreams.values { stream.close() }
         turnStreams.removeAll()
@@ -334,7 +335,7 @@ final class PeerTransport {
 
     private func flushIce() {
         let (transmits, events) = ice.drain()
-        for transmit in transmits { sendFromHost(transmit.bytes, base: transmit.localBase, to: transmit.to) }
+        for transmit in transmits { sendFromHost(transmit.bytes, base: transmit.localBase, to: transmit.to, overStream: transmit.overStream) }
         for event in events {
             switch event {
             case .selected(let pair):

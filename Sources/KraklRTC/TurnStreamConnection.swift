@@ -201,6 +201,11 @@ final class TurnStreamConnection {
         isClosed = true
         onClose?()
         onClose = nil
+        // Unread bytes at close() make the kernel reset the connection (RFC 1122 §4.2.2.13), which
+        // the server logs as an error: read what already arrived first.
+        for _ in 0..<16 {
+            guard readBuffer.withUnsafeMutableBytes({ recv(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }) > 0 else { break }
+        }
         Glibc.close(fd)
     }
 }

@@ -30,19 +30,26 @@ import KraklRTC
     @Test func aTimeLimitedCredentialWorksUntilItExpires() throws {
         guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace(),
               let turn = try CoturnServer.start(in: namespace, extra: ["--use-auth-secret", "--static-auth-secret=\(Self.secret)"]) else { return }
+        guard try CoturnServer.blockDirectUdp(in: namespace) else {
+            skipTest("nft missing (Debian package nftables): direct UDP cannot be blocked")
+            return
+        }
         let now = Int(Date().timeIntervalSince1970)
 
         // Valid for an hour: the session connects through the relay (the credential is made right).
+        // Not relay-only: the probe cannot trickle relay candidates; direct UDP is dropped instead.
         let fresh = "\(now + 3600):krakl"
         let freshCredential = try #require(try Self.restCredential(fresh))
         do {
             let session = try RtcPublisherSession(namespace: namespace, seconds: 2,
-                                                  extraProbeArguments: ["--ice-server", "turn:127.0.0.2,\(fresh),\(freshCredential)", "--relay-only",
+                                                  extraProbeArguments: ["--ice-server", "turn:127.0.0.2,\(fresh),\(freshCredential)",
                                                                         "--connect-timeout", "10"])
             defer { session.stop() }
             try session.exchange()
             let result = try #require(session.probeResult(timeout: 60), "the probe gave no result: \(session.probe.log)")
+            let stats = result["stats"] as? [String: Any] ?? [:]
             #expect(result["status"] as? Int == 0, "a fresh REST credential: \(result["result"] ?? "?")\ncoturn: \(turn.process.log.suffix(2000))")
+            #expect((stats["selected_pair_types"] as? String)?.hasPrefix("relay/udp") == true, "not relayed: \(stats["selected_pair_types"] ?? "none")")
         }
 
         // Expired an hour ago: relay-only fails at once, saying the credential expired.
@@ -66,10 +73,14 @@ import KraklRTC
     /// allocates, the other is refused with 486, reported clearly; the session connects through the first.
     @Test func anAllocationOverTheQuotaIsAClearRelayError() throws {
         guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace(),
-              let turn = try CoturnServer.start(in: namespace, extra: ["--user-quota=1"]) else { return }
+              let turn = try CoturnServer.start(in: namespace, extra: ["-v", "--user-quota=1"]) else { return }
+        guard try CoturnServer.blockDirectUdp(in: namespace) else {
+            skipTest("nft missing (Debian package nftables): direct UDP cannot be blocked")
+            return
+        }
         let session = try RtcPublisherSession(namespace: namespace, seconds: 2,
                                               extraProbeArguments: ["--ice-server", "turn:127.0.0.2,u,p", "--ice-server", "turn:127.0.0.2?transport=tcp,u,p",
-                                                                    "--relay-only", "--connect-timeout", "10"])
+                                                                    "--connect-timeout", "10"])
         defer { session.stop() }
         try session.exchange()
         let result = try #require(session.probeResult(timeout: 60), "the probe gave no result: \(session.probe.log)")
@@ -78,7 +89,7 @@ import KraklRTC
         print("TURN quota: \(result["result"] ?? "-"); relay errors \(errors)")
         #expect(result["status"] as? Int == 0, "probe: \(result["result"] ?? "?")\ncoturn: \(turn.process.log.suffix(2000))")
         #expect(errors.count == 1 && errors.allSatisfy { $0.contains("quota reached (486)") && $0.contains("127.0.0.2:3478") },
-                "relay errors: \(errors)\ncoturn: \(turn.process.log.suffix(2000))")
+                "relay errors: \(errors)\ncoturn: \(turn.process.log.split(whereSeparator: \.isNewline).filter { $0.contains("ALLOCATE") || $0.contains("quota") }.joined(separator: "\n"))")
     }
 
     /// coturn is killed while the session runs through its relay (over TCP, all other UDP dropped):

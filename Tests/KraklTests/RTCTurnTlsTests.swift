@@ -1,6 +1,6 @@
 import Foundation
 import Testing
-import KraklRTC
+@testable import KraklRTC
 
 /// A test CA and a server certificate for turn.krakl.test signed by it, made with the openssl CLI
 /// (ECDSA P-256, valid two days), and a second CA that signed nothing.
@@ -149,5 +149,33 @@ extension CoturnServer {
         print("turns: with an unreadable CA file: \(reason)")
         #expect(result["status"] as? Int == 3, "the probe must fail to connect (status 3): \(reason)")
         #expect(reason.contains("/nonexistent/ca.pem"), "the file is not named: \(reason)")
+    }
+}
+
+/// What a `turns:` server sends before the handshake is done reaches OpenSSL through our memory
+/// BIOs: mutated records (a ServerHello, an alert, application data) and random bytes either keep
+/// the handshake waiting or fail it with a reason; none completes it, none crashes.
+@Suite struct TurnTlsFuzzTests {
+    @Test func fuzzedServerBytesNeverCompleteOrCrashTheHandshake() throws {
+        let context = try TurnTlsContext(caFile: nil)
+        let random32 = (0..<32).map { UInt8(truncatingIfNeeded: $0 &* 37 &+ 11) }
+        let serverHello: [UInt8] = [0x16, 0x03, 0x03, 0x00, 0x2A, 0x02, 0x00, 0x00, 0x26, 0x03, 0x03] + random32 + [0x00, 0x13, 0x01, 0x00]
+        let samples: [[UInt8]] = [serverHello, [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x28], [0x17, 0x03, 0x03, 0x00, 0x04, 1, 2, 3, 4],
+                                  serverHello + [0x16, 0x03, 0x03, 0x00, 0x04, 0x0B, 0x00, 0x00, 0x00]]
+        var reasons = Set<String>()
+        let outcome = Fuzz.run(seed: 0x7155_5349, samples: samples, iterations: 3_000) { input in
+            let session = try TurnTlsSession(context: context, name: "turn.krakl.test")
+            #expect(session.handshake() == nil && !session.takeOutgoing().isEmpty, "no ClientHello")
+            session.feed(input[...])
+            let failure = session.handshake()
+            #expect(!session.handshakeDone, "a handshake completed on fuzzed bytes")
+            if let failure {
+                reasons.insert(String(failure.prefix(60)))
+                throw StunError.truncated(needed: 0, got: input.count)
+            }
+        }
+        print("TURN TLS handshake fuzz: \(outcome.inputs) inputs, \(outcome.accepted) left it waiting, \(outcome.rejected) failed it; \(reasons.count) distinct reasons")
+        #expect(outcome.inputs >= 1000 && outcome.rejected > 0)
+        #expect(reasons.allSatisfy { $0.contains("turn.krakl.test") }, "a reason does not name the server: \(reasons)")
     }
 }
