@@ -30,6 +30,7 @@ let fps = 30
 var x11Mode = false
 var pipewireMode = false
 var rtcMode = false
+var turnMode = false
 var roomMode = false
 var viewerMode = false
 var viewerLoss = true
@@ -49,6 +50,7 @@ while let word = words.popFirst() {
     case "x11": x11Mode = true
     case "pipewire": pipewireMode = true
     case "rtc": rtcMode = true
+    case "turn": turnMode = true
     case "room": roomMode = true
     case "viewer": viewerMode = true
     case "--no-loss": viewerLoss = false
@@ -67,7 +69,7 @@ while let word = words.popFirst() {
         let parts = (words.popFirst() ?? "").split(separator: "x").compactMap { Int($0) }
         if parts.count == 2 { (width, height) = (parts[0], parts[1]) }
     default:
-        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT']|room [--joins N]|viewer [--rounds N] [--seconds S] [--no-loss]|scan [--rounds N]|soak [--minutes N] [--isolate]|isolate [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
+        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT']|turn [--rounds N]|room [--joins N]|viewer [--rounds N] [--seconds S] [--no-loss]|scan [--rounds N]|soak [--minutes N] [--isolate]|isolate [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
         exit(2)
     }
 }
@@ -185,6 +187,10 @@ if roomMode {
 }
 if viewerMode {
     try runViewerBench(seconds: seconds, rounds: roundsGiven ? rounds : 5, loss: viewerLoss)
+    exit(0)
+}
+if turnMode {
+    try runTurnBench(rounds: rounds)
     exit(0)
 }
 if rtcMode {
