@@ -17,12 +17,14 @@ struct BadInputTests {
         }
     }
 
-    /// `--ice-server` and `--ice-transport` refuse what the agent cannot use, before anything starts,
+    /// `--ice-server`, `--ice-transport` and `--ice-ca` refuse what the agent cannot use, before anything starts,
     /// and never print a credential.
     @Test(arguments: [
         (["--ice-server", "turn:127.0.0.2:3478"], "needs its user and credential"),
         (["--ice-server", "http://127.0.0.2/"], "not a stun:/turn:/turns: URL"),
-        (["--ice-server", "turns:127.0.0.2:5349,u,secret-credential"], "turns: (TURN over TLS) is not supported yet"),
+        (["--ice-server", "turns:127.0.0.2:5349?transport=udp,u,secret-credential"], "would be DTLS to the TURN server"),
+        (["--ice-server", "turns:127.0.0.2"], "needs its user and credential"),
+        (["--ice-ca", "/nonexistent/ca.pem"], "--ice-ca /nonexistent/ca.pem: cannot read it"),
         (["--ice-transport", "direct"], "use all or relay"),
     ])
     func iceServerOptionsThatCannotBeUsed(arguments: [String], fragment: String) throws {
