@@ -182,23 +182,32 @@ final class PeerTransport {
                     tls = (context, server.tlsName ?? "\(server.address.ip)")
                 } catch {
                     // Unusable trusted certificates: this relay fails at once, saying why.
-                    let reason: String
-                    if case .socket(let text) = error { reason = text } else { reason = "\(error)" }
-                    loop.post { [weak self] in
-                        guard let self, !self.finished else { return }
-                        self.ice.relayConnectionFailed(server: server.address, reason: reason)
-                        self.service()
-                    }
+                    if case .socket(let text) = error { failRelaySoon(server.address, reason: text) } else { failRelaySoon(server.address, reason: "\(error)") }
                     continue
                 }
             }
-            // A failed connect() is not fatal here: the TURN client's Allocate times out and says so.
-            guard let stream = try? TurnStreamConnection(server: server.address, tls: tls) else { continue }
+            let stream: TurnStreamConnection
+            do {
+                stream = try TurnStreamConnection(server: server.address, tls: tls)
+            } catch {
+                // connect() can fail at once (refused on loopback): that relay fails now, saying why.
+                failRelaySoon(server.address, reason: (error as? NetworkError).map { if case .socket(let text) = $0 { text } else { "\($0)" } } ?? "\(error)")
+                continue
+            }
             let fd = stream.fd
             stream.onClose = { [weak self] in self?.loop.unwatch(fd: fd) }
             turnStreams[server.address] = stream
             loop.watch(fd: fd) { [weak self] in self?.readTurnStream(stream) }
             if !stream.isConnected || stream.hasQueued { watchWritable(stream) }
+        }
+    }
+
+    /// Fails the relay on `server` on the loop's next turn (after gathering has started its allocation).
+    private func failRelaySoon(_ server: TransportAddress, reason: String) {
+        loop.post { [weak self] in
+            guard let self, !self.finished else { return }
+            self.ice.relayConnectionFailed(server: server, reason: reason)
+            self.service()
         }
     }
 

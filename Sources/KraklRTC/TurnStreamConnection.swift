@@ -44,7 +44,7 @@ final class TurnStreamConnection {
         guard result == 0 || errno == EINPROGRESS else {
             let text = String(cString: strerror(errno))
             Glibc.close(fd)
-            throw NetworkError.socket("connect(\(server)) over TCP: \(text)")
+            throw NetworkError.socket("the connection failed: \(text)")
         }
         self.fd = fd
         isConnected = result == 0
