@@ -179,3 +179,70 @@ extension CoturnServer {
         #expect(reasons.allSatisfy { $0.contains("turn.krakl.test") }, "a reason does not name the server: \(reasons)")
     }
 }
+
+/// `krakl-agent --join` through `turns:` (the options as a user gives them): a WHIP room on aiortc,
+/// coturn with the test certificate, relay-only.
+@Suite(.serialized) struct AgentTurnTlsTests {
+    struct Rig {
+        let room: RoomSessionTests.WhipRoom
+        let certificates: TurnTestCertificates
+        let hosts: HostsFile
+        let turn: CoturnServer
+
+        init?() throws {
+            guard let room = try RoomSessionTests.WhipRoom(), let certificates = try TurnTestCertificates.make() else { return nil }
+            hosts = try HostsFile(namespace: room.namespace, "127.0.0.2 \(TurnTestCertificates.name)\n")
+            // A user whose password is long enough to look for in the agent's output.
+            guard let turn = try CoturnServer.start(in: room.namespace, extra: ["-v", "--user=ann:secret-pw"],
+                                                    tls: (certificates.certFile, certificates.keyFile)) else {
+                hosts.remove()
+                return nil
+            }
+            self.room = room
+            self.certificates = certificates
+            self.turn = turn
+        }
+
+        func agent(caFile: String) throws -> DtlsTestProcess {
+            let (code, _) = try room.codeFile(identity: "Ann")
+            let (program, argv) = room.namespace.command(Harness.agent, [
+                "--join", "@" + code, "--once", "--address", "127.0.0.2", "--plugins", room.registry, "--option", "scene=typing",
+                "--option", "width=640", "--option", "height=360", "--ice-server", "turns:\(TurnTestCertificates.name),ann,secret-pw",
+                "--ice-ca", caFile, "--ice-transport", "relay", "--connect-timeout", "10"])
+            return try DtlsTestProcess(program, argv)
+        }
+    }
+
+    @Test func theAgentSharesThroughTurns() throws {
+        guard let rig = try Rig() else { return }
+        defer { rig.hosts.remove() }
+        let agent = try rig.agent(caFile: rig.certificates.caFile)
+        defer { agent.stop() }
+        #expect(agent.waitFor("sharing the screen", timeout: 30), "the agent never shared: \(agent.log)\ncoturn: \(rig.turn.process.log.suffix(2000))")
+        _ = agent.waitFor("\u{1}never\u{1}", timeout: 3)  // frames flow for 3 s
+        agent.signal(SIGTERM)
+        let (status, _) = RoomSessionTests.waitExit(agent, seconds: 10)
+        #expect(status == 0, "exit \(status.map(String.init) ?? "none"): \(agent.log.suffix(500))")
+        #expect(rig.turn.process.log.contains("ALLOCATE processed, success"), "no allocation: \(rig.turn.process.log.suffix(2000))")
+        rig.room.server.process.stop()
+        let numbers = (rig.room.server.events.last { $0["report"] != nil }?["report"] as? [String: Any]) ?? [:]
+        print("agent through turns: \(numbers["frames"] ?? "-") frames decoded by aiortc")
+        #expect(numbers["frames"] as? Int ?? 0 >= 45, "aiortc decoded too few frames through the relay: \(numbers)")
+        #expect(!agent.log.contains("secret-pw"), "the credential was printed")
+    }
+
+    /// The other CA: the session ends at once as connection lost (exit 32), saying which server and why.
+    @Test func aWrongCAEndsTheAgentsSessionClearly() throws {
+        guard let rig = try Rig() else { return }
+        defer { rig.hosts.remove() }
+        let agent = try rig.agent(caFile: rig.certificates.otherCAFile)
+        defer { agent.stop() }
+        let (status, _) = RoomSessionTests.waitExit(agent, seconds: 40)
+        let log = agent.log
+        print("agent, turns: with the wrong CA: exit \(status.map(String.init) ?? "none"): \(log.split(whereSeparator: \.isNewline).filter { $0.contains("not trusted") }.first ?? "-")")
+        #expect(status == 32, "exit \(status.map(String.init) ?? "none") (32 = connection lost): \(log.suffix(800))")
+        #expect(log.contains("TURN server \(TurnTestCertificates.name) (127.0.0.2:5349) over TLS: the server's certificate is not trusted for \(TurnTestCertificates.name)"),
+                "unclear error: \(log.suffix(800))")
+        #expect(!log.contains("secret-pw"), "the credential was printed")
+    }
+}
