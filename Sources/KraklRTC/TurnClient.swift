@@ -37,7 +37,7 @@ extension TurnServer {
         let fields = username.split(separator: ":", omittingEmptySubsequences: false)
         guard fields.count >= 2 else { return nil }
         // 10 digits: a Unix time of this era, not a user name that is a small number.
-        for field in [fields.first!, fields.last!] where field.count == 10 && field.allSatisfy(\.isASCII) {
+        for field in [fields.first!, fields.last!] where field.count == 10 && field.utf8.allSatisfy({ (0x30...0x39).contains($0) }) {
             if let value = Int(field) { return value }
         }
         return nil

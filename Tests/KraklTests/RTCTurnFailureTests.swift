@@ -1,6 +1,6 @@
 import Foundation
 import Testing
-import KraklRTC
+@testable import KraklRTC
 
 /// TURN failures a user meets (issue 16): an expired time-limited credential, a user over its
 /// allocation quota, and a TURN server that dies while it carries the session.
@@ -25,6 +25,16 @@ import KraklRTC
         }
         try #require(bytes.count == 20, "not an HMAC-SHA1: \(result.stdout)")
         return Data(bytes).base64EncodedString()
+    }
+
+    /// The expiry a TURN REST user name carries, either way round; nothing else is taken for one.
+    @Test func restUserNamesGiveTheirExpiry() {
+        #expect(TurnServer.restExpiry("1767225600:ann") == 1_767_225_600)
+        #expect(TurnServer.restExpiry("ann:1767225600") == 1_767_225_600)
+        #expect(TurnServer.restExpiry("1767225600:ann:x") == 1_767_225_600)
+        for name in ["ann", "1767225600", "42:ann", "ann:42", "17672256OO:ann", "+767225600:ann", "١٧٦٧٢٢٥٦٠٠:ann", ""] {
+            #expect(TurnServer.restExpiry(name) == nil, "\(name) taken for a REST user name")
+        }
     }
 
     @Test func aTimeLimitedCredentialWorksUntilItExpires() throws {
