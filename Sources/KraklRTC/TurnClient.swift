@@ -69,8 +69,8 @@ public enum TurnError: Error, Equatable, Sendable, CustomStringConvertible {
     case staleNonceLoop(server: String)
     /// Any other error response.
     case rejected(server: String, code: Int, reason: String)
-    /// No response after all retransmissions.
-    case timeout(server: String, request: String, seconds: Double)
+    /// No response after all retransmissions (UDP), or within the same time on a connection (TCP, TLS).
+    case timeout(server: String, request: String, seconds: Double, transport: TurnTransport)
     /// A success response without XOR-RELAYED-ADDRESS.
     case noRelayedAddress(server: String)
     /// The TCP or TLS connection to the server failed or closed (TURN over TCP or TLS); `over` is
@@ -87,8 +87,14 @@ public enum TurnError: Error, Equatable, Sendable, CustomStringConvertible {
         case .allocationMismatch(let s): return "TURN server \(s) reports an allocation mismatch (437): the allocation is gone or another one holds this address"
         case .staleNonceLoop(let s): return "TURN server \(s) kept answering 438 Stale Nonce; giving up"
         case .rejected(let s, let code, let reason): return "TURN server \(s) answered \(code) \(reason)"
-        case .timeout(let s, let request, let seconds):
-            return "TURN server \(s) did not answer \(request) within \(String(format: "%.1f", seconds)) s (unreachable, or UDP to it is blocked)"
+        case .timeout(let s, let request, let seconds, let transport):
+            let why: String
+            switch transport {
+            case .udp: why = "unreachable, or UDP to it is blocked"
+            case .tcp: why = "over TCP: connecting or the server stalled"
+            case .tls: why = "over TLS: connecting, the TLS handshake or the server stalled"
+            }
+            return "TURN server \(s) did not answer \(request) within \(String(format: "%.1f", seconds)) s (\(why))"
         case .noRelayedAddress(let s): return "TURN server \(s) accepted the allocation but gave no XOR-RELAYED-ADDRESS"
         case .connectionFailed(let s, let over, let reason): return "TURN server \(s) over \(over): \(reason)"
         }
@@ -256,7 +262,8 @@ public final class TurnClient {
             if transaction.transmissions >= configuration.maximumTransmissions {
                 transactions[id] = nil
                 let seconds = Double(now - transaction.firstSent) / 1e9
-                fail(transaction.kind, .timeout(server: serverName, request: transaction.kind.name, seconds: seconds))
+                fail(transaction.kind, .timeout(server: serverName, request: transaction.kind.name, seconds: seconds,
+                                                 transport: server.transport))
                 continue
             }
             var next = transaction

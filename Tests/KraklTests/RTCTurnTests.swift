@@ -158,7 +158,7 @@ struct CannedTurnServer {
             events += out.events
         }
         #expect(sent == TurnConfiguration().maximumTransmissions)
-        guard case .failed(.timeout(_, let request, let seconds))? = events.first else {
+        guard case .failed(.timeout(_, let request, let seconds, _))? = events.first else {
             Issue.record("no timeout: \(events)")
             return
         }

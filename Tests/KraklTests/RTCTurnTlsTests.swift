@@ -246,3 +246,25 @@ extension CoturnServer {
         #expect(!log.contains("secret-pw"), "the credential was printed")
     }
 }
+
+/// A `turns:` server that accepts the TCP connection and never says a word (a TLS port behind
+/// something that swallows it): relay-only fails when the Allocate's time is up, saying it was over TLS.
+@Suite struct RTCTurnTlsSilentServerTests {
+    @Test func aSilentTlsServerFailsWithinTheAllocateTime() throws {
+        guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace() else { return }
+        // Listens (the kernel completes connections from the backlog) and never accepts or reads.
+        let (p, a) = namespace.command("/usr/bin/python3", ["-c", "import socket, time\ns = socket.socket()\ns.bind(('127.0.0.2', 5349))\ns.listen(8)\nprint('listening', flush=True)\ntime.sleep(120)"])
+        let silent = try DtlsTestProcess(p, a)
+        defer { silent.stop() }
+        try #require(silent.waitFor("listening", timeout: 10), "the silent server did not start: \(silent.log)")
+        let session = try RtcPublisherSession(namespace: namespace, seconds: 5,
+                                              extraProbeArguments: ["--ice-server", "turns:127.0.0.2,u,p", "--relay-only", "--connect-timeout", "20"])
+        defer { session.stop() }
+        RTCTurnTlsTests.answerIfAsked(session)
+        let result = try #require(session.probeResult(timeout: 40), "the probe gave no result: \(session.probe.log)")
+        let reason = result["result"] as? String ?? ""
+        print("silent turns: server: \(reason)")
+        #expect(result["status"] as? Int == 3, "the probe must fail to connect (status 3): \(reason)")
+        #expect(reason.contains("TURN server 127.0.0.2:5349 did not answer Allocate") && reason.contains("over TLS"), "unclear error: \(reason)")
+    }
+}
