@@ -114,14 +114,14 @@ public final class HTTPClient: @unchecked Sendable {
             lock.withLock { tls = context }
         }
         let bareHost = host.hasPrefix("[") ? String(host.dropFirst().dropLast()) : host
-        let connection = try HTTPConnection(host: bareHost, port: port, tls: secure ? context : nil, timeout: request.timeout, what: what,
-                                            proxy: proxy)
+        let connection = try HTTPConnection(timeout: request.timeout, what: what)
         let key = ObjectIdentifier(connection)
         lock.lock()
         if invalidated { lock.unlock(); connection.cancel(); throw .unreachable("\(what): the HTTP client was closed") }
         running[key] = connection
         lock.unlock()
         defer { lock.withLock { running[key] = nil } }
+        try connection.open(host: bareHost, port: port, tls: secure ? context : nil, what: what, proxy: proxy)
 
         // Plain http through a proxy: the proxy reads the request itself (absolute form).
         let forwardedBy = secure ? nil : proxy

@@ -11,7 +11,7 @@ import KraklCore
 /// stays for the life of the process, and an idle agent must hold no thread
 /// but its main one. `cancel()` from another thread ends a wait at once.
 final class HTTPConnection: @unchecked Sendable {
-    private let fd: Int32
+    private var fd: Int32 = -1
     private var ssl: OpaquePointer?
     private let deadline: UInt64
     /// "10 s": the time-out as the person set it, for messages.
@@ -22,11 +22,9 @@ final class HTTPConnection: @unchecked Sendable {
     private var cancelled = false
     private var closed = false
 
-    /// Connects to `host:port` (each address getaddrinfo gives, in order) and, for TLS, completes the
-    /// handshake; all before `deadline` (CLOCK_MONOTONIC ns). `what` names the request in errors.
-    /// With a `proxy`, the TCP connection goes to the proxy instead; for TLS it is first made a
-    /// tunnel to `host:port` (HTTP CONNECT), and the handshake runs inside it with `host`'s name.
-    init(host: String, port: Int, tls: TLSContext?, timeout: Double, what: String, proxy: HTTPProxy? = nil) throws(RoomError) {
+    /// A connection not yet made, whose every step ends by `timeout` s from now; `cancel()` works
+    /// from here on, so a request can be cut short while it connects (a silent proxy, a slow handshake).
+    init(timeout: Double, what: String) throws(RoomError) {
         deadline = MonotonicClock.nanoseconds() + UInt64(max(timeout, 0.001) * 1e9)
         timeoutText = timeout == timeout.rounded() ? "\(Int(timeout)) s" : String(format: "%.1f s", timeout)
         var ends: [Int32] = [-1, -1]
@@ -36,6 +34,13 @@ final class HTTPConnection: @unchecked Sendable {
             _ = fcntl(end, F_SETFL, fcntl(end, F_GETFL) | O_NONBLOCK)
         }
         wake = (ends[0], ends[1])
+    }
+
+    /// Connects to `host:port` (each address getaddrinfo gives, in order) and, for TLS, completes the
+    /// handshake; all before the deadline. `what` names the request in errors. With a `proxy`, the
+    /// TCP connection goes to the proxy instead; for TLS it is first made a tunnel to `host:port`
+    /// (HTTP CONNECT), and the handshake runs inside it with `host`'s name. Call once.
+    func open(host: String, port: Int, tls: TLSContext?, what: String, proxy: HTTPProxy? = nil) throws(RoomError) {
         var hints = addrinfo()
         hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
         hints.ai_family = AF_UNSPEC
@@ -47,7 +52,6 @@ final class HTTPConnection: @unchecked Sendable {
         }
         let resolved = getaddrinfo(dial.host, String(dial.port), &hints, &list)
         guard resolved == 0, let first = list else {
-            close(wake.read); close(wake.write)
             throw failure("\(what): cannot resolve \(dial.host): \(String(cString: gai_strerror(resolved)))")
         }
         defer { freeaddrinfo(list) }
@@ -74,11 +78,10 @@ final class HTTPConnection: @unchecked Sendable {
             if lastError == "cancelled" || lastError.hasPrefix("no connection") { break }
         }
         guard connected >= 0 else {
-            close(wake.read); close(wake.write)
             if lastError == "cancelled" { throw .unreachable("\(what): cancelled (leaving)") }
             throw failure("\(what): cannot connect to \(dial.host):\(dial.port): \(lastError)")
         }
-        fd = connected
+        lock.withLock { fd = connected }
         var one: Int32 = 1
         setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
         if let proxy, tls != nil {
@@ -114,7 +117,8 @@ final class HTTPConnection: @unchecked Sendable {
         closed = true
         if let ssl { SSL_free(ssl) }
         ssl = nil
-        close(fd)
+        if fd >= 0 { close(fd) }
+        fd = -1
         close(wake.read)
         close(wake.write)
     }
@@ -188,9 +192,9 @@ final class HTTPConnection: @unchecked Sendable {
         let reason = firstLine.split(separator: " ", maxSplits: 2).dropFirst(2).first.map { " " + $0.prefix(60) } ?? ""
         let hint: String
         switch status {
-        case 407 where proxy.username == nil:
+        case 401 where proxy.username == nil, 407 where proxy.username == nil:
             hint = " (the proxy wants credentials: give them in the proxy URL, http://user:password@host:port)"
-        case 407:
+        case 401, 407:
             hint = " (the proxy did not accept the credentials in the proxy URL)"
         case 403:
             hint = " (the proxy does not allow this destination or port; NO_PROXY can name hosts to reach directly)"
