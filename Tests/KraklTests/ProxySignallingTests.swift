@@ -197,7 +197,7 @@ import Testing
         #expect(room.server.requests("POST", atLeast: 1).count >= 1 && room.server.requests("DELETE", atLeast: 1).count == 1,
                 "the POST and the DELETE went through the proxy")
         let connects = proxy.log.components(separatedBy: "CONNECT 127.0.0.1:\(room.server.port)").count - 1
-        print("proxy: agent shared through tinyproxy, \(connects) CONNECT tunnels (POST, PATCHes, DELETE)")
+        print("proxy: agent shared through tinyproxy, \(connects) CONNECT tunnels (the POST, the DELETE, any trickle PATCH)")
     }
 
     @Test func agentNoProxyGoesDirect() throws {
