@@ -373,6 +373,13 @@ public final class IceAgent {
         return IceTransmit(localBase: relay.base, to: relay.client.server.address, bytes: wire)
     }
 
+    /// How the relay whose relayed address is `base` reaches its TURN server ("udp", "tcp", …);
+    /// nil when `base` is not a relayed address. What a status shows for a relay pair: the
+    /// relayed leg is UDP either way, the leg that leaves this machine is this one.
+    public func relayProtocol(forBase base: TransportAddress) -> String? {
+        relays.first { $0.client.relayedAddress == base }?.client.server.transport.rawValue
+    }
+
     /// The TCP connection to a TURN server reached over TCP failed: its allocation is lost
     /// (reported on the next `drain()`, like any relay failure).
     public func relayConnectionFailed(server: TransportAddress, reason: String) {

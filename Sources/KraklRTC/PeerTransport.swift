@@ -319,6 +319,9 @@ final class PeerTransport {
                 stats.update {
                     $0.selectedPair = pair.description
                     $0.selectedPairTypes = "\(pair.local.kind.rawValue)/\(pair.local.transport) -> \(pair.remote.kind.rawValue)"
+                    let relayProtocol = pair.local.kind == .relay ? ice.relayProtocol(forBase: pair.localBase) : nil
+                    $0.selectedRelayProtocol = relayProtocol
+                    $0.selectedPath = "\(pair.local.kind.rawValue)/\(relayProtocol ?? pair.local.transport) -> \(pair.remote.kind.rawValue)"
                     $0.iceChecksSent = ice.checksSent
                 }
                 dtlsPeer = (pair.localBase, pair.remoteAddress)

@@ -143,6 +143,8 @@ import Testing
         #expect(sharing.ok, "no live numbers: \(sharing.screen) \(procText(folder + "/agent.stderr"))")
         #expect(sharing.screen.contains("Identity:  Hal's screen") && sharing.screen.contains("Room:      \(room.server.room) (WHIP)")
                 && sharing.screen.contains("Backend:   file, scene \"typing\""), "\(sharing.screen)")
+        // The selected candidate pair: on the namespace's loopback, host to host over UDP, direct.
+        #expect(sharing.screen.range(of: #"Path:      host/udp -> (host|prflx) \(direct\)"#, options: .regularExpression) != nil, "\(sharing.screen)")
         let first = sharing.screen.components(separatedBy: "\n").first { $0.hasPrefix("Shared:") } ?? ""
         let later = pane.waitFor(timeout: 10) { $0.contains("Shared:") && !$0.contains(first) }
         #expect(later.ok, "the time shared did not move on from \(first)")
@@ -309,6 +311,8 @@ import Testing
         #expect(objects.contains { $0["event"] as? String == "state" && $0["state"] as? String == "sharing" && $0["identity"] as? String == "Jo" })
         let numbers = objects.compactMap { $0["event"] as? String == "status" ? $0["numbers"] as? [String: Any] : nil }
         #expect(numbers.contains { ($0["framesSent"] as? Int ?? 0) > 0 && $0["kbps"] is Double && $0["width"] as? Int == 640 }, "\(numbers)")
+        // The selected candidate pair's types and protocol: host to host over UDP on the namespace's loopback.
+        #expect(numbers.contains { ["host/udp -> host", "host/udp -> prflx"].contains($0["path"] as? String ?? "") }, "\(numbers)")
         let end = objects.last ?? [:]
         #expect(end["event"] as? String == "ended" && end["reason"] as? String == "room-ended" && end["exitStatus"] as? Int == 30
                 && (end["message"] as? String ?? "").hasPrefix("Sharing was ended by the room"), "\(end)")
