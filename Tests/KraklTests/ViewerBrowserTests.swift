@@ -206,6 +206,58 @@ import Testing
         #expect(agent.stop() == 0)
     }
 
+    /// WHEP ICE restart with a real peer (RFC 9725 §4.3.2): the page's `pc.restartIce()` (what it does by
+    /// itself when ICE fails), its PATCH and the agent's answer fragment; Chromium's selected pair moves
+    /// to the new generation's credentials on both sides, the stamps keep advancing, DTLS stays as it
+    /// was (same certificates, still connected, and the agent counts one handshake for the session).
+    @Test func thePageRestartsIceAndTheVideoGoesOn() throws {
+        guard try Self.browserPrerequisites() else { return }
+        let (agent, url) = try Self.startAgent()
+        let viewer = try Viewer()
+        defer { viewer.quit() }
+        _ = try viewer.open(url, run: "restart: before")
+        #expect(agent.read(until: "1 watching"), "\(agent.output.suffix(600))")
+        Self.checkWatched(try viewer.send(["cmd": "watch", "seconds": 2]), run: "restart: before", seconds: 2)
+        for round in 1...2 {
+            let restarted = try viewer.send(["cmd": "restart", "timeout": 20], timeout: 60)
+            let before = restarted["before"] as? [String: Any] ?? [:], after = restarted["after"] as? [String: Any] ?? [:]
+            let pairBefore = before["pair"] as? [String: Any] ?? [:], pairAfter = after["pair"] as? [String: Any] ?? [:]
+            func ms(_ key: String) -> Double { (restarted[key] as? NSNumber)?.doubleValue ?? .nan }
+            print(String(format: "restart %d: PATCH answered in %.1f ms; PATCH → selected pair on the new credentials ≤ %.0f ms "
+                         + "(polled every ~100 ms); PATCH → next newer frame presented %.1f ms; %d newer frames; "
+                         + "pair %@ (%@/%@) → %@ (%@/%@); selectedCandidatePairChanges %@ → %@; dtlsState %@ → %@; %@",
+                         round, ms("patch_answered_ms"), ms("patch_to_pair_switch_ms"), ms("patch_to_next_frame_ms"),
+                         restarted["frames_after_patch"] as? Int ?? 0,
+                         "\(pairBefore["local"] ?? "-")", "\(pairBefore["localUfrag"] ?? "-")", "\(pairBefore["remoteUfrag"] ?? "-")",
+                         "\(pairAfter["local"] ?? "-")", "\(pairAfter["localUfrag"] ?? "-")", "\(pairAfter["remoteUfrag"] ?? "-")",
+                         "\(before["selectedCandidatePairChanges"] ?? "-")", "\(after["selectedCandidatePairChanges"] ?? "-")",
+                         "\(before["dtlsState"] ?? "-")", "\(after["dtlsState"] ?? "-")", "\(restarted["result"] ?? "-")"))
+            #expect(restarted["restarted"] as? Bool == true, "round \(round): \(restarted["result"] ?? "-")")
+            // The selected pair is the new generation's, on both sides' credentials.
+            #expect(pairAfter["localUfrag"] as? String != nil && pairAfter["localUfrag"] as? String != pairBefore["localUfrag"] as? String,
+                    "round \(round): local ufrag \(pairBefore["localUfrag"] ?? "-") → \(pairAfter["localUfrag"] ?? "-")")
+            #expect(pairAfter["remoteUfrag"] as? String != nil && pairAfter["remoteUfrag"] as? String != pairBefore["remoteUfrag"] as? String,
+                    "round \(round): remote ufrag \(pairBefore["remoteUfrag"] ?? "-") → \(pairAfter["remoteUfrag"] ?? "-")")
+            #expect(after["iceLocalUsernameFragment"] == nil || after["iceLocalUsernameFragment"] as? String == pairAfter["localUfrag"] as? String)
+            // DTLS kept: still connected with the same certificates on both sides.
+            #expect(after["dtlsState"] as? String == "connected")
+            #expect(after["localFingerprint"] as? String != nil && after["localFingerprint"] as? String == before["localFingerprint"] as? String)
+            #expect(after["remoteFingerprint"] as? String != nil && after["remoteFingerprint"] as? String == before["remoteFingerprint"] as? String)
+            // Video went on: newer stamps after the PATCH, never backwards.
+            #expect(restarted["frames_after_patch"] as? Int ?? 0 >= 5, "round \(round): \(restarted["frames_after_patch"] ?? "-") newer frames")
+            #expect(restarted["decreasing"] as? Int == 0)
+            #expect(agent.read(until: "restarted ICE; 1 watching", count: round), "\(agent.output.suffix(600))")
+            Self.checkWatched(try viewer.send(["cmd": "watch", "seconds": 2]), run: "restart \(round): after", seconds: 2)
+        }
+        let state = try viewer.send(["cmd": "state"])
+        #expect((state["state"] as? [String: Any])?["restarts"] as? Int == 2, "\(state)")
+        // The agent's own count: two restarts, one DTLS handshake for the whole session.
+        _ = try viewer.send(["cmd": "leave"])
+        #expect(agent.read(until: "(2 ICE restarts, 1 DTLS handshake) left; 0 watching", timeout: 10), "\(agent.output.suffix(600))")
+        viewer.quit()
+        #expect(agent.stop() == 0)
+    }
+
     /// `--viewer-token` on loopback (the same rule as any non-loopback listen): the page without
     /// the token is refused (401) and says what to do; the whole printed URL plays.
     @Test func aListenThatNeedsTheTokenRefusesThePageWithoutIt() throws {
