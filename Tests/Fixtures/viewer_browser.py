@@ -16,6 +16,11 @@ on stdout ({"ok": true, ...} or {"ok": false, "error": ...}):
                                              pair has the new ICE credentials and stamps advance;
                                              ICE/DTLS getStats before and after, and timings
   {"cmd": "leave"}                          leave the page (about:blank): it DELETEs its session
+  {"cmd": "await_text", "text": X, "timeout": T}   wait (at most T s) until the page's status says X;
+                                             every status text seen meanwhile
+  {"cmd": "await_restart", "count": N, "timeout": T}  wait (at most T s) until the page has done its
+                                             Nth ICE restart by itself and stamps newer than the
+                                             last one before its PATCH are presented
   {"cmd": "vanish"}                         SIGKILL Chromium: the tab is gone without a DELETE
                                              or a DTLS close (only ICE consent can tell the agent)
   {"cmd": "quit"}                           leave the page, close the browser, end
@@ -296,6 +301,47 @@ class Viewer:
                                                     [f["frame"] for f in seen if f["frame"] is not None][1:]) if b < a),
                 "state": self.driver.execute_script(PAGE_STATE)}
 
+    def page_restart_state(self):
+        return self.driver.execute_script(
+            "const v = window.kraklViewer; return v ? {text: v.text, restarts: v.restarts, times: v.restartTimes, ended: v.ended} : null")
+
+    def await_text(self, command):
+        deadline = time.monotonic() + command.get("timeout", 20)
+        texts, state = [], None
+        while time.monotonic() < deadline:
+            state = self.page_restart_state() or {}
+            if state.get("text") not in texts:
+                texts.append(state.get("text"))
+            if state.get("text") == command["text"]:
+                break
+            time.sleep(0.05)
+        return {"found": (state or {}).get("text") == command["text"], "texts": texts, "state": state}
+
+    def await_restart(self, command):
+        deadline = time.monotonic() + command.get("timeout", 30)
+        texts, seen, state, newer, last_before = [], [], None, [], -1
+        while time.monotonic() < deadline:
+            state = self.page_restart_state() or {}
+            if state.get("text") not in texts:
+                texts.append(state.get("text"))
+            seen += self.frames()
+            times = state.get("times") or {}
+            if state.get("restarts", 0) >= command.get("count", 1) and "applied" in times:
+                stamped = [f for f in seen if f["frame"] is not None]
+                last_before = max([f["frame"] for f in stamped if f["p"] < times["patched"]] or [-1])
+                newer = [f for f in stamped if f["p"] >= times["patched"] and f["frame"] > last_before]
+                if len(newer) >= 5:
+                    break
+            if state.get("ended"):
+                break
+            time.sleep(0.05)
+        times = (state or {}).get("times") or {}
+        return {"restarts": (state or {}).get("restarts"), "texts": texts, "state": state, "times": times,
+                "frames_after_patch": len(newer), "last_frame_before": last_before,
+                "patch_to_next_frame_ms": newer[0]["p"] - times["patched"] if newer and "patched" in times else None,
+                "asked_to_next_frame_ms": newer[0]["p"] - times["asked"] if newer and "asked" in times else None,
+                "ice": self.driver.execute_async_script(ICE_STATS)}
+
     def vanish(self, command):
         # Every process under chromedriver (the browser, its renderers and helpers), killed at once:
         # no pagehide, no DELETE, no DTLS close_notify.
@@ -363,7 +409,7 @@ def main():
     viewer = Viewer(args)
     print(json.dumps({"ok": True, "ready": True, "browser": viewer.driver.capabilities.get("browserVersion")}), flush=True)
     commands = {"open": viewer.open, "watch": viewer.watch, "state": viewer.state, "leave": viewer.leave, "vanish": viewer.vanish,
-                "restart": viewer.restart}
+                "restart": viewer.restart, "await_text": viewer.await_text, "await_restart": viewer.await_restart}
     try:
         for line in sys.stdin:
             if not line.strip():

@@ -25,7 +25,7 @@ final class FakePeerFactory: ViewerPeerFactory, @unchecked Sendable {
         private var _restarts: [String] = []
         var restarts: [String] { lock.withLock { _restarts } }
         func restartIce(sdpFragment: String) throws(ViewerPeerError) -> String {
-            guard restartable else { throw .notImplemented("no restarts here") }
+            guard restartable else { throw .notImplemented("ICE restarts are not supported by this peer") }
             let count = lock.withLock { _restarts.append(sdpFragment); return _restarts.count }
             return "a=ice-ufrag:fake\(count)\r\na=ice-pwd:fakefakefakefakefakefake\r\nm=video 9 UDP/TLS/RTP/SAVPF 96\r\na=mid:0\r\n"
                 + "a=candidate:1 1 udp 2130706431 127.0.0.1 40000 typ host\r\na=end-of-candidates\r\n"
