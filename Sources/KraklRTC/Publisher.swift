@@ -120,6 +120,7 @@ public enum PublisherEvent: Equatable, Sendable {
 ///    (throws `SdpError` for an offer we cannot serve: say so to the peer, e.g. HTTP 400).
 /// 2. Set `onEvent` (or just `onClosed`), `onKeyframeRequest`, `onBitrate`, then `start()`.
 /// 3. `send(frame:…)`; frames before ICE + DTLS connect are dropped, and connecting asks for a keyframe.
+///    When the peer restarts ICE, `restartIce(remote:candidates:)` gives our new credentials (DTLS stays).
 /// 4. `close()` as above; a shared loop passed in keeps running.
 ///
 /// `KraklRTC.prepare()` at start-up keeps the process's one-time set-up off the first join.
