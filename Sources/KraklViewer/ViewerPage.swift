@@ -253,7 +253,10 @@ enum ViewerPage {
           return { restarted: false, why: error.message };
         }).finally(() => {
           restarting = null;
-          if (!state.ended && pc === peer && peer.connectionState === 'connected') say('Watching the shared screen.', 'live');
+          if (!state.ended && pc === peer && peer.connectionState === 'connected') {
+            restartsInARow = 0;   // connected again (ICE may never have left 'connected': an asked restart)
+            say('Watching the shared screen.', 'live');
+          }
         });
         return restarting;
       }
