@@ -71,6 +71,10 @@ public struct RtcStats: Sendable, Equatable {
     public var consentResponses = 0
     /// DTLS datagrams (the peer's ClientHello) that arrived before the answer and were kept to be replayed.
     public var earlyDtlsDatagrams = 0
+    /// DTLS handshakes completed: 1 for a session, also after ICE restarts (they keep DTLS).
+    public var dtlsHandshakes = 0
+    /// ICE restarts done (answerer: the peer's; offerer: ours, counted when the answer arrives).
+    public var iceRestarts = 0
 
     public init() {}
 
@@ -87,6 +91,7 @@ public struct RtcStats: Sendable, Equatable {
             "receiver_reports": receiverReports, "target_bitrate": targetBitrate, "loss_based_bitrate": lossBasedBitrate,
             "bitrate_updates": bitrateUpdates, "transport_feedbacks": transportFeedbacks,
             "ice_checks_sent": iceChecksSent, "ice_requests_received": iceRequestsReceived, "consent_responses": consentResponses, "early_dtls_datagrams": earlyDtlsDatagrams,
+            "dtls_handshakes": dtlsHandshakes, "ice_restarts": iceRestarts,
             "relay_errors": relayErrors,
         ]
         let optional: [String: Any?] = [
