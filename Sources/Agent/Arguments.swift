@@ -317,6 +317,9 @@ COMMANDS
                   the file), - (read one line from stdin) or come from $KRAKL_JOIN.
                   A code given as a plain argument is visible to every local user in
                   ps: prefer @FILE, - or KRAKL_JOIN (a warning says so).
+                  Signalling honours HTTPS_PROXY, HTTP_PROXY and NO_PROXY (an http://
+                  proxy, CONNECT for https; no SOCKS; media never goes through it:
+                  docs/rooms.md, "Through an HTTP proxy").
   --qr IMAGE      Read the join code from a QR code in a picture (PNG, JPEG, binary
                   PPM/PGM) and share as with --join; with --scan-only print the code's
                   summary instead. Only QR codes are read, as bytes (no charset guessing);
@@ -477,6 +480,8 @@ EXIT STATUS
   39 the token expired or is not valid yet  40 not a join code
   41 join code version too new        42 the token is malformed
   43 room mismatch or no room         44 sharing failed on our side
+  53 the HTTP proxy (HTTPS_PROXY, HTTP_PROXY) refused, did not answer or is
+     malformed (docs/rooms.md: "Through an HTTP proxy")
   reading a join code from a picture (--qr):
   45 no QR code found                 46 the image is unreadable (missing, empty, damaged)
   47 the image is too large (refused before decoding)

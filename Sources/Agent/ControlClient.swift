@@ -144,13 +144,13 @@ enum ControlText {
         return text
     }
 
-    /// "sharing in room R as "Ann" (whip, backend file) for 12 s | connected | rtt 3 ms | loss 0.0 % | 2400 kbit/s | 30.0 fps"
+    /// "sharing in room R as "Ann" (whip, backend file) for 12 s | connected host/udp -> host | rtt 3 ms | loss 0.0 % | 2400 kbit/s | 30.0 fps"
     static func sharing(_ status: ControlStatus?) -> String {
         guard let status else { return "sharing" }
         var text = "\(status.state) in \(status.room.map { "room \($0)" } ?? "the room") as \"\(status.identity ?? "?")\""
         text += " (\(status.service ?? "?")\(status.backend.map { ", backend \($0)" } ?? ""))"
         if let seconds = status.sharingSeconds { text += String(format: " for %.0f s", seconds) }
-        if let connection = status.connection { text += " | \(connection)" }
+        if let connection = status.connection { text += " | \(connection)" + (status.path.map { " \($0)" } ?? "") }
         if let rtt = status.rttMs { text += String(format: " | rtt %.0f ms", rtt) }
         if let loss = status.lossPercent { text += String(format: " | loss %.1f %%", loss) }
         if let kbps = status.kbps, let fps = status.fps { text += String(format: " | %.0f kbit/s | %.1f fps", kbps, fps) }

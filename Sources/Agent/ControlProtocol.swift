@@ -72,6 +72,8 @@ struct ControlStatus: Codable, Equatable {
     var sharingSeconds: Double?
     /// The peer connection's state ("connected", …).
     var connection: String?
+    /// The selected candidate pair: types and the protocol that leaves this machine ("host/udp -> host", "relay/tls -> host").
+    var path: String?
     var rttMs: Double?
     var lossPercent: Double?
     /// Sent over the last second.

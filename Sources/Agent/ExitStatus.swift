@@ -75,6 +75,7 @@ extension RoomError {
         case .serverError: return 36
         case .unreachable: return 37
         case .badReply: return 38
+        case .proxyFailed: return 53
         }
     }
 }

@@ -367,11 +367,20 @@ final class HomeScreen: @unchecked Sendable {
         lines.append(screen.fit("RTT:       \(now.rttMs.map { String(format: "%.0f ms", $0) } ?? "-")"
                                 + "      Loss: \(now.lossPercent.map { String(format: "%.1f %%", $0) } ?? "-")"
                                 + "      Connection: \(now.connection ?? "-")"))
+        lines.append(screen.fit("Path:      \(now.path.map(Self.pathWords) ?? "-")"))
         lines.append(screen.fit("Shared:    \(now.sharingSeconds.map(Self.clock) ?? "not yet")"))
         return lines
     }
 
     private static func seconds(_ value: Double?) -> String { "\(Int(value ?? 0)) s" }
+
+    /// "relay/tls -> host" → "relay/tls -> host (through a TURN relay, TLS)": what a person wants to
+    /// know of the pair is whether media goes direct and over what.
+    static func pathWords(_ path: String) -> String {
+        guard path.hasPrefix("relay/") else { return path + (path.hasSuffix("relay") ? " (through the room's TURN relay)" : " (direct)") }
+        let proto = path.dropFirst("relay/".count).prefix { $0 != " " }.uppercased()
+        return path + " (through a TURN relay, \(proto))"
+    }
 
     /// 75.3 → "0:01:15".
     private static func clock(_ seconds: Double) -> String {

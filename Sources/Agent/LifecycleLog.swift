@@ -10,6 +10,8 @@ struct LifecycleLog {
     /// A sharing session's numbers over the last second.
     struct Numbers: Encodable {
         var connection: String
+        /// The selected candidate pair ("host/udp -> host", "relay/tcp -> host"); nil before one is selected.
+        var path: String?
         var rttMs: Double?
         var lossPercent: Double?
         var kbps: Double

@@ -257,15 +257,16 @@ final class LinesMode: @unchecked Sendable {
         guard !arguments.quiet, session.state == .sharing || session.state == .reconnecting else { return }
         guard let connection = now.connection, let kbps = now.kbps, let fps = now.fps else { return }
         if log.format == .json {
-            log.numbers(LifecycleLog.Numbers(connection: connection, rttMs: now.rttMs, lossPercent: now.lossPercent, kbps: kbps, fps: fps,
+            log.numbers(LifecycleLog.Numbers(connection: connection, path: now.path, rttMs: now.rttMs, lossPercent: now.lossPercent, kbps: kbps, fps: fps,
                                              framesSent: now.framesSent ?? 0, bytesSent: now.bytesSent ?? 0, width: now.width, height: now.height),
                         state: session.state)
             return
         }
         let rtt = now.rttMs.map { String(format: "%.0f ms", $0) } ?? "-"
         let loss = now.lossPercent.map { String(format: "%.1f %%", $0) } ?? "-"
+        let link = now.path.map { "\(connection) \($0)" } ?? connection
         let line = String(format: "%@ | %@ as \"%@\" | %@ | %@ | rtt %@ | loss %@ | %5.0f kbit/s | %4.1f fps",
-                          session.state.name, now.room ?? "-", identity, now.service ?? "-", connection, rtt, loss, kbps, fps)
+                          session.state.name, now.room ?? "-", identity, now.service ?? "-", link, rtt, loss, kbps, fps)
         if isTerminal { print("\r\u{1B}[K" + line, terminator: ""); fflush(stdout) } else { print(line) }
     }
 }

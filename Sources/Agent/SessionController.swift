@@ -198,6 +198,7 @@ final class SessionController {
         result.sharingSeconds = sharingSince.map { Self.tenths(MonotonicClock.milliseconds() - $0) }
         if let rtc = now.rtc {
             result.connection = rtc.state
+            result.path = rtc.selectedPath
             result.rttMs = rtc.roundTripMilliseconds
             result.lossPercent = rtc.fractionLost.map { $0 * 100 }
             result.framesSent = rtc.framesSent

@@ -1,5 +1,6 @@
 import Foundation
 import KraklCore
+import KraklRoom
 import KraklRTC
 import KraklViewer
 
@@ -101,6 +102,26 @@ final class RtcViewerPeer: ViewerPeer, @unchecked Sendable {
         }
     }
 
+    /// WHEP's ICE restart: the viewer's new credentials and candidates in, ours out (RFC 9725 §4.3.2's
+    /// sdpfrag, the shape of a WHIP server's answer; `WhipSdpFragment` reads and writes both). The
+    /// answer ends with `a=end-of-candidates`: an ICE-lite side has all its candidates at once.
+    func restartIce(sdpFragment: String) throws(ViewerPeerError) -> String {
+        let theirs = WhipSdpFragment(parsing: sdpFragment)
+        guard let ufrag = theirs.iceUfrag, let pwd = theirs.icePwd else {
+            throw .malformedFragment("an ICE restart needs a=ice-ufrag and a=ice-pwd")
+        }
+        var candidates: [IceCandidate] = []
+        for line in theirs.candidates {
+            do { candidates.append(try IceCandidate(parsing: line)) } catch { throw .malformedFragment("\(error)") }
+        }
+        guard let ours = publisher.restartIce(remote: IceCredentials(ufrag: ufrag, pwd: pwd), candidates: candidates) else {
+            throw .failure("the viewer's peer connection has ended; make a new session (POST the offer again)")
+        }
+        return WhipSdpFragment(iceUfrag: ours.credentials.ufrag, icePwd: ours.credentials.pwd, mediaLine: theirs.mediaLine,
+                               mid: theirs.mid ?? publisher.remoteOffer?.mid, candidates: ours.candidates.map(\.sdpValue),
+                               endOfCandidates: true).body
+    }
+
     func close() {
         fanout?.remove(publisher)
         publisher.close()
@@ -114,6 +135,7 @@ final class RtcViewerPeer: ViewerPeer, @unchecked Sendable {
     var stats: ViewerPeerStats {
         let s = publisher.stats
         let state = s.state == "checking" ? "connecting" : s.state
-        return ViewerPeerStats(state: state, bytesSent: s.bytesSent, roundTripMilliseconds: s.roundTripMilliseconds)
+        return ViewerPeerStats(state: state, bytesSent: s.bytesSent, roundTripMilliseconds: s.roundTripMilliseconds,
+                               iceRestarts: s.iceRestarts, dtlsHandshakes: s.dtlsHandshakes)
     }
 }

@@ -252,7 +252,9 @@ public final class IceAgent {
     }
 
     /// ICE restart (§9): new local credentials. The selected pair keeps carrying media (and
-    /// consent checks with the old credentials) until the new answer's checks nominate one.
+    /// consent checks with the old credentials, ours and the peer's) until the new generation's
+    /// checks nominate one; then the old generation is forgotten. The offerer calls it before its
+    /// new offer; an answerer (ICE-lite too) when the peer's new offer came, then `setRemote`.
     public func restart(credentials: IceCredentials, now: UInt64) {
         local = credentials
         remote = nil
@@ -384,6 +386,13 @@ public final class IceAgent {
         guard let relay = relays.first(where: { $0.client.relayedAddress == relayBase }),
               let wire = relay.client.wrap(bytes, to: to, now: now) else { return nil }
         return IceTransmit(localBase: relay.base, to: relay.client.server.address, bytes: wire, overStream: relay.client.server.transport.isStream)
+    }
+
+    /// How the relay whose relayed address is `base` reaches its TURN server ("udp", "tcp", …);
+    /// nil when `base` is not a relayed address. What a status shows for a relay pair: the
+    /// relayed leg is UDP either way, the leg that leaves this machine is this one.
+    public func relayProtocol(forBase base: TransportAddress) -> String? {
+        relays.first { $0.client.relayedAddress == base }?.client.server.transport.rawValue
     }
 
     /// The TCP connection to a TURN server reached over TCP failed: its allocation is lost
@@ -526,6 +535,10 @@ public final class IceAgent {
             return respond(StunMessage.bindingError(to: request, code: 400, reason: "Bad Request"), key: nil, from: from, base: base)
         }
         let parts = username.split(separator: ":", maxSplits: 1)
+        if parts.count == 2, parts[0] != local.ufrag, let previous = consentCredentials, previous.local != local,
+           parts[0] == previous.local.ufrag {
+            return answerPreviousGeneration(request, previous: previous, theirs: String(parts[1]), from: from, base: base, now: now)
+        }
         guard parts.count == 2, parts[0] == local.ufrag, (try? request.validateIntegrity(key: key)) != nil else {
             return respond(StunMessage.bindingError(to: request, code: 401, reason: "Unauthorized"), key: nil, from: from, base: base)
         }
@@ -567,6 +580,24 @@ public final class IceAgent {
         learnRemote(from: from, base: base, priority: priority, useCandidate: request.useCandidate, now: now)
     }
 
+    /// A check with the credentials we had before an ICE restart, while that generation's pair is still
+    /// the selected one: media and consent stay on it until the new generation nominates a pair
+    /// (RFC 8445 §9), so it is answered, and on the selected pair it is the peer's consent (RFC 7675 §4:
+    /// all an ICE-lite side has). It never pairs or nominates anything: the old check list is gone.
+    private func answerPreviousGeneration(_ request: StunMessage, previous: (local: IceCredentials, remote: IceCredentials), theirs: String,
+                                          from: TransportAddress, base: TransportAddress, now: UInt64) {
+        let key = StunMessage.shortTermKey(password: previous.local.pwd)
+        guard (try? request.validateIntegrity(key: key)) != nil else {
+            return respond(StunMessage.bindingError(to: request, code: 401, reason: "Unauthorized"), key: nil, from: from, base: base)
+        }
+        guard theirs == previous.remote.ufrag, request.unknownComprehensionRequired.isEmpty else { return }
+        respond(StunMessage.bindingSuccess(to: request, mappedAddress: from), key: key, from: from, base: base)
+        if lite, let selected, selected.localBase == base, selected.remoteAddress == from {
+            lastConsentAt = now
+            if phase == .disconnected { phase = .connected }
+        }
+    }
+
     /// The source of a check: a known remote candidate, or a new peer-reflexive one (§7.3.1.3),
     /// then the triggered check on its pair (§7.3.1.4) and USE-CANDIDATE for a controlled agent (§7.3.1.5).
     private func learnRemote(from: TransportAddress, base: TransportAddress, priority: UInt32, useCandidate: Bool, now: UInt64) {
@@ -590,7 +621,8 @@ public final class IceAgent {
         if lite {
             // No checks of our own: the peer's check proves the path, its nomination selects it,
             // and its later checks on the selected pair are consent (RFC 7675 §4).
-            if useCandidate, selected?.key != key {
+            // After a restart the new generation's nomination selects again, even the same addresses.
+            if useCandidate, selected?.key != key || needsNomination {
                 checkList.setState(key, .succeeded)
                 select(key, now: now)
             } else if selected?.key == key {

@@ -107,6 +107,17 @@ final class PeerTransport {
         ice.setRemote(credentials: credentials, candidates: candidates, now: MonotonicClock.nanoseconds())
     }
 
+    /// Network thread: the peer restarted ICE (its new offer's credentials and candidates, e.g. a WHEP
+    /// PATCH); we answer with `local`. Only ICE starts over: DTLS, its keys and SRTP stay, and media
+    /// stays on the selected pair until the new generation nominates one (RFC 8445 §9, RFC 8842 §4.4).
+    func restartIce(local: IceCredentials, remote: IceCredentials, candidates: [IceCandidate], now: UInt64) {
+        guard !finished else { return }
+        ice.restart(credentials: local, now: now)
+        ice.setRemote(credentials: remote, candidates: candidates, now: now)
+        stats.update { $0.iceRestarts += 1 }
+        service()
+    }
+
     private func beginDtls(role: DtlsRole, fingerprint: CertificateFingerprint) {
         defer { earlyFlight = nil }
         do {
@@ -351,6 +362,9 @@ final class PeerTransport {
                 stats.update {
                     $0.selectedPair = pair.description
                     $0.selectedPairTypes = "\(pair.local.kind.rawValue)/\(pair.local.transport) -> \(pair.remote.kind.rawValue)"
+                    let relayProtocol = pair.local.kind == .relay ? ice.relayProtocol(forBase: pair.localBase) : nil
+                    $0.selectedRelayProtocol = relayProtocol
+                    $0.selectedPath = "\(pair.local.kind.rawValue)/\(relayProtocol ?? pair.local.transport) -> \(pair.remote.kind.rawValue)"
                     $0.iceChecksSent = ice.checksSent
                 }
                 dtlsPeer = (pair.localBase, pair.remoteAddress)
@@ -390,6 +404,7 @@ final class PeerTransport {
         for event in output.events {
             switch event {
             case .connected(let keys):
+                stats.update { $0.dtlsHandshakes += 1 }
                 do {
                     srtpOut = try SrtpSession(sending: keys)
                     srtpIn = try SrtpSession(receiving: keys)

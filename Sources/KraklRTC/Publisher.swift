@@ -10,11 +10,12 @@
 //   peer.start()                                   // ICE + DTLS; media after they connect (with a keyframe request)
 //   peer.send(frame:keyframe:captureNanoseconds:width:height:)     // any thread, never blocks
 //   peer.addRemoteCandidate(_:)                    // a trickled candidate (WHEP PATCH)
+//   peer.restartIce(remote:candidates:)            // the peer's ICE restart (WHEP PATCH with new credentials): ours back
 //   peer.stats                                     // RtcStats snapshot, any thread
 //   peer.close()                                   // RTCP BYE + close_notify, sockets freed; a shared loop keeps running
 //
 // `loop`: one started EventLoop for all viewers (its owner stops it after closing them); nil gives the
-// peer a thread of its own. ICE restart of an answering peer is not supported (answer a new offer instead).
+// peer a thread of its own. An ICE restart keeps DTLS and the media stream: only ICE starts over.
 
 import KraklCore
 import Foundation
@@ -122,6 +123,7 @@ public enum PublisherEvent: Equatable, Sendable {
 ///    (throws `SdpError` for an offer we cannot serve: say so to the peer, e.g. HTTP 400).
 /// 2. Set `onEvent` (or just `onClosed`), `onKeyframeRequest`, `onBitrate`, then `start()`.
 /// 3. `send(frame:…)`; frames before ICE + DTLS connect are dropped, and connecting asks for a keyframe.
+///    When the peer restarts ICE, `restartIce(remote:candidates:)` gives our new credentials (DTLS stays).
 /// 4. `close()` as above; a shared loop passed in keeps running.
 ///
 /// `KraklRTC.prepare()` at start-up keeps the process's one-time set-up off the first join.
@@ -338,6 +340,7 @@ public final class Publisher: @unchecked Sendable {
         negotiated = answer
         let offerMid = currentOffer.mid
         stateLock.unlock()
+        if !first { updateStats { $0.iceRestarts += 1 } }
         if first {
             updateStats {
                 $0.codec = answer.codec.sdpName
@@ -385,7 +388,7 @@ public final class Publisher: @unchecked Sendable {
 
     /// ICE restart (RFC 8445 §9): new credentials; returns the new offer for the peer. Media keeps
     /// flowing on the current pair until the answer to this offer (`setAnswer`) nominates a new one.
-    /// Offerer only (an answerer's restart comes as a new remote offer, which is not supported yet).
+    /// Offerer only (an answerer restarts when the peer asks: `restartIce(remote:candidates:)`).
     public func restartIce() -> String {
         precondition(role == .offerer, "restartIce is for the offering publisher")
         let credentials = IceCredentials.random()
@@ -401,6 +404,44 @@ public final class Publisher: @unchecked Sendable {
         }
         return sdp
     }
+
+    /// Answerer: the peer restarted ICE (RFC 8445 §9): `remote` and `candidates` are its new offer's
+    /// (a WHEP PATCH's sdpfrag, RFC 9725 §4.3.2). Makes our new credentials and returns them with our
+    /// candidates, for the answer fragment. Only ICE starts over: DTLS (no new handshake), SRTP and the
+    /// send stream go on, and media stays on the selected pair until the peer's new checks nominate one;
+    /// then the old generation's checks are refused.
+    ///
+    /// Returns once the network thread has the new credentials (bounded, 2 s), so checks the peer sends
+    /// as soon as it reads our answer find them in place. Nil when the peer is closed or not started.
+    public func restartIce(remote: IceCredentials, candidates: [IceCandidate]) -> (credentials: IceCredentials, candidates: [IceCandidate])? {
+        precondition(role != .offerer, "restartIce(remote:candidates:) is for an answering publisher; the offerer calls restartIce()")
+        let ready: Bool = stateLock.withLock { started }
+        guard ready, closeCondition.withLock({ closing == .open }) else { return nil }
+        let credentials = IceCredentials.random()
+        stateLock.withLock {
+            currentOffer.iceUfrag = credentials.ufrag
+            currentOffer.icePwd = credentials.pwd
+            currentOffer.sessionVersion += 1
+        }
+        let result = RestartResult()
+        let work = { [self] in
+            guard !transport.finished else { return }
+            transport.restartIce(local: credentials, remote: remote, candidates: candidates, now: MonotonicClock.nanoseconds())
+            result.candidates = transport.ice.localCandidates
+        }
+        if loop.isLoopThread {
+            work()
+        } else {
+            let done = DispatchSemaphore(value: 0)
+            loop.post { work(); done.signal() }
+            guard done.wait(timeout: .now() + 2) == .success else { return nil }
+        }
+        guard let candidates = result.candidates else { return nil }
+        return (credentials, candidates)
+    }
+
+    /// Carries the network thread's answer back to `restartIce(remote:candidates:)`'s caller (after a semaphore).
+    private final class RestartResult: @unchecked Sendable { var candidates: [IceCandidate]? }
 
     /// Sends RTCP BYE and DTLS close_notify, closes the sockets and stops the network thread (only
     /// when it is the publisher's own; a shared loop keeps running).

@@ -9,6 +9,11 @@ public struct RtcStats: Sendable, Equatable {
     public var selectedPair: String?
     /// The selected pair's candidate types, "local/transport -> remote" (e.g. "relay/udp -> host").
     public var selectedPairTypes: String?
+    /// For a relay pair, how we reach the TURN server: "udp", "tcp" or "tls" (WebRTC's `relayProtocol`).
+    public var selectedRelayProtocol: String?
+    /// What a status line shows: the pair's types with the protocol that leaves this machine,
+    /// "host/udp -> host", "srflx/udp -> host", "relay/tls -> host".
+    public var selectedPath: String?
     /// Why TURN servers gave no relay candidate (the session may still connect on other candidates).
     public var relayErrors: [String] = []
     public var codec: String?
@@ -66,6 +71,10 @@ public struct RtcStats: Sendable, Equatable {
     public var consentResponses = 0
     /// DTLS datagrams (the peer's ClientHello) that arrived before the answer and were kept to be replayed.
     public var earlyDtlsDatagrams = 0
+    /// DTLS handshakes completed: 1 for a session, also after ICE restarts (they keep DTLS).
+    public var dtlsHandshakes = 0
+    /// ICE restarts done (answerer: the peer's; offerer: ours, counted when the answer arrives).
+    public var iceRestarts = 0
 
     public init() {}
 
@@ -82,10 +91,11 @@ public struct RtcStats: Sendable, Equatable {
             "receiver_reports": receiverReports, "target_bitrate": targetBitrate, "loss_based_bitrate": lossBasedBitrate,
             "bitrate_updates": bitrateUpdates, "transport_feedbacks": transportFeedbacks,
             "ice_checks_sent": iceChecksSent, "ice_requests_received": iceRequestsReceived, "consent_responses": consentResponses, "early_dtls_datagrams": earlyDtlsDatagrams,
+            "dtls_handshakes": dtlsHandshakes, "ice_restarts": iceRestarts,
             "relay_errors": relayErrors,
         ]
         let optional: [String: Any?] = [
-            "connect_ms": connectMilliseconds, "selected_pair": selectedPair, "selected_pair_types": selectedPairTypes, "codec": codec, "dtls_role": dtlsRole,
+            "connect_ms": connectMilliseconds, "selected_pair": selectedPair, "selected_pair_types": selectedPairTypes, "selected_relay_protocol": selectedRelayProtocol, "selected_path": selectedPath, "codec": codec, "dtls_role": dtlsRole,
             "srtp_profile": srtpProfile, "rtt_ms": roundTripMilliseconds, "fraction_lost": fractionLost,
             "cumulative_lost": cumulativeLost, "jitter_ms": jitterMilliseconds, "remb_bitrate": rembBitrate,
             "acked_bitrate": ackedBitrate, "delay_based_bitrate": delayBasedBitrate,

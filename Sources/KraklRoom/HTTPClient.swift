@@ -58,18 +58,36 @@ public struct HTTPResponse: Sendable {
 /// stays for the life of the process, so an agent between sessions would
 /// never be down to its main thread. `invalidate()` ends running requests at
 /// once (a leave must not wait out a long-poll).
+///
+/// Through an HTTP proxy (`ProxySettings`, by default from the environment as
+/// curl reads it): https URLs by a CONNECT tunnel with TLS to the server inside
+/// it; http URLs by a request in absolute form to the proxy (RFC 9112 §3.2.2).
 public final class HTTPClient: @unchecked Sendable {
     /// The largest reply body read (signalling is small: an SDP answer, a JSON event batch).
     public static let maximumBody = 4 << 20
     private let caFile: String?
+    /// A malformed proxy setting fails each request (and says why), rather than going direct.
+    private let proxies: Result<ProxySettings, RoomError>
     private let lock = NSLock()
     private var invalidated = false
     private var running: [ObjectIdentifier: HTTPConnection] = [:]
     private var tls: TLSContext?
 
-    /// - Parameter caFile: trust only the certificates in this PEM file (tests); nil: the system store.
-    public init(caFile: String? = nil) {
+    /// - Parameters:
+    ///   - caFile: trust only the certificates in this PEM file (tests); nil: the system store.
+    ///   - proxies: which proxy requests go through; nil: HTTPS_PROXY, HTTP_PROXY, NO_PROXY (and
+    ///     their lower-case forms) of this process's environment.
+    public init(caFile: String? = nil, proxies: ProxySettings? = nil) {
         self.caFile = caFile
+        if let proxies {
+            self.proxies = .success(proxies)
+        } else {
+            do throws(RoomError) {
+                self.proxies = .success(try ProxySettings.from(environment: ProcessInfo.processInfo.environment))
+            } catch {
+                self.proxies = .failure(error)
+            }
+        }
     }
 
     /// Sends `request` and waits for the reply (at most `request.timeout` s in all). Throws
@@ -82,6 +100,11 @@ public final class HTTPClient: @unchecked Sendable {
         }
         let secure = scheme == "https"
         let port = request.url.port ?? (secure ? 443 : 80)
+        let proxy: HTTPProxy?
+        switch proxies {
+        case .success(let settings): proxy = settings.proxy(for: request.url)
+        case .failure(let error): throw error
+        }
         lock.lock()
         if invalidated { lock.unlock(); throw .unreachable("\(what): the HTTP client was closed") }
         var context = tls
@@ -91,18 +114,28 @@ public final class HTTPClient: @unchecked Sendable {
             lock.withLock { tls = context }
         }
         let bareHost = host.hasPrefix("[") ? String(host.dropFirst().dropLast()) : host
-        let connection = try HTTPConnection(host: bareHost, port: port, tls: secure ? context : nil, timeout: request.timeout, what: what)
+        let connection = try HTTPConnection(timeout: request.timeout, what: what)
         let key = ObjectIdentifier(connection)
         lock.lock()
         if invalidated { lock.unlock(); connection.cancel(); throw .unreachable("\(what): the HTTP client was closed") }
         running[key] = connection
         lock.unlock()
         defer { lock.withLock { running[key] = nil } }
+        try connection.open(host: bareHost, port: port, tls: secure ? context : nil, what: what, proxy: proxy)
 
-        try connection.write(Self.requestBytes(request, host: host, port: port, secure: secure), what: what)
+        // Plain http through a proxy: the proxy reads the request itself (absolute form).
+        let forwardedBy = secure ? nil : proxy
+        try connection.write(Self.requestBytes(request, host: host, port: port, secure: secure, proxy: forwardedBy), what: what)
         var parser = HTTPResponseParser(method: request.method, maximumBody: Self.maximumBody)
         while true {
-            let bytes = try connection.read(maximum: 16_384, what: what)
+            let bytes: [UInt8]
+            do throws(RoomError) { bytes = try connection.read(maximum: 16_384, what: what) } catch {
+                // The proxy or the server behind it is silent: which one cannot be told, both are named.
+                if let forwardedBy, case .unreachable(let message) = error, !message.hasSuffix("(leaving)") {
+                    throw .unreachable("\(message) (through the \(forwardedBy))")
+                }
+                throw error
+            }
             let done: Bool
             do throws(HTTPResponseParser.Problem) {
                 done = try bytes.isEmpty ? parser.finish() : parser.feed(bytes)
@@ -110,21 +143,32 @@ public final class HTTPClient: @unchecked Sendable {
                 throw .badReply("\(what): \(error.description)")
             }
             if done, let reply = parser.response {
-                return HTTPResponse(status: reply.status, headers: reply.headers, body: Data(reply.body), url: request.url)
+                let response = HTTPResponse(status: reply.status, headers: reply.headers, body: Data(reply.body), url: request.url)
+                // 407 is always the proxy's own; any other status may be the server's, and is passed on.
+                if let forwardedBy, reply.status == 407 {
+                    let hint = forwardedBy.username == nil ? "the proxy wants credentials: give them in the proxy URL, http://user:password@host:port"
+                        : "the proxy did not accept the credentials in the proxy URL"
+                    throw .proxyFailed(proxy: forwardedBy.description, message: "\(what): refused with 407 Proxy Authentication Required (\(hint))")
+                }
+                return response
             }
         }
     }
 
     /// The request as it goes on the wire. Header values with line breaks are dropped (no injection).
-    static func requestBytes(_ request: HTTPRequest, host: String, port: Int, secure: Bool) -> [UInt8] {
+    /// With `proxy` (plain http through a proxy): the target in absolute form, and the proxy's credentials.
+    static func requestBytes(_ request: HTTPRequest, host: String, port: Int, secure: Bool, proxy: HTTPProxy? = nil) -> [UInt8] {
         var components = URLComponents(url: request.url, resolvingAgainstBaseURL: false)
         components?.fragment = nil
         var target = components?.percentEncodedPath ?? "/"
         if target.isEmpty { target = "/" }
         if let query = components?.percentEncodedQuery { target += "?" + query }
         let defaultPort = port == (secure ? 443 : 80)
-        var head = "\(request.method) \(target) HTTP/1.1\r\nHost: \(host)\(defaultPort ? "" : ":\(port)")\r\n"
+        let authority = "\(host)\(defaultPort ? "" : ":\(port)")"
+        if proxy != nil { target = (secure ? "https://" : "http://") + authority + target }
+        var head = "\(request.method) \(target) HTTP/1.1\r\nHost: \(authority)\r\n"
         head += "Connection: close\r\nUser-Agent: krakl-agent\r\n"
+        if let authorization = proxy?.authorization { head += "Proxy-Authorization: \(authorization)\r\n" }
         for (name, value) in request.headers where !name.contains(where: \.isNewline) && !value.contains(where: \.isNewline) {
             head += "\(name): \(value)\r\n"
         }

@@ -11,7 +11,7 @@ import KraklCore
 /// stays for the life of the process, and an idle agent must hold no thread
 /// but its main one. `cancel()` from another thread ends a wait at once.
 final class HTTPConnection: @unchecked Sendable {
-    private let fd: Int32
+    private var fd: Int32 = -1
     private var ssl: OpaquePointer?
     private let deadline: UInt64
     /// "10 s": the time-out as the person set it, for messages.
@@ -22,9 +22,9 @@ final class HTTPConnection: @unchecked Sendable {
     private var cancelled = false
     private var closed = false
 
-    /// Connects to `host:port` (each address getaddrinfo gives, in order) and, for TLS, completes the
-    /// handshake; all before `deadline` (CLOCK_MONOTONIC ns). `what` names the request in errors.
-    init(host: String, port: Int, tls: TLSContext?, timeout: Double, what: String) throws(RoomError) {
+    /// A connection not yet made, whose every step ends by `timeout` s from now; `cancel()` works
+    /// from here on, so a request can be cut short while it connects (a silent proxy, a slow handshake).
+    init(timeout: Double, what: String) throws(RoomError) {
         deadline = MonotonicClock.nanoseconds() + UInt64(max(timeout, 0.001) * 1e9)
         timeoutText = timeout == timeout.rounded() ? "\(Int(timeout)) s" : String(format: "%.1f s", timeout)
         var ends: [Int32] = [-1, -1]
@@ -34,14 +34,25 @@ final class HTTPConnection: @unchecked Sendable {
             _ = fcntl(end, F_SETFL, fcntl(end, F_GETFL) | O_NONBLOCK)
         }
         wake = (ends[0], ends[1])
+    }
+
+    /// Connects to `host:port` (each address getaddrinfo gives, in order) and, for TLS, completes the
+    /// handshake; all before the deadline. `what` names the request in errors. With a `proxy`, the
+    /// TCP connection goes to the proxy instead; for TLS it is first made a tunnel to `host:port`
+    /// (HTTP CONNECT), and the handshake runs inside it with `host`'s name. Call once.
+    func open(host: String, port: Int, tls: TLSContext?, what: String, proxy: HTTPProxy? = nil) throws(RoomError) {
         var hints = addrinfo()
         hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
         hints.ai_family = AF_UNSPEC
         var list: UnsafeMutablePointer<addrinfo>?
-        let resolved = getaddrinfo(host, String(port), &hints, &list)
+        let dial = (host: proxy?.host ?? host, port: proxy?.port ?? port)
+        // What went wrong before a reply names the proxy when there is one: that is where to look.
+        func failure(_ message: String) -> RoomError {
+            proxy.map { .proxyFailed(proxy: $0.description, message: message) } ?? .unreachable(message)
+        }
+        let resolved = getaddrinfo(dial.host, String(dial.port), &hints, &list)
         guard resolved == 0, let first = list else {
-            close(wake.read); close(wake.write)
-            throw .unreachable("\(what): cannot resolve \(host): \(String(cString: gai_strerror(resolved)))")
+            throw failure("\(what): cannot resolve \(dial.host): \(String(cString: gai_strerror(resolved)))")
         }
         defer { freeaddrinfo(list) }
         var lastError = "no address"
@@ -67,12 +78,18 @@ final class HTTPConnection: @unchecked Sendable {
             if lastError == "cancelled" || lastError.hasPrefix("no connection") { break }
         }
         guard connected >= 0 else {
-            close(wake.read); close(wake.write)
-            throw .unreachable("\(what): cannot connect to \(host):\(port): \(lastError)")
+            if lastError == "cancelled" { throw .unreachable("\(what): cancelled (leaving)") }
+            throw failure("\(what): cannot connect to \(dial.host):\(dial.port): \(lastError)")
         }
-        fd = connected
+        lock.withLock { fd = connected }
         var one: Int32 = 1
         setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+        if let proxy, tls != nil {
+            do throws(RoomError) { try tunnel(through: proxy, to: host, port: port, what: what) } catch {
+                closeNow()
+                throw error
+            }
+        }
         if let tls {
             do throws(RoomError) { try handshake(tls, host: host, what: what) } catch {
                 closeNow()
@@ -100,7 +117,8 @@ final class HTTPConnection: @unchecked Sendable {
         closed = true
         if let ssl { SSL_free(ssl) }
         ssl = nil
-        close(fd)
+        if fd >= 0 { close(fd) }
+        fd = -1
         close(wake.read)
         close(wake.write)
     }
@@ -128,6 +146,64 @@ final class HTTPConnection: @unchecked Sendable {
         case .timedOut: throw .unreachable("\(what): no reply within \(timeoutText)")
         case .cancelled: throw .unreachable("\(what): cancelled (leaving)")
         }
+    }
+
+    /// HTTP CONNECT (RFC 9110 §9.3.6) on the fresh connection to `proxy`: afterwards the bytes go to
+    /// `host:port` as they are. Every failure here is the proxy's and names it.
+    private func tunnel(through proxy: HTTPProxy, to host: String, port: Int, what: String) throws(RoomError) {
+        let authority = host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
+        var head = "CONNECT \(authority) HTTP/1.1\r\nHost: \(authority)\r\nUser-Agent: krakl-agent\r\n"
+        if let authorization = proxy.authorization { head += "Proxy-Authorization: \(authorization)\r\n" }
+        head += "\r\n"
+        let step = "\(what): CONNECT \(authority)"
+        func failed(_ message: String) -> RoomError { .proxyFailed(proxy: proxy.description, message: message) }
+        do throws(RoomError) {
+            try write(Array(head.utf8), what: step)
+        } catch {
+            if case .unreachable(let message) = error, !message.hasSuffix("(leaving)") { throw failed(message) }
+            throw error
+        }
+        // One byte at a time: nothing after the reply's head may be taken from the socket, it is
+        // the TLS server's. The head is a line or two; 16 KB bounds a proxy that babbles.
+        var reply: [UInt8] = []
+        while HTTPResponseParser.find([13, 10, 13, 10], in: Array(reply.suffix(4))) == nil {
+            guard reply.count < 16_384 else { throw failed("\(step): the reply's head is over 16 KB") }
+            let byte: [UInt8]
+            do throws(RoomError) {
+                byte = try read(maximum: 1, what: step)
+            } catch {
+                if case .unreachable(let message) = error, !message.hasSuffix("(leaving)") {
+                    throw failed(message.replacingOccurrences(of: "no reply within", with: "no answer to CONNECT within"))
+                }
+                throw error
+            }
+            guard !byte.isEmpty else {
+                throw failed("\(step): the proxy closed the connection " + (reply.isEmpty ? "without answering" : "inside its reply"))
+            }
+            reply += byte
+        }
+        let text = String(decoding: reply.dropLast(4), as: UTF8.self)
+        let status: Int
+        do throws(HTTPResponseParser.Problem) { status = try HTTPResponseParser.parseHead(text).status } catch {
+            throw failed("\(step): \(error.description)")
+        }
+        if (200...299).contains(status) { return }
+        let firstLine = text.split(separator: "\r\n").first.map(String.init) ?? ""
+        let reason = firstLine.split(separator: " ", maxSplits: 2).dropFirst(2).first.map { " " + $0.prefix(60) } ?? ""
+        let hint: String
+        switch status {
+        case 401 where proxy.username == nil, 407 where proxy.username == nil:
+            hint = " (the proxy wants credentials: give them in the proxy URL, http://user:password@host:port)"
+        case 401, 407:
+            hint = " (the proxy did not accept the credentials in the proxy URL)"
+        case 403:
+            hint = " (the proxy does not allow this destination or port; NO_PROXY can name hosts to reach directly)"
+        case 502, 503, 504:
+            hint = " (the proxy could not reach the room server)"
+        default:
+            hint = ""
+        }
+        throw failed("\(step): refused with \(status)\(reason)\(hint)")
     }
 
     private func handshake(_ tls: TLSContext, host: String, what: String) throws(RoomError) {

@@ -212,7 +212,10 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
                 _ = try post(path, request, step: name, timeout: min(remaining, 1))
             } catch {
                 // A server that does not answer will not answer the next step either.
-                if case .unreachable = error { answering = false }
+                switch error {
+                case .unreachable, .proxyFailed: answering = false
+                default: break
+                }
             }
         }
         if let sessionID, let handleID {

@@ -89,6 +89,10 @@ public enum RoomError: Error, Equatable, Sendable, CustomStringConvertible {
     case badReply(String)
     /// The server cannot restart ICE in place (WHIP 405/422/501).
     case restartUnsupported(String)
+    /// The HTTP proxy (HTTPS_PROXY, HTTP_PROXY) could not be used: it refused the CONNECT (403,
+    /// 407), could not be reached, did not answer in time, or its setting is malformed. `proxy`
+    /// names it ("proxy 10.0.0.1:3128", never its password).
+    case proxyFailed(proxy: String, message: String)
 
     public var description: String {
         switch self {
@@ -106,6 +110,8 @@ public enum RoomError: Error, Equatable, Sendable, CustomStringConvertible {
             return "the room server's reply is not usable: \(message)"
         case .restartUnsupported(let message):
             return "the room server cannot restart ICE: \(message)"
+        case .proxyFailed(let proxy, let message):
+            return "cannot reach the room server through the HTTP \(proxy): \(message)"
         }
     }
 }

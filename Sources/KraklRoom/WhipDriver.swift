@@ -306,7 +306,7 @@ extension RoomError {
         switch self {
         case .unauthorized(_, let message), .noSuchRoom(_, let message), .refused(_, let message), .serverError(_, let message):
             return message
-        case .unreachable(let message), .badReply(let message), .restartUnsupported(let message):
+        case .unreachable(let message), .badReply(let message), .restartUnsupported(let message), .proxyFailed(_, let message):
             return message
         }
     }

@@ -8,7 +8,10 @@
 /// applied; live numbers from getStats; a message when sharing ends
 /// (`/status` says so, or the connection fails or closes); DELETE of the
 /// session when the page goes away (fetch keepalive: sendBeacon cannot
-/// DELETE). The access token comes from the URL fragment (#token=…), is kept
+/// DELETE). When ICE fails (or stays disconnected for 3 s) it restarts ICE
+/// as WHEP does (RFC 9725 §4.3.2: PATCH with `If-Match: *` and the new
+/// offer's ICE lines, the answer fragment applied) and says "Reconnecting…"
+/// meanwhile; DTLS and the video go on (`window.kraklRestartIce()` for tests). The access token comes from the URL fragment (#token=…), is kept
 /// for this tab only (sessionStorage), and is removed from the address bar.
 enum ViewerPage {
     static let contentSecurityPolicy = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src data:; "
@@ -85,6 +88,14 @@ enum ViewerPage {
       let pc = null;
       let statsTimer = null;
       let last = null;
+      // ICE restarts: one at a time, a few in a row at most before giving up.
+      let restarting = null;
+      let restartsInARow = 0;
+      let disconnectedTimer = null;
+      state.restarts = 0;
+      state.restartTimes = null;   // the last restart's page-clock times (ms), read by tests
+      const maximumRestartsInARow = 3;
+      const disconnectedGrace = 3000;
 
       // The session on the agent's side ends too (if it still exists), so the place is freed.
       function release() {
@@ -115,10 +126,17 @@ enum ViewerPage {
         peer.ontrack = (event) => { video.srcObject = event.streams[0] || new MediaStream([event.track]); };
         peer.onconnectionstatechange = () => {
           const s = peer.connectionState;
-          if (s === 'connected') say('Watching the shared screen.', 'live');
-          else if (s === 'disconnected') say('The connection is interrupted…', 'warn');
-          else if (s === 'failed') finish('The connection failed: sharing ended, or the network is in the way.');
+          if (s === 'connected' && !restarting) say('Watching the shared screen.', 'live');
+          else if (s === 'disconnected' && !restarting) say('The connection is interrupted…', 'warn');
           else if (s === 'closed') finish('The connection was closed: sharing ended.');
+          // 'failed' is ICE's: the restart below answers it (and ends the page if that fails).
+        };
+        peer.oniceconnectionstatechange = () => {
+          const s = peer.iceConnectionState;
+          clearTimeout(disconnectedTimer);
+          if (s === 'connected' || s === 'completed') restartsInARow = 0;
+          else if (s === 'failed') restartIce(peer, 'ICE failed');
+          else if (s === 'disconnected') disconnectedTimer = setTimeout(() => restartIce(peer, 'ICE disconnected'), disconnectedGrace);
         };
         // POSTed without waiting for ICE gathering (~150 ms of the first frame's time): the agent is
         // ICE-lite, so it never checks toward our candidates; our checks reach it and it learns us from them.
@@ -149,6 +167,100 @@ enum ViewerPage {
         if (response.status === 410) return finish('Sharing has ended.');
         finish('The agent did not accept this viewer (' + response.status + '): ' + text);
       }
+
+      // Our offer's ICE lines as an sdpfrag (RFC 8840; RFC 9725 §4.3.2): credentials, the first
+      // m-line with its mid and candidates (everything is bundled on it).
+      function iceFragment(sdp) {
+        const head = [], media = [];
+        let section = 0;
+        for (const line of sdp.split(/\\r?\\n/)) {
+          if (line.startsWith('m=')) { section += 1; if (section === 1) media.push(line); continue; }
+          if (section > 1) continue;
+          if (/^a=ice-(ufrag|pwd):/.test(line)) { if (!head.some((l) => l.split(':')[0] === line.split(':')[0])) head.push(line); }
+          else if (section === 1 && /^a=(mid:|candidate:|end-of-candidates)/.test(line)) media.push(line);
+        }
+        return head.concat(media).map((l) => l + '\\r\\n').join('');
+      }
+
+      // The answer we hold with the agent's new credentials and candidates in place of the old ones:
+      // nothing else changes in an ICE restart.
+      function withIce(answer, fragment) {
+        const lines = fragment.split(/\\r?\\n/);
+        const ufrag = lines.find((l) => l.startsWith('a=ice-ufrag:'));
+        const pwd = lines.find((l) => l.startsWith('a=ice-pwd:'));
+        if (!ufrag || !pwd) throw new Error('the agent\\'s restart answer has no ICE credentials');
+        const candidates = lines.filter((l) => l.startsWith('a=candidate:') || l === 'a=end-of-candidates');
+        const out = [];
+        let section = 0;
+        for (const line of answer.split(/\\r?\\n/)) {
+          if (!line) continue;
+          if (line.startsWith('m=')) { if (section === 1) out.push(...candidates); section += 1; }
+          if (line.startsWith('a=ice-ufrag:')) out.push(ufrag);
+          else if (line.startsWith('a=ice-pwd:')) out.push(pwd);
+          else if (!line.startsWith('a=candidate:') && line !== 'a=end-of-candidates') out.push(line);
+        }
+        if (section === 1) out.push(...candidates);
+        return out.map((l) => l + '\\r\\n').join('');
+      }
+
+      // WHEP's ICE restart: new credentials in a new offer, PATCHed with If-Match: *; the agent
+      // answers with its own new ones. DTLS and the video go on; only the path is looked for again.
+      function restartIce(peer, why) {
+        if (restarting) return restarting;
+        if (state.ended || peer !== pc || !state.resource) return Promise.resolve({ restarted: false, why: 'no session' });
+        if (restartsInARow >= maximumRestartsInARow) {
+          finish('The connection failed: sharing ended, or the network is in the way (' + why + ', ' + restartsInARow + ' restarts did not help).');
+          return Promise.resolve({ restarted: false, why: 'gave up' });
+        }
+        restartsInARow += 1;
+        state.restarts += 1;
+        say('Reconnecting…', 'warn');
+        const times = { asked: performance.now() };
+        state.restartTimes = times;
+        restarting = (async () => {
+          peer.restartIce();
+          await peer.setLocalDescription(await peer.createOffer());
+          let response;
+          try {
+            times.patched = performance.now();
+            response = await fetch(state.resource, {
+              method: 'PATCH', body: iceFragment(peer.localDescription.sdp),
+              headers: Object.assign({ 'Content-Type': 'application/trickle-ice-sdpfrag', 'If-Match': '*' }, auth) });
+          } catch (error) {
+            finish('Sharing ended: the agent is gone.');
+            return { restarted: false, why: 'unreachable' };
+          }
+          times.answered = performance.now();
+          if (response.status === 404 || response.status === 501) {
+            // The agent forgot this session (or cannot restart): start a new one.
+            state.resource = null;
+            peer.close();
+            if (pc === peer) pc = null;
+            setTimeout(connect, 0);
+            return { restarted: false, status: response.status, why: 'new session' };
+          }
+          if (response.status !== 200) {
+            const text = (await response.text()).trim();
+            finish('The agent refused to reconnect this viewer (' + response.status + '): ' + text);
+            return { restarted: false, status: response.status };
+          }
+          state.etag = response.headers.get('ETag');
+          await peer.setRemoteDescription({ type: 'answer', sdp: withIce(peer.remoteDescription.sdp, await response.text()) });
+          times.applied = performance.now();
+          return { restarted: true, status: 200, times };
+        })().catch((error) => {
+          finish('The viewer could not reconnect: ' + error.message);
+          return { restarted: false, why: error.message };
+        }).finally(() => {
+          restarting = null;
+          if (!state.ended && pc === peer && peer.connectionState === 'connected') {
+            restartsInARow = 0;   // connected again (ICE may never have left 'connected': an asked restart)
+            say('Watching the shared screen.', 'live');
+          }
+        });
+        return restarting;
+      }
+      window.kraklRestartIce = () => (pc ? restartIce(pc, 'asked') : Promise.resolve({ restarted: false, why: 'no connection' }));
 
       async function showStats() {
         if (!pc) return;

@@ -17,6 +17,10 @@ public protocol ViewerPeer: AnyObject {
     var answer: String { get }
     /// The viewer's trickled candidates (an `application/trickle-ice-sdpfrag` body, RFC 8840).
     func addRemoteCandidates(sdpFragment: String) throws(ViewerPeerError)
+    /// The viewer restarted ICE (RFC 9725 §4.3.2): `sdpFragment` has its new `a=ice-ufrag`/`a=ice-pwd`
+    /// and candidates. Returns the answer fragment: our new credentials and our candidates. The
+    /// session goes on (DTLS, media); only ICE starts over. Must not block for long (server thread).
+    func restartIce(sdpFragment: String) throws(ViewerPeerError) -> String
     /// Ends the peer (DTLS close_notify); `onClosed` is not called for a close asked for here.
     func close()
     /// The peer ended by itself (consent expired, DTLS closed, failed); any thread, once.
@@ -25,17 +29,29 @@ public protocol ViewerPeer: AnyObject {
     var stats: ViewerPeerStats { get }
 }
 
+extension ViewerPeer {
+    /// A peer that cannot restart ICE: the player gets 501 and may POST a new offer.
+    public func restartIce(sdpFragment: String) throws(ViewerPeerError) -> String {
+        throw .notImplemented("ICE restarts are not supported by this viewer's peer; make a new session (POST the offer again)")
+    }
+}
+
 /// What the status line shows of one viewer.
 public struct ViewerPeerStats: Sendable, Equatable {
     /// "new", "connecting", "connected", "closed", …
     public var state: String
     public var bytesSent: Int
     public var roundTripMilliseconds: Double?
+    /// ICE restarts the viewer did, and DTLS handshakes completed (1 per session: a restart keeps DTLS).
+    public var iceRestarts: Int
+    public var dtlsHandshakes: Int
 
-    public init(state: String, bytesSent: Int = 0, roundTripMilliseconds: Double? = nil) {
+    public init(state: String, bytesSent: Int = 0, roundTripMilliseconds: Double? = nil, iceRestarts: Int = 0, dtlsHandshakes: Int = 0) {
         self.state = state
         self.bytesSent = bytesSent
         self.roundTripMilliseconds = roundTripMilliseconds
+        self.iceRestarts = iceRestarts
+        self.dtlsHandshakes = dtlsHandshakes
     }
 }
 

@@ -216,20 +216,23 @@ public final class WhepEndpoint: @unchecked Sendable {
         ], body: Array(peer.answer.utf8))
     }
 
+    /// Trickle (RFC 8840 fragment, same ICE credentials) → 204, or an ICE restart (RFC 9725 §4.3.2:
+    /// `If-Match: *` and new `ice-ufrag`/`ice-pwd`) → 200 with our new credentials and candidates as
+    /// an sdpfrag and a new ETag. `If-Match` with any other value than the current ETag is 412: the
+    /// PATCH was meant for an earlier ICE session (out of order after a restart).
     private func patch(_ id: String, _ request: HTTPRequest) -> HTTPResponse {
         guard let resource = lock.withLock({ resources[id] }) else { return .text(404, "no such viewer session (it ended, or never was)") }
         guard request.mediaType == "application/trickle-ice-sdpfrag" else {
             return .text(415, "PATCH takes Content-Type: application/trickle-ice-sdpfrag", headers: [("Accept-Patch", "application/trickle-ice-sdpfrag")])
         }
         guard let fragment = String(validating: request.body, as: UTF8.self) else { return .text(400, "the fragment is not UTF-8 text") }
-        let ufrag = Self.attribute("ice-ufrag", in: fragment)
-        // An ICE restart (RFC 9725 §4.3.2: If-Match "*" and new credentials) needs a new answer
-        // from the peer; the viewer's peers do not restart: the player reconnects with a new POST.
-        if request.header("If-Match") == "*" || (ufrag != nil && ufrag != resource.ufrag) {
-            return .text(501, "ICE restarts are not supported by this viewer; make a new session (POST the offer again)")
+        let ifMatch = request.header("If-Match")
+        if let ifMatch, ifMatch != "*", ifMatch != resource.etag {
+            return .text(412, "the ETag does not match this session's ICE session (a restart changed it)", headers: [("ETag", resource.etag)])
         }
-        if let match = request.header("If-Match"), match != resource.etag {
-            return .text(412, "the ETag does not match this session", headers: [("ETag", resource.etag)])
+        let ufrag = Self.attribute("ice-ufrag", in: fragment)
+        if ifMatch == "*" || (ufrag != nil && ufrag != resource.ufrag) {
+            return restart(id, resource, fragment: fragment, ufrag: ufrag)
         }
         do throws(ViewerPeerError) {
             try resource.peer.addRemoteCandidates(sdpFragment: fragment)
@@ -239,14 +242,45 @@ public final class WhepEndpoint: @unchecked Sendable {
         return HTTPResponse(status: 204, headers: [("ETag", resource.etag)])
     }
 
+    /// An ICE restart: the peer answers with its new credentials; the resource gets a new ETag.
+    /// Refused, the session goes on as it was (RFC 9725 §4.3.2: the old ICE session is kept).
+    private func restart(_ id: String, _ resource: Resource, fragment: String, ufrag: String?) -> HTTPResponse {
+        guard let ufrag, Self.attribute("ice-pwd", in: fragment) != nil else {
+            return .text(400, "an ICE restart (If-Match: *) needs the new a=ice-ufrag and a=ice-pwd in the fragment")
+        }
+        guard ufrag != resource.ufrag else {
+            return .text(400, "an ICE restart needs a new a=ice-ufrag (this one is the session's current one); a trickle PATCH sends If-Match with the ETag")
+        }
+        let answer: String
+        do throws(ViewerPeerError) {
+            answer = try resource.peer.restartIce(sdpFragment: fragment)
+        } catch {
+            return .text(error.httpStatus, error.description)
+        }
+        let etag = "\"\(Self.randomHex(8))\""
+        let count: Int? = lock.withLock {
+            // The peer may have ended meanwhile (consent, DELETE): then there is nothing to restart.
+            guard resources[id]?.peer === resource.peer else { return nil }
+            resources[id] = Resource(peer: resource.peer, etag: etag, ufrag: ufrag)
+            return resources.count
+        }
+        guard let count else { return .text(404, "no such viewer session (it ended while restarting)") }
+        onViewersChanged?(count, "viewer \(id.prefix(6)) restarted ICE")
+        return HTTPResponse(status: 200, headers: [("Content-Type", "application/trickle-ice-sdpfrag"), ("ETag", etag)], body: Array(answer.utf8))
+    }
+
     private func delete(_ id: String) -> HTTPResponse {
         let removed: (ViewerPeer, Int)? = lock.withLock {
             guard let resource = resources.removeValue(forKey: id) else { return nil }
             return (resource.peer, resources.count)
         }
         guard let (peer, count) = removed else { return .text(404, "no such viewer session (it ended, or never was)") }
+        let stats = peer.stats
         peer.close()
-        onViewersChanged?(count, "viewer \(id.prefix(6)) left")
+        // Restarts said with their DTLS count: a restart must not have made a new handshake.
+        let restarts = stats.iceRestarts == 0 ? "" : " (\(stats.iceRestarts) ICE restart\(stats.iceRestarts == 1 ? "" : "s"), "
+            + "\(stats.dtlsHandshakes) DTLS handshake\(stats.dtlsHandshakes == 1 ? "" : "s"))"
+        onViewersChanged?(count, "viewer \(id.prefix(6))\(restarts) left")
         return .text(200, "the viewer session ended")
     }
 

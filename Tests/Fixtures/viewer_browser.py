@@ -11,7 +11,16 @@ on stdout ({"ok": true, ...} or {"ok": false, "error": ...}):
                                              (requestVideoFrameCallback), getStats numbers, and
                                              capture → presented latency per frame
   {"cmd": "state"}                          the page's own state (window.kraklViewer) and stats
+  {"cmd": "restart", "timeout": T}          ICE restart through the page's window.kraklRestartIce()
+                                             (WHEP PATCH); waits (at most T s) until the selected
+                                             pair has the new ICE credentials and stamps advance;
+                                             ICE/DTLS getStats before and after, and timings
   {"cmd": "leave"}                          leave the page (about:blank): it DELETEs its session
+  {"cmd": "await_text", "text": X, "timeout": T}   wait (at most T s) until the page's status says X;
+                                             every status text seen meanwhile
+  {"cmd": "await_restart", "count": N, "timeout": T}  wait (at most T s) until the page has done its
+                                             Nth ICE restart by itself and stamps newer than the
+                                             last one before its PATCH are presented
   {"cmd": "vanish"}                         SIGKILL Chromium: the tab is gone without a DELETE
                                              or a DTLS close (only ICE consent can tell the agent)
   {"cmd": "quit"}                           leave the page, close the browser, end
@@ -127,8 +136,41 @@ pc.getStats().then((report) => {
 }).catch((e) => done({ error: String(e) }));
 """
 
+ICE_STATS = r"""
+const done = arguments[arguments.length - 1];
+const pc = (window.__kraklPeers || []).slice(-1)[0];
+if (!pc) { done(null); return; }
+pc.getStats().then((report) => {
+  const byId = {};
+  report.forEach((s) => { byId[s.id] = s; });
+  const out = { iceConnectionState: pc.iceConnectionState, connectionState: pc.connectionState };
+  report.forEach((s) => {
+    if (s.type !== 'transport') return;
+    for (const key of ['dtlsState', 'iceState', 'selectedCandidatePairChanges', 'srtpCipher', 'tlsVersion', 'dtlsRole',
+                       'iceLocalUsernameFragment', 'bytesReceived', 'packetsReceived']) out[key] = s[key];
+    const mine = byId[s.localCertificateId], theirs = byId[s.remoteCertificateId];
+    out.localFingerprint = mine ? mine.fingerprint : null;
+    out.remoteFingerprint = theirs ? theirs.fingerprint : null;
+    const pair = byId[s.selectedCandidatePairId];
+    if (pair) {
+      const local = byId[pair.localCandidateId] || {}, remote = byId[pair.remoteCandidateId] || {};
+      out.pair = { id: pair.id, localUfrag: local.usernameFragment || null, remoteUfrag: remote.usernameFragment || null,
+                   local: (local.address || local.ip) + ':' + local.port + ' ' + local.candidateType,
+                   remote: (remote.address || remote.ip) + ':' + remote.port + ' ' + remote.candidateType };
+    }
+  });
+  done(out);
+}).catch((e) => done({ error: String(e) }));
+"""
+
+RESTART = r"""
+const done = arguments[arguments.length - 1];
+if (!window.kraklRestartIce) { done({ restarted: false, why: 'the page has no kraklRestartIce' }); return; }
+window.kraklRestartIce().then((r) => done(r), (e) => done({ restarted: false, why: String(e) }));
+"""
+
 PAGE_STATE = ("return window.kraklViewer ? {text: kraklViewer.text, ended: kraklViewer.ended, offerSent: kraklViewer.offerSent,"
-              " answered: kraklViewer.answered} : null")
+              " answered: kraklViewer.answered, restarts: kraklViewer.restarts} : null")
 
 
 def monotonic_ms():
@@ -225,6 +267,81 @@ class Viewer:
     def state(self, command):
         return {"state": self.driver.execute_script(PAGE_STATE), "stats": self.stats()}
 
+    def restart(self, command):
+        """ICE restart from the page; then waits for the new generation's pair and advancing stamps."""
+        before = self.driver.execute_async_script(ICE_STATS)
+        frames = self.frames()
+        stamped_before = [f["frame"] for f in frames if f["frame"] is not None]
+        result = self.driver.execute_async_script(RESTART)
+        times = (result or {}).get("times") or {}
+        deadline = time.monotonic() + command.get("timeout", 20)
+        after, switched_ms, seen = None, None, []
+        while time.monotonic() < deadline:
+            after = self.driver.execute_async_script(ICE_STATS)
+            seen += self.frames()
+            pair, old = (after or {}).get("pair") or {}, (before or {}).get("pair") or {}
+            if switched_ms is None and pair.get("localUfrag") and pair.get("localUfrag") != old.get("localUfrag"):
+                switched_ms = self.driver.execute_script("return performance.now()")
+            patched = times.get("patched", 0)
+            last_before = max([f["frame"] for f in seen if f["frame"] is not None and f["p"] < patched] + stamped_before[-1:] or [-1])
+            advanced = [f for f in seen if f["frame"] is not None and f["p"] >= times.get("applied", patched) and f["frame"] > last_before]
+            if switched_ms is not None and len(advanced) >= 5:
+                break
+            time.sleep(0.1)
+        patched = times.get("patched")
+        last_before = max([f["frame"] for f in seen if f["frame"] is not None and patched is not None and f["p"] < patched]
+                          + stamped_before[-1:] or [-1])
+        after_patch = [f for f in seen if f["frame"] is not None and patched is not None and f["p"] >= patched and f["frame"] > last_before]
+        return {"restarted": bool(result and result.get("restarted")), "result": result, "before": before, "after": after,
+                "patch_answered_ms": times["answered"] - patched if patched is not None and "answered" in times else None,
+                "patch_to_pair_switch_ms": switched_ms - patched if switched_ms is not None and patched is not None else None,
+                "patch_to_next_frame_ms": after_patch[0]["p"] - patched if after_patch else None,
+                "frames_after_patch": len(after_patch), "last_frame_before": last_before,
+                "decreasing": sum(1 for a, b in zip([f["frame"] for f in seen if f["frame"] is not None],
+                                                    [f["frame"] for f in seen if f["frame"] is not None][1:]) if b < a),
+                "state": self.driver.execute_script(PAGE_STATE)}
+
+    def page_restart_state(self):
+        return self.driver.execute_script(
+            "const v = window.kraklViewer; return v ? {text: v.text, restarts: v.restarts, times: v.restartTimes, ended: v.ended} : null")
+
+    def await_text(self, command):
+        deadline = time.monotonic() + command.get("timeout", 20)
+        texts, state = [], None
+        while time.monotonic() < deadline:
+            state = self.page_restart_state() or {}
+            if state.get("text") not in texts:
+                texts.append(state.get("text"))
+            if state.get("text") == command["text"]:
+                break
+            time.sleep(0.05)
+        return {"found": (state or {}).get("text") == command["text"], "texts": texts, "state": state}
+
+    def await_restart(self, command):
+        deadline = time.monotonic() + command.get("timeout", 30)
+        texts, seen, state, newer, last_before = [], [], None, [], -1
+        while time.monotonic() < deadline:
+            state = self.page_restart_state() or {}
+            if state.get("text") not in texts:
+                texts.append(state.get("text"))
+            seen += self.frames()
+            times = state.get("times") or {}
+            if state.get("restarts", 0) >= command.get("count", 1) and "applied" in times:
+                stamped = [f for f in seen if f["frame"] is not None]
+                last_before = max([f["frame"] for f in stamped if f["p"] < times["patched"]] or [-1])
+                newer = [f for f in stamped if f["p"] >= times["patched"] and f["frame"] > last_before]
+                if len(newer) >= 5:
+                    break
+            if state.get("ended"):
+                break
+            time.sleep(0.05)
+        times = (state or {}).get("times") or {}
+        return {"restarts": (state or {}).get("restarts"), "texts": texts, "state": state, "times": times,
+                "frames_after_patch": len(newer), "last_frame_before": last_before,
+                "patch_to_next_frame_ms": newer[0]["p"] - times["patched"] if newer and "patched" in times else None,
+                "asked_to_next_frame_ms": newer[0]["p"] - times["asked"] if newer and "asked" in times else None,
+                "ice": self.driver.execute_async_script(ICE_STATS)}
+
     def vanish(self, command):
         # Every process under chromedriver (the browser, its renderers and helpers), killed at once:
         # no pagehide, no DELETE, no DTLS close_notify.
@@ -291,7 +408,8 @@ def main():
     args = parser.parse_args()
     viewer = Viewer(args)
     print(json.dumps({"ok": True, "ready": True, "browser": viewer.driver.capabilities.get("browserVersion")}), flush=True)
-    commands = {"open": viewer.open, "watch": viewer.watch, "state": viewer.state, "leave": viewer.leave, "vanish": viewer.vanish}
+    commands = {"open": viewer.open, "watch": viewer.watch, "state": viewer.state, "leave": viewer.leave, "vanish": viewer.vanish,
+                "restart": viewer.restart, "await_text": viewer.await_text, "await_restart": viewer.await_restart}
     try:
         for line in sys.stdin:
             if not line.strip():

@@ -22,6 +22,7 @@ change, and {"report": {...}} when stdin ends or --seconds pass.
 Modes (flags) make it misbehave the ways servers do: see --help.
 """
 import argparse
+import ssl
 import asyncio
 import ctypes
 import json
@@ -358,6 +359,7 @@ async def main():
     parser.add_argument("--link", action="append", default=[], help="a Link header value (repeatable)")
     parser.add_argument("--close-after", type=float, help="close the peer connection this many seconds after answering")
     parser.add_argument("--patch-status", type=int, help="answer every PATCH with this status (e.g. 405)")
+    parser.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"), help="serve the endpoint's port over TLS with this certificate")
     parser.add_argument("--stun", action="store_true",
                         help="answer STUN binding requests on 127.0.0.2 (in the namespace) and name that server in a "
                              "Link rel=\"ice-server\" header of every 201")
@@ -370,6 +372,10 @@ async def main():
     main_server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     second_server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     STATE.port = main_server.server_address[1]
+    if args.tls:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(args.tls[0], args.tls[1])
+        main_server.socket = context.wrap_socket(main_server.socket, server_side=True)
     STATE.second_port = second_server.server_address[1]
     if args.netns:
         enter_netns(args.netns)  # the listening sockets stay on the namespace they were made in

@@ -67,4 +67,44 @@ import Testing
         pair.run(milliseconds: 31_000)
         #expect(pair.liteEvents.contains(.consentExpired))
     }
+
+    /// An ICE restart asked by the full (controlling) peer, as a WHEP PATCH brings it: the lite side takes
+    /// new credentials at once, while the peer still checks the old pair with the old ones for a while
+    /// (its new offer/answer takes time); those checks are answered and keep consent. When the peer's new
+    /// generation nominates, the lite side selects again (even on the same addresses) and refuses the
+    /// old generation from then on.
+    @Test func aRestartKeepsTheOldPairUntilTheNewGenerationNominates() throws {
+        let pair = Pair()
+        pair.run(milliseconds: 1000)
+        let before = try #require(pair.lite.selected)
+        let oldLite = pair.lite.local, oldFull = pair.full.local
+        let selectedBefore = pair.liteEvents.filter { if case .selected = $0 { return true } else { return false } }.count
+        // The lite side restarts with the peer's new credentials (the PATCH); the peer itself is still
+        // on the old generation for 35 s: longer than the consent timeout.
+        let fullNew = IceCredentials.random(), liteNew = IceCredentials.random()
+        pair.lite.restart(credentials: liteNew, now: pair.now)
+        pair.lite.setRemote(credentials: fullNew, candidates: pair.full.localCandidates, now: pair.now)
+        #expect(pair.lite.local == liteNew && pair.lite.local != oldLite)
+        pair.run(milliseconds: 35_000)
+        #expect(!pair.liteEvents.contains(.consentExpired), "the old generation's consent checks must keep the old pair")
+        #expect(pair.lite.phase == .connected && pair.lite.selected?.key == before.key)
+        #expect(!pair.fullEvents.contains(.consentExpired) && pair.full.phase == .connected)
+        // The peer applies the answer: its restart, then checks and nomination with the new credentials.
+        pair.full.restart(credentials: fullNew, now: pair.now)
+        pair.full.setRemote(credentials: liteNew, candidates: pair.lite.localCandidates, now: pair.now)
+        pair.run(milliseconds: 2000)
+        let selectedAfter = pair.liteEvents.filter { if case .selected = $0 { return true } else { return false } }.count
+        #expect(selectedAfter == selectedBefore + 1, "the new generation's nomination selects (again)")
+        #expect(pair.lite.selected != nil && pair.liteSent == 0)
+        // The old generation is forgotten: its check now gets 401.
+        let check = StunMessage.bindingRequest(username: "\(oldLite.ufrag):\(oldFull.ufrag)", priority: 1, controlling: true, tieBreaker: 1,
+                                               useCandidate: false)
+        pair.lite.receive(check.encoded(integrityKey: StunMessage.shortTermKey(password: oldLite.pwd), fingerprint: true),
+                          from: RTCIceLiteTests.fullBase, base: RTCIceLiteTests.liteBase, now: pair.now)
+        let answers = pair.lite.drain().transmits.compactMap { try? StunMessage(parsing: $0.bytes) }
+        #expect(answers.count == 1 && answers.first?.errorCode?.code == 401, "\(answers.map(\.messageClass))")
+        // Consent goes on with the new generation.
+        pair.run(milliseconds: 40_000)
+        #expect(!pair.liteEvents.contains(.consentExpired) && pair.lite.phase == .connected)
+    }
 }

@@ -310,11 +310,11 @@ struct RtcArrivals {
         let arrivals = RtcArrivals(report)
         let freeze = arrivals.longestGap(from: connected + 500, to: connected + seconds * 1000 - 200)
         let ratio = sent > 0 ? Double(decoded) / Double(sent) : 0
-        print(String(format: "%d %% loss, %@: %d of %d frames decoded (%.1f %%), longest freeze %.0f ms; NACKs %@ (%@ packets), retransmitted %@, PLIs %@ (%@ crossed a keyframe), keyframes %@, target %@ bit/s, loss seen %@",
+        print(String(format: "%d %% loss, %@: %d of %d frames decoded (%.1f %%), longest freeze %.0f ms; NACKs %@ (%@ packets), retransmitted %@, PLIs %@ (%@ crossed a keyframe), keyframes %@, target %@ bit/s, loss seen %@, RTT %@ ms",
                      percent, scene, decoded, sent, ratio * 100, freeze, "\(stats["nacks_received"] ?? 0)", "\(stats["nacked_packets"] ?? 0)",
                      "\(stats["retransmitted_packets"] ?? 0) (+ \(stats["redundant_packets"] ?? 0) copies)", "\(stats["plis_received"] ?? 0)", "\(stats["keyframe_requests_suppressed"] ?? 0)",
                      "\(stats["keyframes_sent"] ?? 0)",
-                     "\(stats["target_bitrate"] ?? 0)", "\(stats["fraction_lost"] ?? "-")"))
+                     "\(stats["target_bitrate"] ?? 0)", "\(stats["fraction_lost"] ?? "-")", "\(stats["rtt_ms"] ?? "-")"))
         #expect(result["status"] as? Int == 0, "probe: \(result["result"] ?? "?")")
         #expect(stats["retransmitted_packets"] as? Int ?? 0 > 0, "no retransmission under \(percent) % loss")
         #expect(report["decreasing"] as? Int == 0, "frame numbers went backwards")

@@ -279,6 +279,9 @@ import Testing
         #expect(offer?["msid"] as? String == "Ann-s-screen", "msid: \(offer ?? [:])")
         // Let frames flow for 3 s (the server counts and reads them).
         _ = agent.waitFor("\u{1}never\u{1}", timeout: 3)
+        // The status line names the selected pair: host to host over UDP on the namespace's loopback.
+        #expect(agent.log.range(of: #"\| connected host/udp -> (host|prflx) \| rtt"#, options: .regularExpression) != nil,
+                "no pair in the status line: \(agent.log.suffix(400))")
         agent.signal(SIGTERM)
         let signalled = MonotonicClock.milliseconds()
         let deletes = room.server.requests("DELETE", atLeast: 1, timeout: 5)

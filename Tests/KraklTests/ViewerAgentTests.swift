@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import KraklCore
 @testable import KraklViewer
 import Testing
 
@@ -32,6 +33,52 @@ import Testing
         #expect(agent.output.contains("summary:") && agent.output.contains("shared to the built-in viewer"), "\(agent.output)")
         // Gone with the agent.
         #expect(throws: (any Error).self) { _ = try RawHTTP.connect(port: port) }
+    }
+
+    /// A recvonly VP8 offer the real answerer accepts (its fingerprint is never checked: no DTLS here).
+    static let realOffer = "v=0\r\no=- 42 2 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\na=group:BUNDLE 0\r\nm=video 9 UDP/TLS/RTP/SAVPF 96\r\n"
+        + "c=IN IP4 0.0.0.0\r\na=mid:0\r\na=ice-ufrag:abcd\r\na=ice-pwd:0123456789abcdefghijkl\r\n"
+        + "a=fingerprint:sha-256 " + (0..<32).map { String(format: "%02X", $0 * 7 % 256) }.joined(separator: ":") + "\r\n"
+        + "a=setup:actpass\r\na=rtcp-mux\r\na=recvonly\r\na=rtpmap:96 VP8/90000\r\n"
+
+    /// The real agent's answerer restarts ICE over WHEP (RFC 9725 §4.3.2): 200 with its new ice-ufrag
+    /// (not the answer's), its candidates and a new ETag; the old ETag is stale (412); trickle is 204;
+    /// a session that is not there is 404. No browser: ICE never connects, only the exchange is checked.
+    @Test func theAgentAnswersAnIceRestartPatchWithNewCredentials() throws {
+        try Harness.requireBuild()
+        let registry = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
+        let agent = try RunningAgent(["--plugins", registry, "--backend", "file", "-o", "width=320", "-o", "height=240", "--listen", "127.0.0.1:0"])
+        #expect(agent.read(until: "viewers 0/4"), "\(agent.output)")
+        let url = try #require(Self.printedURL(agent.output), "\(agent.output)")
+        let port = try #require(Self.port(of: url))
+        let created = try RawHTTP.request(port: port, "POST", "/whep", headers: [("Content-Type", "application/sdp")], body: Self.realOffer)
+        try #require(created.status == 201, "\(created.status) \(created.body)")
+        let location = try #require(created.header("Location")), firstTag = try #require(created.header("ETag"))
+        let answerUfrag = try #require(ViewerServerTests.ufrag(created.body))
+        let fragment = [("Content-Type", "application/trickle-ice-sdpfrag")]
+        let restartBody = "a=ice-ufrag:efgh\r\na=ice-pwd:abcdefghijklmnopqrstuv\r\nm=video 9 UDP/TLS/RTP/SAVPF 96\r\na=mid:0\r\n"
+            + "a=candidate:1 1 udp 2113937151 127.0.0.1 50002 typ host\r\n"
+        let started = MonotonicClock.milliseconds()
+        let restart = try RawHTTP.request(port: port, "PATCH", location, headers: fragment + [("If-Match", "*")], body: restartBody)
+        let took = MonotonicClock.milliseconds() - started
+        try #require(restart.status == 200, "\(restart.status) \(restart.body)")
+        print(String(format: "ICE restart PATCH answered in %.1f ms: %@", took, restart.body.replacingOccurrences(of: "\r\n", with: " | ")))
+        #expect(restart.header("Content-Type") == "application/trickle-ice-sdpfrag")
+        let newUfrag = try #require(ViewerServerTests.ufrag(restart.body))
+        #expect(newUfrag != answerUfrag && newUfrag != "efgh", "new credentials of our own: \(answerUfrag) → \(newUfrag)")
+        #expect(restart.body.contains("a=ice-pwd:") && restart.body.contains("a=mid:0"))
+        #expect(restart.body.contains("a=candidate:") && restart.body.contains(" 127.0.0.1 ") && restart.body.contains("a=end-of-candidates"))
+        let secondTag = try #require(restart.header("ETag"))
+        #expect(secondTag != firstTag)
+        #expect(agent.read(until: "restarted ICE; 1 watching"), "\(agent.output.suffix(400))")
+        let trickle = "a=ice-ufrag:efgh\r\na=ice-pwd:abcdefghijklmnopqrstuv\r\na=candidate:2 1 udp 1 127.0.0.1 50003 typ host\r\n"
+        #expect(try RawHTTP.request(port: port, "PATCH", location, headers: fragment + [("If-Match", firstTag)], body: trickle).status == 412)
+        #expect(try RawHTTP.request(port: port, "PATCH", location, headers: fragment + [("If-Match", secondTag)], body: trickle).status == 204)
+        #expect(try RawHTTP.request(port: port, "PATCH", "/whep/resource/00112233445566778899aabbccddeeff", headers: fragment + [("If-Match", "*")],
+                                    body: restartBody).status == 404)
+        #expect(try RawHTTP.request(port: port, "DELETE", location).status == 200)
+        #expect(agent.read(until: "(1 ICE restart, 0 DTLS handshakes) left; 0 watching"), "\(agent.output.suffix(400))")
+        #expect(agent.stop() == 0)
     }
 
     @Test func aTokenGuardsTheViewerWhenAskedOrOffLoopback() throws {

@@ -206,6 +206,104 @@ import Testing
         #expect(agent.stop() == 0)
     }
 
+    /// WHEP ICE restart with a real peer (RFC 9725 §4.3.2): the page's `pc.restartIce()` (what it does by
+    /// itself when ICE fails), its PATCH and the agent's answer fragment; Chromium's selected pair moves
+    /// to the new generation's credentials on both sides, the stamps keep advancing, DTLS stays as it
+    /// was (same certificates, still connected, and the agent counts one handshake for the session).
+    @Test func thePageRestartsIceAndTheVideoGoesOn() throws {
+        guard try Self.browserPrerequisites() else { return }
+        let (agent, url) = try Self.startAgent()
+        let viewer = try Viewer()
+        defer { viewer.quit() }
+        _ = try viewer.open(url, run: "restart: before")
+        #expect(agent.read(until: "1 watching"), "\(agent.output.suffix(600))")
+        Self.checkWatched(try viewer.send(["cmd": "watch", "seconds": 2]), run: "restart: before", seconds: 2)
+        for round in 1...2 {
+            let restarted = try viewer.send(["cmd": "restart", "timeout": 20], timeout: 60)
+            let before = restarted["before"] as? [String: Any] ?? [:], after = restarted["after"] as? [String: Any] ?? [:]
+            let pairBefore = before["pair"] as? [String: Any] ?? [:], pairAfter = after["pair"] as? [String: Any] ?? [:]
+            func ms(_ key: String) -> Double { (restarted[key] as? NSNumber)?.doubleValue ?? .nan }
+            print(String(format: "restart %d: PATCH answered in %.1f ms; PATCH → selected pair on the new credentials ≤ %.0f ms "
+                         + "(polled every ~100 ms); PATCH → next newer frame presented %.1f ms; %d newer frames; "
+                         + "pair %@ (%@/%@) → %@ (%@/%@); selectedCandidatePairChanges %@ → %@; dtlsState %@ → %@; %@",
+                         round, ms("patch_answered_ms"), ms("patch_to_pair_switch_ms"), ms("patch_to_next_frame_ms"),
+                         restarted["frames_after_patch"] as? Int ?? 0,
+                         "\(pairBefore["local"] ?? "-")", "\(pairBefore["localUfrag"] ?? "-")", "\(pairBefore["remoteUfrag"] ?? "-")",
+                         "\(pairAfter["local"] ?? "-")", "\(pairAfter["localUfrag"] ?? "-")", "\(pairAfter["remoteUfrag"] ?? "-")",
+                         "\(before["selectedCandidatePairChanges"] ?? "-")", "\(after["selectedCandidatePairChanges"] ?? "-")",
+                         "\(before["dtlsState"] ?? "-")", "\(after["dtlsState"] ?? "-")", "\(restarted["result"] ?? "-")"))
+            #expect(restarted["restarted"] as? Bool == true, "round \(round): \(restarted["result"] ?? "-")")
+            // The selected pair is the new generation's, on both sides' credentials.
+            #expect(pairAfter["localUfrag"] as? String != nil && pairAfter["localUfrag"] as? String != pairBefore["localUfrag"] as? String,
+                    "round \(round): local ufrag \(pairBefore["localUfrag"] ?? "-") → \(pairAfter["localUfrag"] ?? "-")")
+            #expect(pairAfter["remoteUfrag"] as? String != nil && pairAfter["remoteUfrag"] as? String != pairBefore["remoteUfrag"] as? String,
+                    "round \(round): remote ufrag \(pairBefore["remoteUfrag"] ?? "-") → \(pairAfter["remoteUfrag"] ?? "-")")
+            #expect(after["iceLocalUsernameFragment"] == nil || after["iceLocalUsernameFragment"] as? String == pairAfter["localUfrag"] as? String)
+            // DTLS kept: still connected with the same certificates on both sides.
+            #expect(after["dtlsState"] as? String == "connected")
+            #expect(after["localFingerprint"] as? String != nil && after["localFingerprint"] as? String == before["localFingerprint"] as? String)
+            #expect(after["remoteFingerprint"] as? String != nil && after["remoteFingerprint"] as? String == before["remoteFingerprint"] as? String)
+            // Video went on: newer stamps after the PATCH, never backwards.
+            #expect(restarted["frames_after_patch"] as? Int ?? 0 >= 5, "round \(round): \(restarted["frames_after_patch"] ?? "-") newer frames")
+            #expect(restarted["decreasing"] as? Int == 0)
+            #expect(agent.read(until: "restarted ICE; 1 watching", count: round), "\(agent.output.suffix(600))")
+            Self.checkWatched(try viewer.send(["cmd": "watch", "seconds": 2]), run: "restart \(round): after", seconds: 2)
+        }
+        let state = try viewer.send(["cmd": "state"])
+        #expect((state["state"] as? [String: Any])?["restarts"] as? Int == 2, "\(state)")
+        // The agent's own count: two restarts, one DTLS handshake for the whole session.
+        _ = try viewer.send(["cmd": "leave"])
+        #expect(agent.read(until: "(2 ICE restarts, 1 DTLS handshake) left; 0 watching", timeout: 10), "\(agent.output.suffix(600))")
+        viewer.quit()
+        #expect(agent.stop() == 0)
+    }
+
+    /// The page restarts ICE by itself: the agent stalls (SIGSTOP: nothing reaches Chromium, as when the
+    /// path breaks), Chromium's ICE goes disconnected, the page says "Reconnecting…" and PATCHes a
+    /// restart after its 3 s grace; the agent resumes (SIGCONT), answers, and the video goes on in the
+    /// same session (the same DTLS: one handshake).
+    @Test func thePageRestartsIceByItselfWhenTheConnectionStalls() throws {
+        guard try Self.browserPrerequisites() else { return }
+        let (agent, url) = try Self.startAgent()
+        let viewer = try Viewer()
+        defer {
+            kill(agent.process.processIdentifier, SIGCONT)
+            viewer.quit()
+        }
+        _ = try viewer.open(url, run: "stall: before")
+        #expect(agent.read(until: "1 watching"), "\(agent.output.suffix(600))")
+        Self.checkWatched(try viewer.send(["cmd": "watch", "seconds": 1]), run: "stall: before", seconds: 1)
+        let pid = agent.process.processIdentifier
+        try #require(kill(pid, SIGSTOP) == 0)
+        let stoppedAt = MonotonicClock.milliseconds()
+        let waiting = try viewer.send(["cmd": "await_text", "text": "Reconnecting…", "timeout": 20], timeout: 40)
+        let reconnectingAfter = MonotonicClock.milliseconds() - stoppedAt
+        kill(pid, SIGCONT)
+        let resumedAt = MonotonicClock.milliseconds()
+        #expect(waiting["found"] as? Bool == true, "the page never said Reconnecting…: \(waiting)")
+        let restarted = try viewer.send(["cmd": "await_restart", "count": 1, "timeout": 30], timeout: 60)
+        let backAfter = MonotonicClock.milliseconds() - resumedAt
+        let times = restarted["times"] as? [String: Any] ?? [:]
+        func ms(_ key: String) -> Double { (restarted[key] as? NSNumber)?.doubleValue ?? .nan }
+        let ice = restarted["ice"] as? [String: Any] ?? [:]
+        print(String(format: "stall: agent stopped → page says Reconnecting… after %.1f s; resumed → restarted and %d newer frames within %.1f s; "
+                     + "PATCH → next newer frame %.0f ms (includes the stall left after the PATCH left); restart asked → next newer frame %.0f ms; "
+                     + "texts %@; ICE %@, DTLS %@, pair changes %@",
+                     reconnectingAfter / 1000, restarted["frames_after_patch"] as? Int ?? 0, backAfter / 1000, ms("patch_to_next_frame_ms"),
+                     ms("asked_to_next_frame_ms"), "\(restarted["texts"] ?? "-")", "\(ice["iceConnectionState"] ?? "-")",
+                     "\(ice["dtlsState"] ?? "-")", "\(ice["selectedCandidatePairChanges"] ?? "-")"))
+        #expect(restarted["restarts"] as? Int ?? 0 >= 1 && times["applied"] != nil, "\(restarted)")
+        #expect(restarted["frames_after_patch"] as? Int ?? 0 >= 5, "the video did not go on after the restart: \(restarted)")
+        #expect((restarted["texts"] as? [String] ?? []).contains("Watching the shared screen."), "\(restarted["texts"] ?? "-")")
+        #expect(ice["dtlsState"] as? String == "connected")
+        #expect(agent.read(until: "restarted ICE; 1 watching"), "\(agent.output.suffix(600))")
+        Self.checkWatched(try viewer.send(["cmd": "watch", "seconds": 2]), run: "stall: after the restart", seconds: 2)
+        _ = try viewer.send(["cmd": "leave"])
+        #expect(agent.read(until: "1 DTLS handshake) left; 0 watching", timeout: 10), "\(agent.output.suffix(600))")
+        viewer.quit()
+        #expect(agent.stop() == 0)
+    }
+
     /// `--viewer-token` on loopback (the same rule as any non-loopback listen): the page without
     /// the token is refused (401) and says what to do; the whole printed URL plays.
     @Test func aListenThatNeedsTheTokenRefusesThePageWithoutIt() throws {

@@ -16,6 +16,20 @@ final class FakePeerFactory: ViewerPeerFactory, @unchecked Sendable {
         var closed: Bool { lock.withLock { _closed } }
         var candidates: [String] { lock.withLock { _candidates } }
         func addRemoteCandidates(sdpFragment: String) throws(ViewerPeerError) { lock.withLock { _candidates.append(sdpFragment) } }
+        /// Restarts answer with a new ufrag each time ("fake1", "fake2", …); `restartable` false: the protocol's 501.
+        var restartable: Bool {
+            get { lock.withLock { _restartable } }
+            set { lock.withLock { _restartable = newValue } }
+        }
+        private var _restartable = true
+        private var _restarts: [String] = []
+        var restarts: [String] { lock.withLock { _restarts } }
+        func restartIce(sdpFragment: String) throws(ViewerPeerError) -> String {
+            guard restartable else { throw .notImplemented("ICE restarts are not supported by this peer") }
+            let count = lock.withLock { _restarts.append(sdpFragment); return _restarts.count }
+            return "a=ice-ufrag:fake\(count)\r\na=ice-pwd:fakefakefakefakefakefake\r\nm=video 9 UDP/TLS/RTP/SAVPF 96\r\na=mid:0\r\n"
+                + "a=candidate:1 1 udp 2130706431 127.0.0.1 40000 typ host\r\na=end-of-candidates\r\n"
+        }
         func close() { lock.withLock { _closed = true } }
         /// As the answerer would on consent expiry.
         func dropByItself() { lock.withLock { _closed = true }; onClosed?("consent expired") }
@@ -178,7 +192,8 @@ struct RawHTTP {
         #expect(try RawHTTP.request(port: viewer.port, "PATCH", location, headers: [("Content-Type", "application/trickle-ice-sdpfrag"), ("If-Match", "\"other\"")],
                                     body: fragment).status == 412)
         #expect(try RawHTTP.request(port: viewer.port, "PATCH", location, headers: [("Content-Type", "text/plain")], body: fragment).status == 415)
-        // An ICE restart (new credentials, If-Match *) is not supported: 501, said so.
+        // A peer that cannot restart ICE: 501, said so, and the session goes on.
+        peer.restartable = false
         let restart = try RawHTTP.request(port: viewer.port, "PATCH", location, headers: [("Content-Type", "application/trickle-ice-sdpfrag"), ("If-Match", "*")],
                                           body: "a=ice-ufrag:new1\r\na=ice-pwd:newnewnewnewnewnewnewnew\r\n")
         #expect(restart.status == 501 && restart.body.contains("ICE restart"))
@@ -188,6 +203,55 @@ struct RawHTTP {
         #expect(peer.closed)
         #expect(viewer.server.endpoint.viewerCount == 0)
         #expect(try RawHTTP.request(port: viewer.port, "DELETE", location).status == 404)
+    }
+
+    /// RFC 9725 §4.3.2 as WHEP uses it: a restart PATCH (If-Match: *, new credentials) gets 200 with the
+    /// peer's answer fragment and a new ETag; the old ETag is then stale (412), trickle goes on with the
+    /// new one (204), and a restart of a session that is not there is 404.
+    @Test func anIceRestartAnswers200WithTheNewFragmentAndANewETag() throws {
+        let viewer = try Running()
+        let created = try RawHTTP.request(port: viewer.port, "POST", "/whep", headers: Self.sdp, body: Self.offer)
+        let location = try #require(created.header("Location")), firstTag = try #require(created.header("ETag"))
+        let peer = try #require(viewer.factory.peers.first)
+        let restartBody = "a=ice-ufrag:efgh\r\na=ice-pwd:abcdefghijklmnopqrstuv\r\nm=video 9 UDP/TLS/RTP/SAVPF 96\r\na=mid:0\r\n"
+            + "a=candidate:1 1 udp 2113937151 127.0.0.1 50002 typ host\r\n"
+        let fragment = [("Content-Type", "application/trickle-ice-sdpfrag")]
+        let restart = try RawHTTP.request(port: viewer.port, "PATCH", location, headers: fragment + [("If-Match", "*")], body: restartBody)
+        #expect(restart.status == 200, "\(restart.status) \(restart.body)")
+        #expect(restart.header("Content-Type") == "application/trickle-ice-sdpfrag")
+        #expect(restart.body.contains("a=ice-ufrag:fake1") && restart.body.contains("a=ice-pwd:") && restart.body.contains("a=candidate:"))
+        #expect(ViewerServerTests.ufrag(restart.body) == "fake1", "the peer's new credentials, not the viewer's")
+        let secondTag = try #require(restart.header("ETag"))
+        #expect(secondTag != firstTag && secondTag.hasPrefix("\""))
+        #expect(peer.restarts == [restartBody])
+        // The ETag of the ICE session before the restart is stale now, for trickle and restart alike.
+        let trickle = "a=ice-ufrag:efgh\r\na=ice-pwd:abcdefghijklmnopqrstuv\r\na=candidate:2 1 udp 1 127.0.0.1 50003 typ host\r\n"
+        let stale = try RawHTTP.request(port: viewer.port, "PATCH", location, headers: fragment + [("If-Match", firstTag)], body: trickle)
+        #expect(stale.status == 412 && stale.header("ETag") == secondTag)
+        let staleRestart = try RawHTTP.request(port: viewer.port, "PATCH", location, headers: fragment + [("If-Match", firstTag)],
+                                               body: restartBody.replacingOccurrences(of: "efgh", with: "ijkl"))
+        #expect(staleRestart.status == 412)
+        // Trickle of the new generation (its ufrag, the new ETag) is still 204.
+        #expect(try RawHTTP.request(port: viewer.port, "PATCH", location, headers: fragment + [("If-Match", secondTag)], body: trickle).status == 204)
+        #expect(peer.candidates == [trickle])
+        // A second restart with the current ETag (not "*") works too, and gets yet another ufrag and ETag.
+        let again = try RawHTTP.request(port: viewer.port, "PATCH", location, headers: fragment + [("If-Match", secondTag)],
+                                        body: restartBody.replacingOccurrences(of: "efgh", with: "mnop"))
+        #expect(again.status == 200 && again.body.contains("a=ice-ufrag:fake2") && again.header("ETag") != secondTag)
+        // "*" without new credentials is not a restart anyone can answer.
+        let empty = try RawHTTP.request(port: viewer.port, "PATCH", location, headers: fragment + [("If-Match", "*")], body: "a=candidate:3 1 udp 1 127.0.0.1 50004 typ host\r\n")
+        #expect(empty.status == 400 && empty.body.contains("ice-ufrag"))
+        #expect(peer.restarts.count == 2 && !peer.closed)
+        // No such session: 404 for a restart as for trickle.
+        let unknown = try RawHTTP.request(port: viewer.port, "PATCH", "/whep/resource/00112233445566778899aabbccddeeff", headers: fragment + [("If-Match", "*")],
+                                          body: restartBody)
+        #expect(unknown.status == 404)
+        #expect(viewer.server.endpoint.viewerCount == 1)
+    }
+
+    /// The first `a=ice-ufrag` value of an SDP text or fragment.
+    static func ufrag(_ text: String) -> String? {
+        text.split(whereSeparator: \.isNewline).first { $0.hasPrefix("a=ice-ufrag:") }.map { String($0.dropFirst(12)) }
     }
 
     @Test func theViewerLimitAnswers503WithRetryAfter() throws {
