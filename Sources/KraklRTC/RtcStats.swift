@@ -59,6 +59,9 @@ public struct RtcStats: Sendable, Equatable {
     public var delayBasedBitrate: Double?
     public var bitrateUpdates = 0
     public var transportFeedbacks = 0
+    /// The first keyframe's probe (StartupProbe): bytes sent under it and the fastest pacing rate, bits/s.
+    public var startupProbeBytes = 0
+    public var startupProbePeakRate = 0.0
 
     // ICE
     public var iceChecksSent = 0
@@ -81,6 +84,7 @@ public struct RtcStats: Sendable, Equatable {
             "pacer_dropped_packets": pacerDroppedPackets, "total_packet_send_delay": totalPacketSendDelay, "socket_send_failures": socketSendFailures,
             "receiver_reports": receiverReports, "target_bitrate": targetBitrate, "loss_based_bitrate": lossBasedBitrate,
             "bitrate_updates": bitrateUpdates, "transport_feedbacks": transportFeedbacks,
+            "startup_probe_bytes": startupProbeBytes, "startup_probe_peak_rate": startupProbePeakRate,
             "ice_checks_sent": iceChecksSent, "ice_requests_received": iceRequestsReceived, "consent_responses": consentResponses, "early_dtls_datagrams": earlyDtlsDatagrams,
             "relay_errors": relayErrors,
         ]
