@@ -49,6 +49,8 @@ struct RtcRun {
     var completeP50 = Double.nan, completeP99 = Double.nan
     var freezeMs = Double.nan
     var firstFrameMs = Double.nan
+    /// The first decoded frame's capture and the arrival of its last packet, ms after connecting (where its time went).
+    var firstCaptureMs = Double.nan, firstLastPacketMs = Double.nan
     var kbps = Double.nan
     var receiverCpu = Double.nan, receiverBusiestThread = Double.nan, probeCpu = Double.nan
     /// The probe's CPU from 5 s after connecting to the window's end: what an unchanged screen costs once the
@@ -295,10 +297,13 @@ func runRtcSession(_ scenario: RtcScenario, seconds: Double, index: Int, probe: 
         return run
     }
     defer { aiortc.stop() }
+    // Another backend (--probe-arg --backend --probe-arg x11, DISPLAY from the environment) captures what it
+    // sees: the file backend's scene options do not apply to it.
+    let sceneOptions = probeArguments.contains("--backend") ? [] : [
+        "--option", "scene=\(scenario.scene)", "--option", "width=\(scenario.width)", "--option", "height=\(scenario.height)"]
     guard let publisher = BenchChild(BenchNamespace.ip, namespace.command(probe, [
         "--address", "127.0.0.2", "--seconds", "\(seconds)", "--plugins", plugins,
-        "--option", "scene=\(scenario.scene)", "--option", "width=\(scenario.width)", "--option", "height=\(scenario.height)",
-    ] + probeArguments), out: folder + "/probe.out", err: folder + "/probe.err") else {
+    ] + sceneOptions + probeArguments), out: folder + "/probe.out", err: folder + "/probe.err") else {
         run.failure = "cannot start krakl-rtc-probe"
         return run
     }
@@ -416,6 +421,11 @@ func runRtcSession(_ scenario: RtcScenario, seconds: Double, index: Int, probe: 
     let inside = [start] + times.filter { $0 > start && $0 < end } + [end]
     run.freezeMs = zip(inside, inside.dropFirst()).map { $1 - $0 }.max() ?? (end - start)
     if let first = times.first { run.firstFrameMs = first - connected }
+    if let row = rows.first, row.count > 2, let decodedAt = row[0] as? Double, let capture = row[2] as? Int,
+       let latency = since(capture, decodedAt) {
+        run.firstCaptureMs = decodedAt - latency - connected
+        if row.count > 3, let lastPacket = row[3] as? Double, let c = since(capture, lastPacket) { run.firstLastPacketMs = decodedAt - latency + c - connected }
+    }
     if result["status"] as? Int != 0 { run.failure = "probe: \(result["result"] ?? "?")" }
     return run
 }
@@ -464,9 +474,9 @@ func runRtcBench(seconds: Double, rounds: Int, only: [String] = [], probeArgumen
             print("  round \(round + 1)/\(rounds): \(scenarios[s].label) …")
             let run = runRtcSession(scenarios[s], seconds: seconds, index: index, probe: probe, receiver: receiver, python: python,
                                     plugins: work + "/plugins.json", probeArguments: probeArguments)
-            print(String(format: "    connect %.1f ms, %d/%d decoded (%.1f %%), latency p50 %.0f p99 %.0f ms (from 2 s: %.0f/%.0f; last packet in: %.0f/%.0f), freeze %.0f ms, first frame %.0f ms, %.0f kbit/s, receiver CPU %.0f %% (busiest thread %.0f %%), probe %.0f %% (from 5 s after connect: %.3f %%), rtx %d, copies %d, PLIs %d, keyframes %d; sender: encode p50 %.1f ms, capture → encoded p50 %.1f ms, pacer wait mean %.1f ms; target at the end %.0f kbit/s (REMB %.0f); start-up probe %d bytes at up to %.1f Mbit/s%@",
+            print(String(format: "    connect %.1f ms, %d/%d decoded (%.1f %%), latency p50 %.0f p99 %.0f ms (from 2 s: %.0f/%.0f; last packet in: %.0f/%.0f), freeze %.0f ms, first frame %.0f ms (captured %.0f, last packet in %.0f), %.0f kbit/s, receiver CPU %.0f %% (busiest thread %.0f %%), probe %.0f %% (from 5 s after connect: %.3f %%), rtx %d, copies %d, PLIs %d, keyframes %d; sender: encode p50 %.1f ms, capture → encoded p50 %.1f ms, pacer wait mean %.1f ms; target at the end %.0f kbit/s (REMB %.0f); start-up probe %d bytes at up to %.1f Mbit/s%@",
                          run.connectMs, run.decoded, run.sent, run.decodedPercent, run.p50, run.p99, run.steadyP50, run.steadyP99, run.completeP50, run.completeP99,
-                         run.freezeMs, run.firstFrameMs, run.kbps, run.receiverCpu, run.receiverBusiestThread, run.probeCpu, run.probeSteadyCpu,
+                         run.freezeMs, run.firstFrameMs, run.firstCaptureMs, run.firstLastPacketMs, run.kbps, run.receiverCpu, run.receiverBusiestThread, run.probeCpu, run.probeSteadyCpu,
                          run.retransmitted, run.redundant, run.plis, run.keyframes, run.encodeP50, run.encodedP50, run.pacerWaitMean, run.targetKbps, run.rembKbps, run.probedBytes, run.probePeakMbps, run.failure.map { "; FAILED: \($0)" } ?? ""))
             runs[s].append(run)
         }
