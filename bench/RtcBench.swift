@@ -64,6 +64,8 @@ struct RtcRun {
     var targetKbps = Double.nan, rembKbps = Double.nan
     /// The first keyframe's start-up probe (bytes sent under it, fastest pacing rate in Mbit/s).
     var probedBytes = 0, probePeakMbps = 0.0
+    /// The first keyframe into the pacer (encoded) and its last packet out, ms after connecting (the sender's share).
+    var keyframeQueuedMs = Double.nan, keyframeSentMs = Double.nan
     var decodedPercent: Double { sent > 0 ? Double(decoded) / Double(sent) * 100 : .nan }
 }
 
@@ -390,6 +392,8 @@ func runRtcSession(_ scenario: RtcScenario, seconds: Double, index: Int, probe: 
     run.rembKbps = (stats["remb_bitrate"] as? Double ?? .nan) / 1000
     run.probedBytes = stats["startup_probe_bytes"] as? Int ?? 0
     run.probePeakMbps = (stats["startup_probe_peak_rate"] as? Double ?? 0) / 1e6
+    run.keyframeQueuedMs = (stats["first_keyframe_queued_ms"] as? Double).map { $0 - connected } ?? .nan
+    run.keyframeSentMs = (stats["first_keyframe_sent_ms"] as? Double).map { $0 - connected } ?? .nan
     let mediaPackets = (stats["packets_sent"] as? Int ?? 0) - run.retransmitted - run.redundant
     if mediaPackets > 0, let waited = stats["total_packet_send_delay"] as? Double { run.pacerWaitMean = waited / Double(mediaPackets) * 1000 }
     if let encoder = result["encoder"] as? [String: Any] {
@@ -474,9 +478,9 @@ func runRtcBench(seconds: Double, rounds: Int, only: [String] = [], probeArgumen
             print("  round \(round + 1)/\(rounds): \(scenarios[s].label) …")
             let run = runRtcSession(scenarios[s], seconds: seconds, index: index, probe: probe, receiver: receiver, python: python,
                                     plugins: work + "/plugins.json", probeArguments: probeArguments)
-            print(String(format: "    connect %.1f ms, %d/%d decoded (%.1f %%), latency p50 %.0f p99 %.0f ms (from 2 s: %.0f/%.0f; last packet in: %.0f/%.0f), freeze %.0f ms, first frame %.0f ms (captured %.0f, last packet in %.0f), %.0f kbit/s, receiver CPU %.0f %% (busiest thread %.0f %%), probe %.0f %% (from 5 s after connect: %.3f %%), rtx %d, copies %d, PLIs %d, keyframes %d; sender: encode p50 %.1f ms, capture → encoded p50 %.1f ms, pacer wait mean %.1f ms; target at the end %.0f kbit/s (REMB %.0f); start-up probe %d bytes at up to %.1f Mbit/s%@",
+            print(String(format: "    connect %.1f ms, %d/%d decoded (%.1f %%), latency p50 %.0f p99 %.0f ms (from 2 s: %.0f/%.0f; last packet in: %.0f/%.0f), freeze %.0f ms, first frame %.0f ms (captured %.0f, encoded %.0f, last packet out %.0f, in %.0f), %.0f kbit/s, receiver CPU %.0f %% (busiest thread %.0f %%), probe %.0f %% (from 5 s after connect: %.3f %%), rtx %d, copies %d, PLIs %d, keyframes %d; sender: encode p50 %.1f ms, capture → encoded p50 %.1f ms, pacer wait mean %.1f ms; target at the end %.0f kbit/s (REMB %.0f); start-up probe %d bytes at up to %.1f Mbit/s%@",
                          run.connectMs, run.decoded, run.sent, run.decodedPercent, run.p50, run.p99, run.steadyP50, run.steadyP99, run.completeP50, run.completeP99,
-                         run.freezeMs, run.firstFrameMs, run.firstCaptureMs, run.firstLastPacketMs, run.kbps, run.receiverCpu, run.receiverBusiestThread, run.probeCpu, run.probeSteadyCpu,
+                         run.freezeMs, run.firstFrameMs, run.firstCaptureMs, run.keyframeQueuedMs, run.keyframeSentMs, run.firstLastPacketMs, run.kbps, run.receiverCpu, run.receiverBusiestThread, run.probeCpu, run.probeSteadyCpu,
                          run.retransmitted, run.redundant, run.plis, run.keyframes, run.encodeP50, run.encodedP50, run.pacerWaitMean, run.targetKbps, run.rembKbps, run.probedBytes, run.probePeakMbps, run.failure.map { "; FAILED: \($0)" } ?? ""))
             runs[s].append(run)
         }

@@ -62,6 +62,10 @@ public struct RtcStats: Sendable, Equatable {
     /// The first keyframe's probe (StartupProbe): bytes sent under it and the fastest pacing rate, bits/s.
     public var startupProbeBytes = 0
     public var startupProbePeakRate = 0.0
+    /// When (CLOCK_MONOTONIC ms) the first keyframe was handed to the pacer and when its last packet left:
+    /// the sender's share of the time to the first picture.
+    public var firstKeyframeQueuedMs: Double?
+    public var firstKeyframeSentMs: Double?
 
     // ICE
     public var iceChecksSent = 0
@@ -93,6 +97,7 @@ public struct RtcStats: Sendable, Equatable {
             "srtp_profile": srtpProfile, "rtt_ms": roundTripMilliseconds, "fraction_lost": fractionLost,
             "cumulative_lost": cumulativeLost, "jitter_ms": jitterMilliseconds, "remb_bitrate": rembBitrate,
             "acked_bitrate": ackedBitrate, "delay_based_bitrate": delayBasedBitrate,
+            "first_keyframe_queued_ms": firstKeyframeQueuedMs, "first_keyframe_sent_ms": firstKeyframeSentMs,
         ]
         for (key, value) in optional { if let value { d[key] = value } }
         return d

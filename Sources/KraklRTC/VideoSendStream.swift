@@ -103,6 +103,7 @@ public final class VideoSendStream {
     /// The last packet of the newest keyframe while it waits in the pacer, and when such a packet last left.
     private var keyframeTailSequence: UInt16?
     private var lastKeyframeSentNs: UInt64?
+    private var sawKeyframe = false
     /// Which small frames' packets to send again, and when (loss protection).
     private var protection: LossProtection
     private var nextSenderReportAt: UInt64?
@@ -172,6 +173,10 @@ public final class VideoSendStream {
                 if startupProbe.state == .waiting {
                     startupProbe.keyframeQueued()
                     updatePacingRate(now: now)
+                }
+                if !sawKeyframe {
+                    sawKeyframe = true
+                    stats.update { $0.firstKeyframeQueuedMs = Double(now) / 1e6 }
                 }
             }
         }
@@ -255,6 +260,7 @@ public final class VideoSendStream {
                 }
                 if packet.sequenceNumber == keyframeTailSequence {
                     keyframeTailSequence = nil
+                    if lastKeyframeSentNs == nil { stats.update { $0.firstKeyframeSentMs = Double(sendNs) / 1e6 } }
                     lastKeyframeSentNs = sendNs
                     endStartupProbe(now: now)
                 }
