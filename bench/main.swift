@@ -44,6 +44,8 @@ var joins = 10
 var scenesGiven = false
 var rounds = 3
 var onlyScenarios: [String] = []
+/// rtc: extra arguments for every krakl-rtc-probe (A/B runs of a publisher setting).
+var rtcProbeArguments: [String] = []
 var words = Array(CommandLine.arguments.dropFirst())[...]
 while let word = words.popFirst() {
     switch word {
@@ -63,13 +65,14 @@ while let word = words.popFirst() {
     case "--rounds": rounds = max(1, Int(words.popFirst() ?? "") ?? rounds); roundsGiven = true
     case "--seconds": seconds = Double(words.popFirst() ?? "") ?? seconds
     case "--scenes": scenes = (words.popFirst() ?? "").split(separator: ",").map(String.init); scenesGiven = true
+    case "--probe-arg": if let argument = words.popFirst() { rtcProbeArguments.append(argument) }
     case "--only": onlyScenarios = (words.popFirst() ?? "").split(separator: "|").map(String.init) // labels hold commas
     case "--bitrate": bitrateKbps = Int(words.popFirst() ?? "") ?? bitrateKbps
     case "--size":
         let parts = (words.popFirst() ?? "").split(separator: "x").compactMap { Int($0) }
         if parts.count == 2 { (width, height) = (parts[0], parts[1]) }
     default:
-        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT']|turn [--rounds N]|room [--joins N]|viewer [--rounds N] [--seconds S] [--no-loss]|scan [--rounds N]|soak [--minutes N] [--isolate]|isolate [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
+        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT'] [--probe-arg ARG]...|turn [--rounds N]|room [--joins N]|viewer [--rounds N] [--seconds S] [--no-loss]|scan [--rounds N]|soak [--minutes N] [--isolate]|isolate [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
         exit(2)
     }
 }
@@ -194,7 +197,7 @@ if turnMode {
     exit(0)
 }
 if rtcMode {
-    try runRtcBench(seconds: seconds, rounds: rounds, only: onlyScenarios)
+    try runRtcBench(seconds: seconds, rounds: rounds, only: onlyScenarios, probeArguments: rtcProbeArguments)
     exit(0)
 }
 if pipewireMode {

@@ -413,7 +413,8 @@ ENCODER OPTIONS
       --refresh S         Re-encode an unchanged screen every S seconds so late or
                           lossy receivers recover (default 1 when recording; 0 = off,
                           the default in a room and for the viewer, where receivers ask
-                          with PLI/NACK).
+                          with PLI/NACK and the screen gets three passes 1, 2 and 4 s
+                          after it settles, then nothing).
       --keyframe-interval S  A keyframe at least every S seconds (default 0: on
                           request only; SIGUSR1 requests one, at most one per 0.3 s).
       --encoder-threads N libvpx threads (default 0: 2 at 720p and up on 4+ cores, else 1).

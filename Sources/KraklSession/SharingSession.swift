@@ -33,7 +33,9 @@ public struct SharingConfiguration: Sendable {
         // In a room, receivers ask for what they miss (NACK, PLI/FIR; an SFU forwards a new
         // subscriber's PLI), so the once-a-second refresh of an unchanged screen, most of an idle
         // share's cost (≈ 1.2 % of a core at 1080p), buys nothing there. Recordings keep it.
-        encoder.refreshInterval = 0
+        // What it also did, raising the quality of what stopped changing, a few passes after the
+        // screen settles still do (then nothing until the next change).
+        encoder.refreshForReceiversThatAsk()
     }
 }
 
