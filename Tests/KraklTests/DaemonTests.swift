@@ -316,7 +316,7 @@ import Testing
                         "--option", "width=640", "--option", "height=360"]).joined(separator: " ")
         try unit.replacingOccurrences(of: String(execStart), with: "ExecStart=" + command)
             .write(toFile: config + "/systemd/user/krakl-agent.service", atomically: true, encoding: .utf8)
-        let show = "'\(systemctl)' --user show -p ActiveState,SubState,Result,ExecMainCode,ExecMainStatus,StatusText krakl-agent | tr '\\n' ' '; echo"
+        let show = "'\(systemctl)' --user show -p ActiveState,SubState,Result,StatusText krakl-agent | tr '\\n' ' '; echo"
         let script = """
             set -u
             export XDG_RUNTIME_DIR='\(runtime)' XDG_CONFIG_HOME='\(config)' KRAKL_NO_NOTIFY=1
@@ -360,8 +360,10 @@ import Testing
         print("systemd --user after stop: \(manager.log.components(separatedBy: "AFTER-STOP:").last ?? "")")
         #expect(room.server.requests("DELETE", atLeast: 1, timeout: 5).count == 1, "SIGTERM from systemd did not leave the room")
         let stopped = manager.log.components(separatedBy: "AFTER-STOP:").last ?? ""
-        #expect(manager.log.contains("STOPPED=0") && stopped.contains("ActiveState=inactive") && stopped.contains("Result=success")
-                && stopped.contains("ExecMainCode=1") && stopped.contains("ExecMainStatus=0"), "after systemctl --user stop (ExecMainCode 1: exited, not killed): \(stopped)")
+        // Result=success: a unit whose process failed stays loaded with Result=exit-code (or signal,
+        // core-dump, timeout); a clean one is unloaded, its ExecMain numbers reset, so those say nothing.
+        #expect(manager.log.contains("STOPPED=0") && stopped.contains("ActiveState=inactive") && stopped.contains("Result=success"),
+                "after systemctl --user stop: \(stopped)")
         #expect(manager.waitForExit(seconds: 20), "the user manager did not end: \(manager.log)")
     }
 
