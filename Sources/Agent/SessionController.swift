@@ -148,6 +148,8 @@ final class SessionController {
         stateSince = MonotonicClock.milliseconds()
         stopTicker()
         lastEnd = ControlEnd(reason: reason.name, message: reason.description, exitStatus: reason.exitStatus)
+        // Everything of the session is freed by now (onFinished comes last): give the pages back.
+        HeapRelease.trim()
         notifier?.sharingEnded(reason, shared: shared)
         onEvent(.ended(reason, status()))
     }
