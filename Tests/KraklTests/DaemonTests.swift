@@ -554,9 +554,10 @@ import Testing
                      cycles, warm, start.fds, start.threads, start.rssKB, cycles, seconds, end.fds, end.threads, end.rssKB, perCycle, grown))
         #expect(end.fds == start.fds, "descriptors \(start.fds) → \(end.fds)")
         #expect(end.threads == start.threads, "threads \(start.threads) → \(end.threads)")
-        // A leak of one session's encoder, send stream or buffers is hundreds of KB a cycle; 25 KB a
-        // cycle over the last 80 is below any per-session object of note and above glibc's noise.
-        #expect(perCycle < 25, "RSS \(start.rssKB) → \(end.rssKB) KB over \(cycles - warm) cycles: \(grown)")
+        // A leak of one session's encoder, send stream or buffers is hundreds of KB a cycle; 50 KB a
+        // cycle over the last 80 is below any per-session object of note and above glibc's noise
+        // (quiet runs -6 to +2 KB a cycle; one run beside a whole test suite +19 KB, its arenas).
+        #expect(perCycle < 50, "RSS \(start.rssKB) → \(end.rssKB) KB over \(cycles - warm) cycles: \(grown)")
         #expect(room.server.requests("DELETE", atLeast: cycles, timeout: 5).count == cycles)
     }
 
