@@ -129,7 +129,7 @@ func runRoomShareBench(seconds: Double, rounds: Int, scenes: [String], smapsOut:
                     text.split(separator: "\n").compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
                         .compactMap { $0["first_frame_ms"] as? Double }.first
                 }) else {
-                    run.failure = "no frame: " + String((child.stderr + watcher.stderr).suffix(300))
+                    run.failure = "no frame in 40 s; publisher: " + String((child.stdout + child.stderr).suffix(300)) + " subscriber: " + String((watcher.stdout + watcher.stderr).suffix(200))
                     print("    \(run.failure!)")
                     runs[publisher, default: []].append(run)
                     continue
