@@ -195,7 +195,11 @@ func runRoomShareBench(seconds: Double, rounds: Int, scenes: [String], smapsOut:
     for scene in scenes {
         let pick = { (name: String) in results.first { $0.scene == scene && $0.publisher == name }?.runs ?? [] }
         let k = median(pick("krakl"), \.cpuTotal), g = median(pick("gst"), \.cpuTotal)
-        print(String(format: "%@: krakl's total CPU (median) is %.1fx lower than GStreamer's", scene, g / k))
+        if k < 0.01 {
+            print(String(format: "%@: krakl's total CPU (median) rounds to 0.00 s/min against GStreamer's %.2f", scene, g))
+        } else {
+            print(String(format: "%@: krakl's total CPU (median) is %.1fx lower than GStreamer's", scene, g / k))
+        }
     }
 }
 
