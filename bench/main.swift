@@ -32,6 +32,8 @@ var pipewireMode = false
 var rtcMode = false
 var turnMode = false
 var roomMode = false
+var roomShareMode = false
+var smapsPrefix: String?
 var viewerMode = false
 var viewerLoss = true
 var scanMode = false
@@ -54,6 +56,8 @@ while let word = words.popFirst() {
     case "rtc": rtcMode = true
     case "turn": turnMode = true
     case "room": roomMode = true
+    case "roomshare": roomShareMode = true
+    case "--smaps": smapsPrefix = words.popFirst()
     case "viewer": viewerMode = true
     case "--no-loss": viewerLoss = false
     case "scan": scanMode = true
@@ -72,7 +76,7 @@ while let word = words.popFirst() {
         let parts = (words.popFirst() ?? "").split(separator: "x").compactMap { Int($0) }
         if parts.count == 2 { (width, height) = (parts[0], parts[1]) }
     default:
-        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT'] [--probe-arg ARG]...|turn [--rounds N]|room [--joins N]|viewer [--rounds N] [--seconds S] [--no-loss]|scan [--rounds N]|soak [--minutes N] [--isolate]|isolate [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
+        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT'] [--probe-arg ARG]...|turn [--rounds N]|room [--joins N]|roomshare [--rounds N] [--seconds S] [--scenes a,b] [--smaps PREFIX]|viewer [--rounds N] [--seconds S] [--no-loss]|scan [--rounds N]|soak [--minutes N] [--isolate]|isolate [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
         exit(2)
     }
 }
@@ -182,6 +186,11 @@ if soakMode {
 }
 if scanMode {
     try runScanBench(rounds: roundsGiven ? rounds : 10)
+    exit(0)
+}
+if roomShareMode {
+    try runRoomShareBench(seconds: seconds == 10 ? 20 : seconds, rounds: rounds, scenes: scenesGiven ? scenes : ["static", "typing", "scrolling"],
+                          smapsOut: smapsPrefix)
     exit(0)
 }
 if roomMode {
