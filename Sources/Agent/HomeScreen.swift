@@ -3,6 +3,7 @@ import Glibc
 import KraklCore
 import KraklRTC
 import KraklSession
+import KraklViewer
 
 /// The interactive home screen (docs/home-screen.md): the product name, the state, and keys to
 /// connect (a join code, a QR picture, the screen scanned), stop and quit; while sharing, the

@@ -99,6 +99,35 @@ import Testing
         #expect(pane.waitFor("EXIT=0", timeout: 20).ok, "after x: \(pane.screen())")
     }
 
+    /// The page in headless Chromium (Tests/Fixtures/viewer_browser.py) with nothing shared: it
+    /// connects and says so, in place of "Watching the shared screen.".
+    @Test func thePageSaysNothingIsSharedAtHome() throws {
+        try Harness.requireBuild()
+        guard try ViewerBrowserTests.browserPrerequisites() else { return }
+        let folder = try Harness.temporaryDirectory()
+        let registry = try Harness.registryForThisBuild(in: folder)
+        let script = HomeScreenTests.paneScript(registry: registry, arguments: ["home", "--listen", "127.0.0.1:0"],
+                                                environment: ["KRAKL_NO_NOTIFY": "1"], folder: folder,
+                                                unsetting: ["BROWSER", "DISPLAY", "WAYLAND_DISPLAY"])
+        let pane = try Pane(script: script, folder: folder, namespace: nil)
+        try #require(pane.waitFor("[v] viewer", timeout: 20).ok, "no home screen: \(pane.screen())")
+        pane.keys("v")
+        let shown = pane.waitFor("open this URL", timeout: 15)
+        let url = try #require(Self.viewerURL(shown.screen, host: "127.0.0.1"), "no Viewer: line: \(shown.screen)")
+        let viewer = try ViewerBrowserTests.Viewer()
+        defer { viewer.quit() }
+        // No frames come: the open gives up waiting for video after a few seconds.
+        _ = try viewer.send(["cmd": "open", "url": url, "timeout": 3], timeout: 60)
+        let idle = try viewer.send(["cmd": "await_text", "text": Self.nothingShared, "timeout": 15], timeout: 40)
+        #expect(idle["found"] as? Bool == true, "the page's texts: \(idle["texts"] ?? "-")")
+        #expect(pane.waitFor("· 1 viewer", timeout: 10).ok, "the Viewer: line does not count the page: \(pane.screen())")
+        pane.keys("x")
+        #expect(pane.waitFor("EXIT=0", timeout: 20).ok, "after x: \(pane.screen())")
+    }
+
+    /// HomeViewer.nothingShared, as the page shows it.
+    static let nothingShared = "Nothing is shared right now: the picture comes back when the agent shares into a room again."
+
     /// A taken port: said on the screen, and the home screen goes on.
     @Test func aTakenPortIsANoticeNotAnExit() throws {
         try Harness.requireBuild()
