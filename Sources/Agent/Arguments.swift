@@ -274,7 +274,7 @@ struct Arguments {
     }
 
     /// A command that shows the home screen on a terminal (whose `v` starts the viewer); in lines
-    /// mode and the daemon the viewer options are accepted and unused.
+    /// mode the viewer options are accepted and unused.
     var mayShowHomeScreen: Bool {
         switch command {
         case .home, .join, .qr, .scan: return true

@@ -128,6 +128,15 @@ import Testing
     /// HomeViewer.nothingShared, as the page shows it.
     static let nothingShared = "Nothing is shared right now: the picture comes back when the agent shares into a room again."
 
+    /// --listen and friends are accepted where the home screen may show; the daemon still refuses them.
+    @Test func viewerOptionsAreForTheViewerAndTheHomeScreen() throws {
+        try Harness.requireBuild()
+        let home = try Harness.run(Harness.agent, ["home", "--listen", "127.0.0.1:0", "--viewer-token"], timeout: 20)
+        #expect(home.status == 2 && home.stderr.contains("needs a terminal") && !home.stderr.contains("--listen"), "\(home)")
+        let daemon = try Harness.run(Harness.agent, ["daemon", "--viewer-port", "0"], timeout: 20)
+        #expect(daemon.status == 2 && daemon.stderr.contains("are for the viewer"), "\(daemon)")
+    }
+
     /// A taken port: said on the screen, and the home screen goes on.
     @Test func aTakenPortIsANoticeNotAnExit() throws {
         try Harness.requireBuild()
