@@ -93,18 +93,22 @@ import Testing
     /// status and whether the terminal is back in canonical mode. `trap : INT` keeps bash itself alive
     /// when Ctrl-C reaches the whole foreground group (the agent still gets SIGINT).
     static func paneScript(_ room: RoomSessionTests.WhipRoom, arguments: [String], environment: [String: String], folder: String,
-                           source: [String] = ["--option", "scene=typing", "--option", "width=640", "--option", "height=360"]) -> String {
-        paneScript(registry: room.registry, arguments: arguments, environment: environment, folder: folder, source: source)
+                           source: [String] = ["--option", "scene=typing", "--option", "width=640", "--option", "height=360"],
+                           unsetting: [String] = []) -> String {
+        paneScript(registry: room.registry, arguments: arguments, environment: environment, folder: folder, source: source, unsetting: unsetting)
     }
 
+    /// `unsetting`: variables of the test's environment the agent must not see (DISPLAY, BROWSER).
     static func paneScript(registry: String, arguments: [String], environment: [String: String], folder: String,
-                           source: [String] = ["--option", "scene=typing", "--option", "width=640", "--option", "height=360"]) -> String {
+                           source: [String] = ["--option", "scene=typing", "--option", "width=640", "--option", "height=360"],
+                           unsetting: [String] = []) -> String {
         let quoted = ([Harness.agent, "--address", "127.0.0.2", "--plugins", registry] + source + arguments)
             .map { "'\($0)'" }.joined(separator: " ")
         let env = environment.map { "\($0.key)='\($0.value)'" }.sorted().joined(separator: " ")
+        let unset = unsetting.map { "-u \($0) " }.joined()
         return """
         trap : INT
-        env -u NO_COLOR \(env) \(quoted) 2>'\(folder)/agent.stderr'
+        env -u NO_COLOR \(unset)\(env) \(quoted) 2>'\(folder)/agent.stderr'
         echo "EXIT=$?"
         stty -a | tr ' ;' '\\n\\n' | grep -x -- '-\\?icanon'
         sleep 600
