@@ -145,10 +145,42 @@ public final class Publisher: @unchecked Sendable {
     /// Answerer only: what we read from the remote offer.
     public private(set) var remoteOffer: SdpRemoteOffer?
 
-    /// Called on the network thread. Set before `setAnswer` to see every event; any thread may set it.
+    /// Called on the network thread; any thread may set it. The offerer starts gathering in `init`, so
+    /// events that come before a handler is set (a relay failing at once, a local candidate) wait for it
+    /// and are delivered in order when it is set: a loaded CI run lost a relay-only failure that way and
+    /// waited out the connect time-out instead of saying why.
     public var onEvent: ((PublisherEvent) -> Void)? {
         get { stateLock.lock(); defer { stateLock.unlock() }; return eventHandler }
-        set { stateLock.lock(); eventHandler = newValue; stateLock.unlock() }
+        set {
+            stateLock.lock()
+            eventHandler = newValue
+            let waiting = newValue != nil && !pendingEvents.isEmpty
+            stateLock.unlock()
+            if waiting { loop.post { [weak self] in self?.deliverPendingEvents() } }
+        }
+    }
+
+    /// Network thread: to the handler, or kept for it (after any kept before, so the order holds).
+    private func emit(_ event: PublisherEvent) {
+        stateLock.lock()
+        guard let handler = eventHandler, pendingEvents.isEmpty else {
+            // Bounded: a publisher nobody listens to keeps only its first events.
+            if pendingEvents.count < 256 { pendingEvents.append(event) }
+            stateLock.unlock()
+            return
+        }
+        stateLock.unlock()
+        handler(event)
+    }
+
+    /// Network thread: the events kept until a handler was set.
+    private func deliverPendingEvents() {
+        stateLock.lock()
+        guard let handler = eventHandler else { stateLock.unlock(); return }
+        let events = pendingEvents
+        pendingEvents.removeAll()
+        stateLock.unlock()
+        for event in events { handler(event) }
     }
     /// Called once, on the network thread, when the peer ended the session or it failed (consent lost,
     /// DTLS close_notify, RTCP BYE, ICE or DTLS failure), with the reason in words; not after `close()`.
@@ -168,6 +200,7 @@ public final class Publisher: @unchecked Sendable {
         set { stateLock.lock(); bitrateHandler = newValue; stateLock.unlock() }
     }
     private var eventHandler: ((PublisherEvent) -> Void)?
+    private var pendingEvents: [PublisherEvent] = []
     private var closedHandler: ((String) -> Void)?
     private var keyframeHandler: (() -> Void)?
     private var bitrateHandler: ((Int) -> Void)?
@@ -561,7 +594,7 @@ extension Publisher: PeerTransportDelegate {
 
     func transportConnected(milliseconds: Double) {
         media = true
-        onEvent?(.connected(milliseconds: milliseconds))
+        emit(.connected(milliseconds: milliseconds))
         // Whatever was encoded before is useless to the receiver: start with a keyframe.
         _ = takeQueuedFrames()
         stream?.start(now: MonotonicClock.nanoseconds())
@@ -579,7 +612,7 @@ extension Publisher: PeerTransportDelegate {
     func transportEnded(_ event: PublisherEvent) {
         media = false
         stream?.stop()
-        onEvent?(event)
+        emit(event)
         let reason: String
         switch event {
         case .remoteClosed: reason = "the peer closed the connection (DTLS close_notify)"
@@ -590,7 +623,7 @@ extension Publisher: PeerTransportDelegate {
         onClosed?(reason)
     }
 
-    func transportLocalCandidate(_ candidate: IceCandidate) { onEvent?(.localCandidate(candidate)) }
+    func transportLocalCandidate(_ candidate: IceCandidate) { emit(.localCandidate(candidate)) }
 
     /// CLOCK_REALTIME, for RTCP's NTP timestamps.
     static func unixNanoseconds() -> UInt64 {

@@ -68,6 +68,31 @@ func rtcHandBuiltBye(ssrcs: [UInt32], reason: [UInt8]?) -> [UInt8] {
         return configuration
     }
 
+    /// The offerer gathers from `init` on, so a relay can fail before its owner has set `onEvent`
+    /// (SharingSession sets it on the next line; a loaded CI run was descheduled in between). That
+    /// failure must still reach the handler when it is set, not be lost to a connect time-out.
+    @Test func anEventBeforeTheHandlerIsSetIsDeliveredWhenItIs() throws {
+        var configuration = Self.loopbackConfiguration()
+        configuration.relayOnly = true
+        configuration.turnCAFile = "/nonexistent/ca.pem"
+        configuration.turnServers = [TurnServer(address: TransportAddress(ip: IPAddress("127.0.0.1")!, port: 5349), username: "u",
+                                                password: "p", transport: .tls, tlsName: "127.0.0.1")]
+        let publisher = try Publisher(configuration: configuration)
+        defer { publisher.close() }
+        let deadline = MonotonicClock.milliseconds() + 10_000
+        while publisher.stats.state != "failed" && MonotonicClock.milliseconds() < deadline { usleep(5_000) }
+        try #require(publisher.stats.state == "failed", "the relay-only publisher did not fail: \(publisher.stats.state)")
+        let log = RtcCallbackLog()
+        publisher.onEvent = { log.event($0) }
+        var failure: String?
+        while failure == nil && MonotonicClock.milliseconds() < deadline + 5_000 {
+            failure = log.events.compactMap { if case .failed(let reason) = $0 { return reason } else { return nil } }.first
+            if failure == nil { usleep(5_000) }
+        }
+        print("failed before the handler was set, delivered after: \(failure ?? "nothing")")
+        #expect(failure?.contains("/nonexistent/ca.pem") == true, "the failure never reached the handler: \(log.events)")
+    }
+
     /// A peer that, like Chromium, sends its ClientHello as soon as its first ICE check succeeds, and
     /// the answer reaches the publisher 1 s later. The publisher answers the peer's checks without
     /// the answer, keeps the ClientHello and replays it when the answer comes, so DTLS completes
