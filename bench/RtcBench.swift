@@ -380,6 +380,24 @@ func runRtcSession(_ scenario: RtcScenario, seconds: Double, index: Int, probe: 
     }
     let rows = report["arrivals"] as? [[Any]] ?? []
     let times = rows.compactMap { $0.first as? Double }
+    let latency = rtcLatencies(report, connected: connected)
+    run.stamped = latency.stamped
+    (run.p50, run.p99, run.steadyP50, run.steadyP99) = (latency.p50, latency.p99, latency.steadyP50, latency.steadyP99)
+    run.completeP50 = latency.completeP50
+    run.completeP99 = latency.completeP99
+    let start = connected + 500, end = windowEnd - 200
+    let inside = [start] + times.filter { $0 > start && $0 < end } + [end]
+    run.freezeMs = zip(inside, inside.dropFirst()).map { $1 - $0 }.max() ?? (end - start)
+    if let first = times.first { run.firstFrameMs = first - connected }
+    if result["status"] as? Int != 0 { run.failure = "probe: \(result["result"] ?? "?")" }
+    return run
+}
+
+/// Capture → decoded (and → last packet in) latencies from an aiortc receiver's report, over all
+/// stamped frames and over those captured ≥ 2 s after `connected` (CLOCK_MONOTONIC ms).
+func rtcLatencies(_ report: [String: Any], connected: Double)
+    -> (stamped: Int, p50: Double, p99: Double, steadyP50: Double, steadyP99: Double, completeP50: Double, completeP99: Double) {
+    let rows = report["arrivals"] as? [[Any]] ?? []
     // Per-frame latency as the receiver computes it: decoded ms (truncated) minus the stamp's capture ms, mod 2^32.
     func since(_ capture: Int, _ t: Double) -> Double? {
         let latency = (Int64(t) - Int64(capture)) & 0xFFFF_FFFF
@@ -392,19 +410,8 @@ func runRtcSession(_ scenario: RtcScenario, seconds: Double, index: Int, probe: 
         if decodedAt - latency >= connected + 2000 { steady.append(latency) }
         if row.count > 3, let lastPacket = row[3] as? Double, let c = since(capture, lastPacket) { complete.append(c) }
     }
-    run.stamped = latencies.count
-    run.p50 = percentile(latencies, 0.5)
-    run.p99 = percentile(latencies, 0.99)
-    run.steadyP50 = percentile(steady, 0.5)
-    run.steadyP99 = percentile(steady, 0.99)
-    run.completeP50 = percentile(complete, 0.5)
-    run.completeP99 = percentile(complete, 0.99)
-    let start = connected + 500, end = windowEnd - 200
-    let inside = [start] + times.filter { $0 > start && $0 < end } + [end]
-    run.freezeMs = zip(inside, inside.dropFirst()).map { $1 - $0 }.max() ?? (end - start)
-    if let first = times.first { run.firstFrameMs = first - connected }
-    if result["status"] as? Int != 0 { run.failure = "probe: \(result["result"] ?? "?")" }
-    return run
+    return (latencies.count, percentile(latencies, 0.5), percentile(latencies, 0.99), percentile(steady, 0.5), percentile(steady, 0.99),
+            percentile(complete, 0.5), percentile(complete, 0.99))
 }
 
 // MARK: the bench
