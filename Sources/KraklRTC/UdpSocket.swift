@@ -80,12 +80,17 @@ public final class UdpSocket {
     public func send(_ datagram: [UInt8], to peer: TransportAddress) -> Bool {
         guard fd >= 0 else { sendFailures += 1; return false }
         var storage = UdpSocket.sockaddr(peer)
-        let sent = datagram.withUnsafeBytes { bytes in
-            withUnsafePointer(to: &storage.address) {
-                $0.withMemoryRebound(to: Glibc.sockaddr.self, capacity: 1) {
-                    sendto(fd, bytes.baseAddress, bytes.count, 0, $0, storage.length)
+        var sent = -1
+        // A pending ICMP error of an earlier datagram (IP_RECVERR) fails one sendto; this datagram is not the one refused.
+        for _ in 0..<2 {
+            sent = datagram.withUnsafeBytes { bytes in
+                withUnsafePointer(to: &storage.address) {
+                    $0.withMemoryRebound(to: Glibc.sockaddr.self, capacity: 1) {
+                        sendto(fd, bytes.baseAddress, bytes.count, 0, $0, storage.length)
+                    }
                 }
             }
+            guard sent < 0, [ECONNREFUSED, EHOSTUNREACH, ENETUNREACH].contains(errno) else { break }
         }
         if sent != datagram.count { sendFailures += 1; return false }
         return true

@@ -250,6 +250,22 @@ struct CannedTurnServer {
         let got = try #require(report, "no error report for a datagram to a closed port")
         #expect(got.destination == closed && got.code == ECONNREFUSED, "report: \(got)")
         #expect(socket.receiveError() == nil, "one datagram, one report")
+        // The error pending after it costs no later datagram: this one is sent, and arrives.
+        #expect(socket.send([1, 2, 3], to: closed))
+        // Until the ICMP is in (the socket polls in error), bounded.
+        var waiting = pollfd(fd: socket.fd, events: 0, revents: 0)
+        for _ in 0..<100 where waiting.revents & Int16(POLLERR) == 0 { _ = poll(&waiting, 1, 10) }
+        #expect(waiting.revents & Int16(POLLERR) != 0, "no ICMP error for the second datagram")
+        #expect(socket.send([7], to: echo.localAddress), "a send failed on the earlier datagram's ICMP error")
+        #expect(socket.sendFailures == 0)
+        var echoed: [UInt8]?
+        var echoBuffer = [UInt8](repeating: 0, count: 64)
+        for _ in 0..<200 where echoed == nil {
+            echoed = echo.receive(&echoBuffer)?.bytes
+            if echoed == nil { usleep(5_000) }
+        }
+        #expect(echoed == [7])
+        _ = socket.receiveError()
         // Datagrams still arrive after the error.
         #expect(echo.send([9], to: socket.localAddress))
         var buffer = [UInt8](repeating: 0, count: 64)
