@@ -49,14 +49,23 @@ struct RtcRun {
     var completeP50 = Double.nan, completeP99 = Double.nan
     var freezeMs = Double.nan
     var firstFrameMs = Double.nan
+    /// The first decoded frame's capture and the arrival of its last packet, ms after connecting (where its time went).
+    var firstCaptureMs = Double.nan, firstLastPacketMs = Double.nan
     var kbps = Double.nan
     var receiverCpu = Double.nan, receiverBusiestThread = Double.nan, probeCpu = Double.nan
+    /// The probe's CPU from 5 s after connecting to the window's end: what an unchanged screen costs once the
+    /// first picture is out (a static scene's one keyframe would otherwise dominate a short window).
+    var probeSteadyCpu = Double.nan
     var retransmitted = 0, plis = 0, keyframes = 0, redundant = 0
     /// Where the sender's share goes: libvpx's encode time, capture → encoded frame (conversion, waiting, encode),
     /// and the mean wait of a media packet in the pacer.
     var encodeP50 = Double.nan, encodedP50 = Double.nan, pacerWaitMean = Double.nan
     /// The publisher's target at the end, and the receiver's last REMB, kbit/s.
     var targetKbps = Double.nan, rembKbps = Double.nan
+    /// The first keyframe's start-up probe (bytes sent under it, fastest pacing rate in Mbit/s).
+    var probedBytes = 0, probePeakMbps = 0.0
+    /// The first keyframe into the pacer (encoded) and its last packet out, ms after connecting (the sender's share).
+    var keyframeQueuedMs = Double.nan, keyframeSentMs = Double.nan
     var decodedPercent: Double { sent > 0 ? Double(decoded) / Double(sent) * 100 : .nan }
 }
 
@@ -274,7 +283,7 @@ final class BenchNamespace {
 // MARK: one session
 
 func runRtcSession(_ scenario: RtcScenario, seconds: Double, index: Int, probe: String, receiver: String, python: String,
-                   plugins: String) -> RtcRun {
+                   plugins: String, probeArguments: [String] = []) -> RtcRun {
     var run = RtcRun()
     let namespace: BenchNamespace
     do { namespace = try BenchNamespace("krakl-bench-\(getpid())-\(index)") } catch {
@@ -290,10 +299,13 @@ func runRtcSession(_ scenario: RtcScenario, seconds: Double, index: Int, probe: 
         return run
     }
     defer { aiortc.stop() }
+    // Another backend (--probe-arg --backend --probe-arg x11, DISPLAY from the environment) captures what it
+    // sees: the file backend's scene options do not apply to it.
+    let sceneOptions = probeArguments.contains("--backend") ? [] : [
+        "--option", "scene=\(scenario.scene)", "--option", "width=\(scenario.width)", "--option", "height=\(scenario.height)"]
     guard let publisher = BenchChild(BenchNamespace.ip, namespace.command(probe, [
         "--address", "127.0.0.2", "--seconds", "\(seconds)", "--plugins", plugins,
-        "--option", "scene=\(scenario.scene)", "--option", "width=\(scenario.width)", "--option", "height=\(scenario.height)",
-    ]), out: folder + "/probe.out", err: folder + "/probe.err") else {
+    ] + sceneOptions + probeArguments), out: folder + "/probe.out", err: folder + "/probe.err") else {
         run.failure = "cannot start krakl-rtc-probe"
         return run
     }
@@ -329,12 +341,15 @@ func runRtcSession(_ scenario: RtcScenario, seconds: Double, index: Int, probe: 
     let receiverStart = threadCpuSeconds(aiortc.pid), probeStart = processCpuSeconds(publisher.pid)
     var receiverEnd = receiverStart, probeEnd = probeStart
     var sampledUntil = MonotonicClock.milliseconds()
+    let steadyFrom = connected + 5000
+    var probeSteadyStart: (ms: Double, cpu: Double)?
     let result = publisher.poll(timeout: seconds + 60) { text -> [String: Any]? in
         let now = MonotonicClock.milliseconds()
         if now <= windowEnd {
             let r = threadCpuSeconds(aiortc.pid), p = processCpuSeconds(publisher.pid)
             if !r.isEmpty { receiverEnd = r }
             if p > 0 { probeEnd = p }
+            if probeSteadyStart == nil && now >= steadyFrom && p > 0 { probeSteadyStart = (now, p) }
             sampledUntil = now
         }
         return rtcJsonLine(text, marker: "\"result\"")
@@ -346,6 +361,9 @@ func runRtcSession(_ scenario: RtcScenario, seconds: Double, index: Int, probe: 
         run.receiverCpu = perThread.reduce(0, +) / window * 100
         run.receiverBusiestThread = (perThread.max() ?? 0) / window * 100
         run.probeCpu = (probeEnd - probeStart) / window * 100
+        if let steady = probeSteadyStart, sampledUntil - steady.ms > 1000 {
+            run.probeSteadyCpu = (probeEnd - steady.cpu) / ((sampledUntil - steady.ms) / 1000) * 100
+        }
     }
     guard let result, let stats = result["stats"] as? [String: Any] else {
         run.failure = "the probe gave no result: \(publisher.stderr.suffix(500))"
@@ -372,6 +390,10 @@ func runRtcSession(_ scenario: RtcScenario, seconds: Double, index: Int, probe: 
     run.keyframes = stats["keyframes_sent"] as? Int ?? 0
     run.targetKbps = (stats["target_bitrate"] as? Double ?? .nan) / 1000
     run.rembKbps = (stats["remb_bitrate"] as? Double ?? .nan) / 1000
+    run.probedBytes = stats["startup_probe_bytes"] as? Int ?? 0
+    run.probePeakMbps = (stats["startup_probe_peak_rate"] as? Double ?? 0) / 1e6
+    run.keyframeQueuedMs = (stats["first_keyframe_queued_ms"] as? Double).map { $0 - connected } ?? .nan
+    run.keyframeSentMs = (stats["first_keyframe_sent_ms"] as? Double).map { $0 - connected } ?? .nan
     let mediaPackets = (stats["packets_sent"] as? Int ?? 0) - run.retransmitted - run.redundant
     if mediaPackets > 0, let waited = stats["total_packet_send_delay"] as? Double { run.pacerWaitMean = waited / Double(mediaPackets) * 1000 }
     if let encoder = result["encoder"] as? [String: Any] {
@@ -380,24 +402,6 @@ func runRtcSession(_ scenario: RtcScenario, seconds: Double, index: Int, probe: 
     }
     let rows = report["arrivals"] as? [[Any]] ?? []
     let times = rows.compactMap { $0.first as? Double }
-    let latency = rtcLatencies(report, connected: connected)
-    run.stamped = latency.stamped
-    (run.p50, run.p99, run.steadyP50, run.steadyP99) = (latency.p50, latency.p99, latency.steadyP50, latency.steadyP99)
-    run.completeP50 = latency.completeP50
-    run.completeP99 = latency.completeP99
-    let start = connected + 500, end = windowEnd - 200
-    let inside = [start] + times.filter { $0 > start && $0 < end } + [end]
-    run.freezeMs = zip(inside, inside.dropFirst()).map { $1 - $0 }.max() ?? (end - start)
-    if let first = times.first { run.firstFrameMs = first - connected }
-    if result["status"] as? Int != 0 { run.failure = "probe: \(result["result"] ?? "?")" }
-    return run
-}
-
-/// Capture → decoded (and → last packet in) latencies from an aiortc receiver's report, over all
-/// stamped frames and over those captured ≥ 2 s after `connected` (CLOCK_MONOTONIC ms).
-func rtcLatencies(_ report: [String: Any], connected: Double)
-    -> (stamped: Int, p50: Double, p99: Double, steadyP50: Double, steadyP99: Double, completeP50: Double, completeP99: Double) {
-    let rows = report["arrivals"] as? [[Any]] ?? []
     // Per-frame latency as the receiver computes it: decoded ms (truncated) minus the stamp's capture ms, mod 2^32.
     func since(_ capture: Int, _ t: Double) -> Double? {
         let latency = (Int64(t) - Int64(capture)) & 0xFFFF_FFFF
@@ -410,15 +414,31 @@ func rtcLatencies(_ report: [String: Any], connected: Double)
         if decodedAt - latency >= connected + 2000 { steady.append(latency) }
         if row.count > 3, let lastPacket = row[3] as? Double, let c = since(capture, lastPacket) { complete.append(c) }
     }
-    return (latencies.count, percentile(latencies, 0.5), percentile(latencies, 0.99), percentile(steady, 0.5), percentile(steady, 0.99),
-            percentile(complete, 0.5), percentile(complete, 0.99))
+    run.stamped = latencies.count
+    run.p50 = percentile(latencies, 0.5)
+    run.p99 = percentile(latencies, 0.99)
+    run.steadyP50 = percentile(steady, 0.5)
+    run.steadyP99 = percentile(steady, 0.99)
+    run.completeP50 = percentile(complete, 0.5)
+    run.completeP99 = percentile(complete, 0.99)
+    let start = connected + 500, end = windowEnd - 200
+    let inside = [start] + times.filter { $0 > start && $0 < end } + [end]
+    run.freezeMs = zip(inside, inside.dropFirst()).map { $1 - $0 }.max() ?? (end - start)
+    if let first = times.first { run.firstFrameMs = first - connected }
+    if let row = rows.first, row.count > 2, let decodedAt = row[0] as? Double, let capture = row[2] as? Int,
+       let latency = since(capture, decodedAt) {
+        run.firstCaptureMs = decodedAt - latency - connected
+        if row.count > 3, let lastPacket = row[3] as? Double, let c = since(capture, lastPacket) { run.firstLastPacketMs = decodedAt - latency + c - connected }
+    }
+    if result["status"] as? Int != 0 { run.failure = "probe: \(result["result"] ?? "?")" }
+    return run
 }
 
 // MARK: the bench
 
 /// `only`: keep the scenarios whose label contains one of these texts (all when empty),
 /// e.g. `--only "1920×1080 scrolling"` while working on one of them.
-func runRtcBench(seconds: Double, rounds: Int, only: [String] = []) throws {
+func runRtcBench(seconds: Double, rounds: Int, only: [String] = [], probeArguments: [String] = []) throws {
     guard geteuid() == 0 else { throw BenchError("krakl-bench rtc needs root (ip netns add, nft)") }
     let repoRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().path
     let receiver = repoRoot + "/Tests/Fixtures/aiortc_receiver.py"
@@ -443,6 +463,7 @@ func runRtcBench(seconds: Double, rounds: Int, only: [String] = []) throws {
         RtcScenario(scene: "scrolling", width: 640, height: 360, lossPercent: 5),
         RtcScenario(scene: "typing", width: 1920, height: 1080, lossPercent: 5),
         RtcScenario(scene: "scrolling", width: 1920, height: 1080, lossPercent: 5),
+        RtcScenario(scene: "static", width: 1920, height: 1080, lossPercent: 0),
     ]
     let plain = { (text: String) in text.replacingOccurrences(of: "×", with: "x") } // so "1920x1080" matches too
     let scenarios = only.isEmpty ? allScenarios : allScenarios.filter { s in only.contains { plain(s.label).contains(plain($0)) } }
@@ -456,11 +477,11 @@ func runRtcBench(seconds: Double, rounds: Int, only: [String] = []) throws {
             index += 1
             print("  round \(round + 1)/\(rounds): \(scenarios[s].label) …")
             let run = runRtcSession(scenarios[s], seconds: seconds, index: index, probe: probe, receiver: receiver, python: python,
-                                    plugins: work + "/plugins.json")
-            print(String(format: "    connect %.1f ms, %d/%d decoded (%.1f %%), latency p50 %.0f p99 %.0f ms (from 2 s: %.0f/%.0f; last packet in: %.0f/%.0f), freeze %.0f ms, first frame %.0f ms, %.0f kbit/s, receiver CPU %.0f %% (busiest thread %.0f %%), probe %.0f %%, rtx %d, copies %d, PLIs %d, keyframes %d; sender: encode p50 %.1f ms, capture → encoded p50 %.1f ms, pacer wait mean %.1f ms; target at the end %.0f kbit/s (REMB %.0f)%@",
+                                    plugins: work + "/plugins.json", probeArguments: probeArguments)
+            print(String(format: "    connect %.1f ms, %d/%d decoded (%.1f %%), latency p50 %.0f p99 %.0f ms (from 2 s: %.0f/%.0f; last packet in: %.0f/%.0f), freeze %.0f ms, first frame %.0f ms (captured %.0f, encoded %.0f, last packet out %.0f, in %.0f), %.0f kbit/s, receiver CPU %.0f %% (busiest thread %.0f %%), probe %.0f %% (from 5 s after connect: %.3f %%), rtx %d, copies %d, PLIs %d, keyframes %d; sender: encode p50 %.1f ms, capture → encoded p50 %.1f ms, pacer wait mean %.1f ms; target at the end %.0f kbit/s (REMB %.0f); start-up probe %d bytes at up to %.1f Mbit/s%@",
                          run.connectMs, run.decoded, run.sent, run.decodedPercent, run.p50, run.p99, run.steadyP50, run.steadyP99, run.completeP50, run.completeP99,
-                         run.freezeMs, run.firstFrameMs, run.kbps, run.receiverCpu, run.receiverBusiestThread, run.probeCpu,
-                         run.retransmitted, run.redundant, run.plis, run.keyframes, run.encodeP50, run.encodedP50, run.pacerWaitMean, run.targetKbps, run.rembKbps, run.failure.map { "; FAILED: \($0)" } ?? ""))
+                         run.freezeMs, run.firstFrameMs, run.firstCaptureMs, run.keyframeQueuedMs, run.keyframeSentMs, run.firstLastPacketMs, run.kbps, run.receiverCpu, run.receiverBusiestThread, run.probeCpu, run.probeSteadyCpu,
+                         run.retransmitted, run.redundant, run.plis, run.keyframes, run.encodeP50, run.encodedP50, run.pacerWaitMean, run.targetKbps, run.rembKbps, run.probedBytes, run.probePeakMbps, run.failure.map { "; FAILED: \($0)" } ?? ""))
             runs[s].append(run)
         }
     }

@@ -262,3 +262,20 @@ func runTurnBench(rounds: Int, mediaSeconds: Double) throws {
                      cpu, cpu <= 10 ? "met" : "NOT met"))
     }
 }
+
+/// Capture → decoded latencies from an aiortc receiver's report (its "arrivals" rows: decoded ms,
+/// frame number, the stamp's capture ms), over all stamped frames and over those captured ≥ 2 s
+/// after `connected` (CLOCK_MONOTONIC ms), as krakl-bench rtc computes them.
+func rtcLatencies(_ report: [String: Any], connected: Double) -> (p50: Double, p99: Double, steadyP50: Double, steadyP99: Double) {
+    let rows = report["arrivals"] as? [[Any]] ?? []
+    var latencies: [Double] = [], steady: [Double] = []
+    for row in rows where row.count > 2 {
+        // Decoded ms (truncated) minus the stamp's capture ms, mod 2^32, as the receiver computes it.
+        guard let decodedAt = row[0] as? Double, let capture = row[2] as? Int else { continue }
+        let latency = (Int64(decodedAt) - Int64(capture)) & 0xFFFF_FFFF
+        guard latency < 10_000 else { continue }
+        latencies.append(Double(latency))
+        if decodedAt - Double(latency) >= connected + 2000 { steady.append(Double(latency)) }
+    }
+    return (percentile(latencies, 0.5), percentile(latencies, 0.99), percentile(steady, 0.5), percentile(steady, 0.99))
+}

@@ -32,6 +32,8 @@ var pipewireMode = false
 var rtcMode = false
 var turnMode = false
 var roomMode = false
+var roomShareMode = false
+var smapsPrefix: String?
 var viewerMode = false
 var viewerLoss = true
 var scanMode = false
@@ -44,6 +46,8 @@ var joins = 10
 var scenesGiven = false
 var rounds = 3
 var onlyScenarios: [String] = []
+/// rtc: extra arguments for every krakl-rtc-probe (A/B runs of a publisher setting).
+var rtcProbeArguments: [String] = []
 var words = Array(CommandLine.arguments.dropFirst())[...]
 while let word = words.popFirst() {
     switch word {
@@ -52,6 +56,8 @@ while let word = words.popFirst() {
     case "rtc": rtcMode = true
     case "turn": turnMode = true
     case "room": roomMode = true
+    case "roomshare": roomShareMode = true
+    case "--smaps": smapsPrefix = words.popFirst()
     case "viewer": viewerMode = true
     case "--no-loss": viewerLoss = false
     case "scan": scanMode = true
@@ -63,13 +69,14 @@ while let word = words.popFirst() {
     case "--rounds": rounds = max(1, Int(words.popFirst() ?? "") ?? rounds); roundsGiven = true
     case "--seconds": seconds = Double(words.popFirst() ?? "") ?? seconds
     case "--scenes": scenes = (words.popFirst() ?? "").split(separator: ",").map(String.init); scenesGiven = true
+    case "--probe-arg": if let argument = words.popFirst() { rtcProbeArguments.append(argument) }
     case "--only": onlyScenarios = (words.popFirst() ?? "").split(separator: "|").map(String.init) // labels hold commas
     case "--bitrate": bitrateKbps = Int(words.popFirst() ?? "") ?? bitrateKbps
     case "--size":
         let parts = (words.popFirst() ?? "").split(separator: "x").compactMap { Int($0) }
         if parts.count == 2 { (width, height) = (parts[0], parts[1]) }
     default:
-        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT']|turn [--rounds N] [--seconds S (1080p media sessions; 0: connect only)]|room [--joins N]|viewer [--rounds N] [--seconds S] [--no-loss]|scan [--rounds N]|soak [--minutes N] [--isolate]|isolate [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
+        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT'] [--probe-arg ARG]...|turn [--rounds N] [--seconds S (1080p media sessions; 0: connect only)]|room [--joins N]|roomshare [--rounds N] [--seconds S] [--scenes a,b] [--smaps PREFIX]|viewer [--rounds N] [--seconds S] [--no-loss]|scan [--rounds N]|soak [--minutes N] [--isolate]|isolate [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
         exit(2)
     }
 }
@@ -181,6 +188,11 @@ if scanMode {
     try runScanBench(rounds: roundsGiven ? rounds : 10)
     exit(0)
 }
+if roomShareMode {
+    try runRoomShareBench(seconds: seconds == 10 ? 20 : seconds, rounds: rounds, scenes: scenesGiven ? scenes : ["static", "typing", "scrolling"],
+                          smapsOut: smapsPrefix)
+    exit(0)
+}
 if roomMode {
     try runRoomBench(joins: joins)
     exit(0)
@@ -194,7 +206,7 @@ if turnMode {
     exit(0)
 }
 if rtcMode {
-    try runRtcBench(seconds: seconds, rounds: rounds, only: onlyScenarios)
+    try runRtcBench(seconds: seconds, rounds: rounds, only: onlyScenarios, probeArguments: rtcProbeArguments)
     exit(0)
 }
 if pipewireMode {

@@ -249,8 +249,9 @@ struct Arguments {
             throw .usage("--listen names port \(port) and --viewer-port \(other): give one")
         }
         listen = ListenAddress(host: listenGiven?.host ?? "127.0.0.1", port: listenGiven?.port ?? viewerPort ?? ListenAddress.defaultPort)
-        if (listenGiven != nil || viewerPort != nil || viewerToken) && !sharesToViewer {
-            throw .usage("--listen, --viewer-port and --viewer-token are for the viewer, which runs without --join, --record or --no-record")
+        if (listenGiven != nil || viewerPort != nil || viewerToken) && !sharesToViewer && !mayShowHomeScreen {
+            throw .usage("--listen, --viewer-port and --viewer-token are for the viewer: a run without --join, --record or --no-record, "
+                         + "or the home screen's (home, or --join/--qr/--scan on a terminal)")
         }
         let expected: Int
         switch command {
@@ -268,6 +269,15 @@ struct Arguments {
         switch command {
         case .home: return true
         case .join, .qr, .scan: return !once && !scanOnly && !quiet
+        default: return false
+        }
+    }
+
+    /// A command that shows the home screen on a terminal (whose `v` starts the viewer); in lines
+    /// mode the viewer options are accepted and unused.
+    var mayShowHomeScreen: Bool {
+        switch command {
+        case .home, .join, .qr, .scan: return true
         default: return false
         }
     }
@@ -306,7 +316,9 @@ USAGE
 COMMANDS
   home            The interactive home screen (docs/home-screen.md): keys to connect
                   (c: a join code, q: a QR picture, s: scan the screen), stop and quit,
-                  and the live numbers while sharing. --join, --qr and --scan show it
+                  and the live numbers while sharing; v starts a local preview viewer
+                  (on --listen, default 127.0.0.1:8990) showing what is shared and
+                  opens it with $BROWSER or xdg-open. --join, --qr and --scan show it
                   too when stdin and stdout are a terminal (not with --headless,
                   --once, --scan-only, -q or --log-format json).
   --join CODE     Share the screen into the room of a join code (docs/join-codes.md):
@@ -413,7 +425,8 @@ ENCODER OPTIONS
       --refresh S         Re-encode an unchanged screen every S seconds so late or
                           lossy receivers recover (default 1 when recording; 0 = off,
                           the default in a room and for the viewer, where receivers ask
-                          with PLI/NACK).
+                          with PLI/NACK and the screen gets three passes 1, 2 and 4 s
+                          after it settles, then nothing).
       --keyframe-interval S  A keyframe at least every S seconds (default 0: on
                           request only; SIGUSR1 requests one, at most one per 0.3 s).
       --encoder-threads N libvpx threads (default 0: 2 at 720p and up on 4+ cores, else 1).

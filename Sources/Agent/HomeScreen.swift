@@ -3,6 +3,7 @@ import Glibc
 import KraklCore
 import KraklRTC
 import KraklSession
+import KraklViewer
 
 /// The interactive home screen (docs/home-screen.md): the product name, the state, and keys to
 /// connect (a join code, a QR picture, the screen scanned), stop and quit; while sharing, the
@@ -40,6 +41,10 @@ final class HomeScreen: @unchecked Sendable {
     private var interrupted = false
     private var scanner: ScreenScanJob?
     private var quitting = false
+    /// The local preview viewer (`v`), from the first `v` until quitting.
+    private var viewer: HomeViewer?
+    /// Every session's frames go here; the viewer plugs into it when it starts.
+    private let viewerSink = LocalViewerSink()
 
     init(arguments: Arguments, logger: @escaping BackendLogger, signals: Int32, screen: TerminalScreen) throws {
         self.arguments = arguments
@@ -49,6 +54,7 @@ final class HomeScreen: @unchecked Sendable {
         loop = try EventLoop(name: "krakl-home")
         status = ControlStatus(state: "idle", pid: getpid())
         controller = SessionController(arguments: arguments, loop: loop, logger: logger) { [unowned self] event in sessionEvent(event) }
+        controller.alsoSendTo = viewerSink
     }
 
     /// Runs until the person quits (or a signal other than Ctrl-C), then gives the terminal back.
@@ -166,8 +172,7 @@ final class HomeScreen: @unchecked Sendable {
         case "s" where scanner != nil:
             stopScan(words: "Scanning stopped.")
         case "v":
-            notice = "The built-in viewer is off while sharing into a room; run `krakl-agent` without a join code to "
-                + "share to its page (http://127.0.0.1:8990/) instead."
+            openViewer()
         case "x":
             quit()
         default:
@@ -220,6 +225,8 @@ final class HomeScreen: @unchecked Sendable {
             return
         }
         quitting = true
+        viewer?.stop()
+        viewer = nil
         loop.unwatch(fd: screen.input)
         loop.unwatch(fd: signalFD)
         ended.signal()
@@ -270,16 +277,47 @@ final class HomeScreen: @unchecked Sendable {
         redraw()
     }
 
+    // MARK: - The local viewer
+
+    /// `v`: the viewer's server starts (once; a bind failure is said, nothing ends), then its page
+    /// is opened in the browser, or its URL is shown to open by hand.
+    private func openViewer() {
+        if viewer == nil {
+            do throws(ViewerServerError) {
+                let loop = self.loop
+                viewer = try HomeViewer(arguments, sink: viewerSink, logger: logger, keyframe: { [weak self] in
+                    loop.post { self?.controller.requestKeyframe() }
+                }, viewersChanged: { [weak self] in
+                    loop.post { self?.redraw() }
+                })
+            } catch {
+                notice = "Cannot start the viewer: \(error.description)"
+                return
+            }
+            viewer?.sharing(controller.status().state == "sharing")
+        }
+        guard let viewer else { return }
+        let url = viewer.localURL
+        switch BrowserOpener.open(url) {
+        case .opened(let how): notice = "Viewer: opened in your browser (\(how)): \(url)"
+        case .notOpened(let why): notice = "Viewer: open this URL: \(url) (not opened: \(why))"
+        }
+    }
+
     // MARK: - The session
 
     private func sessionEvent(_ event: SessionController.Event) {
         switch event {
         case .connecting:
             break
-        case .moved(_, let now), .tick(let now):
+        case .moved(let state, let now):
+            status = now
+            if state == .sharing { viewer?.sharing(true) }
+        case .tick(let now):
             status = now
         case .ended(let reason, let idle):
             status = idle
+            viewer?.sharing(false)
             lastEnd = reason.description
             notice = nil
             interrupted = false
@@ -308,6 +346,10 @@ final class HomeScreen: @unchecked Sendable {
         } else {
             lines.append(screen.emphasis(screen.fit("State:     idle, not sharing"), colour: 33))
             if let lastEnd { lines += screen.wrap(lastEnd, label: "Last:      ") }
+        }
+        if let viewer {
+            let watching = viewer.viewerCount
+            lines.append(screen.fit("Viewer:    \(viewer.localURL) · \(watching == 1 ? "1 viewer" : "\(watching) viewers")"))
         }
         if let notice {
             lines.append("")

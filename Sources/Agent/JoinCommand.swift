@@ -67,9 +67,8 @@ func sharingConfiguration(_ arguments: Arguments, invitation: Invitation, logger
     configuration.backendName = arguments.backend
     configuration.backendOptions = arguments.options
     configuration.backendIsolation = arguments.isolate
-    let refresh = configuration.encoder.refreshInterval
     configuration.encoder = arguments.encoder
-    if !arguments.refreshGiven { configuration.encoder.refreshInterval = refresh }
+    if !arguments.refreshGiven { configuration.encoder.refreshForReceiversThatAsk() }
     configuration.encoder.bitrateKbps = arguments.encoder.bitrateKbps
     configuration.publisher.startBitrate = Double(arguments.encoder.bitrateKbps) * 1000
     configuration.publisher.startBitrate = min(max(configuration.publisher.startBitrate, configuration.publisher.minimumBitrate),

@@ -162,7 +162,7 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
         } else if let viewer {
             var settings = arguments.encoder
             // Viewers ask for what they miss (PLI, NACK), as in a room: no idle refresh unless asked for.
-            if !arguments.refreshGiven { settings.refreshInterval = 0 }
+            if !arguments.refreshGiven { settings.refreshForReceiversThatAsk() }
             let sink = ViewerFeedSink(viewer.feed)
             let pipeline = try EncoderPipeline(settings: settings, dumpInput: arguments.dumpInput, frameLog: frameLog, output: { _, _, _ in sink },
                                                onFailure: { run.encoderFailed($0) }, onWarning: { logger(entry.name, .warning, $0) })

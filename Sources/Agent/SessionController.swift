@@ -1,6 +1,7 @@
 import Foundation
 import Glibc
 import KraklCore
+import KraklEncoder
 import KraklRTC
 import KraklRoom
 import KraklSession
@@ -67,6 +68,12 @@ final class SessionController {
     /// Before the process exits: lets the last notification out (bounded).
     func finish() { notifier?.finish() }
 
+    /// Each session's encoded frames also go here (the home screen's local viewer); set on the loop.
+    var alsoSendTo: (any EncodedFrameSink & Sendable)?
+
+    /// The running session's encoder makes a keyframe soon (a local viewer asked); nothing when idle.
+    func requestKeyframe() { session?.requestKeyframe() }
+
     /// A session runs (from connect until its end).
     var isActive: Bool { session != nil }
 
@@ -97,6 +104,7 @@ final class SessionController {
         let driver = makeDriver(invitation)
         let session = SharingSession(configuration: sharingConfiguration(arguments, invitation: invitation, logger: logger), driver: driver,
                                      identity: invitation.identity, room: invitation.room, logger: logger)
+        session.alsoSendTo = alsoSendTo
         sessionNumber += 1
         let number = sessionNumber
         // Both arrive on the session's own loop and are handed to this one: the owner's state has one thread.
@@ -148,6 +156,8 @@ final class SessionController {
         stateSince = MonotonicClock.milliseconds()
         stopTicker()
         lastEnd = ControlEnd(reason: reason.name, message: reason.description, exitStatus: reason.exitStatus)
+        // Everything of the session is freed by now (onFinished comes last): give the pages back.
+        HeapRelease.trim()
         notifier?.sharingEnded(reason, shared: shared)
         onEvent(.ended(reason, status()))
     }

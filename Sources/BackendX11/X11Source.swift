@@ -385,28 +385,55 @@ final class X11Source: CaptureSource {
         return .next
     }
 
+    /// The scratch segment's size: a tile, not a screen. Reads of partial-width
+    /// rectangles larger than this go through it in bands of rows, so the
+    /// scratch costs 256 KB of memory however large the damage (a whole-screen
+    /// scratch was 2-8 MB more resident memory at 1080p).
+    static let scratchBytes = 256 * 1024
+
     /// Reads one rectangle (capture-area pixels) of the screen into `clean`.
     private func read(_ r: krakl_rect) {
         let x = Int32(area.x) + r.x, y = Int32(area.y) + r.y
         if useShm, let screen = screenShm {
-            let inPlace = r.x == 0 && r.y == 0 && Int(r.width) == area.width && Int(r.height) == area.height
-            if !inPlace && (scratchShm?.bytes ?? 0) < Int(r.width * r.height) * 4 {
-                scratchShm?.detach(display: display, alive: true)
-                // Grown in steps of a quarter of the area, so a few sizes serve a session.
-                let quarter = area.width * area.height
-                scratchShm = SharedSegment(display: display, bytes: (Int(r.width * r.height) * 4 + quarter - 1) / quarter * quarter)
+            // Full-width rows are laid out in the picture as the server packs them:
+            // read them in place (the request's offset into the segment places them).
+            if r.x == 0 && Int(r.width) == area.width {
+                shmRead(segment: screen, offset: Int(r.y) * stride, x: x, y: y, width: r.width, height: r.height)
+                return
             }
-            guard var segment = inPlace ? screen : scratchShm else { return }
-            guard let image = XShmCreateImage(display, visual, UInt32(depth), ZPixmap, nil, &segment.info, UInt32(r.width), UInt32(r.height)) else { return }
-            image.pointee.data = segment.info.shmaddr
-            if XShmGetImage(display, root, image, x, y, UInt.max) != 0 && !inPlace { copyRows(from: image, to: r) }
-            image.pointee.data = nil
-            _ = image.pointee.f.destroy_image(image)
+            if scratchShm == nil { scratchShm = SharedSegment(display: display, bytes: Self.scratchBytes) }
+            guard let scratch = scratchShm else { return }
+            let bandRows = max(1, scratch.bytes / (Int(r.width) * 4))
+            var row = 0
+            while row < Int(r.height) {
+                let rows = min(bandRows, Int(r.height) - row)
+                let band = krakl_rect(x: r.x, y: r.y + Int32(row), width: r.width, height: Int32(rows))
+                guard let image = shmRead(segment: scratch, offset: 0, x: x, y: y + Int32(row), width: r.width, height: Int32(rows), keep: true) else { return }
+                copyRows(from: image, to: band)
+                image.pointee.data = nil
+                _ = image.pointee.f.destroy_image(image)
+                row += rows
+            }
         } else {
             guard let image = XGetImage(display, root, x, y, UInt32(r.width), UInt32(r.height), UInt.max, ZPixmap) else { return }
             copyRows(from: image, to: r)
             _ = image.pointee.f.destroy_image(image)
         }
+    }
+
+    /// One XShmGetImage into `segment` at `offset`; the image is returned (for
+    /// the caller to copy from and destroy) when `keep`, else destroyed here.
+    @discardableResult
+    private func shmRead(segment: SharedSegment, offset: Int, x: Int32, y: Int32, width: Int32, height: Int32,
+                         keep: Bool = false) -> UnsafeMutablePointer<XImage>? {
+        var info = segment.info
+        guard let image = XShmCreateImage(display, visual, UInt32(depth), ZPixmap, nil, &info, UInt32(width), UInt32(height)) else { return nil }
+        image.pointee.data = info.shmaddr + offset
+        let ok = XShmGetImage(display, root, image, x, y, UInt.max) != 0
+        if keep && ok { return image }
+        image.pointee.data = nil
+        _ = image.pointee.f.destroy_image(image)
+        return nil
     }
 
     private func copyRows(from image: UnsafeMutablePointer<XImage>, to r: krakl_rect) {

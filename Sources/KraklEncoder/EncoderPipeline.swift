@@ -203,14 +203,22 @@ public final class EncoderPipeline: @unchecked Sendable {
         var lastKeyframeNs: UInt64?
         var lastPts: Int64 = -1
         let refreshNs = UInt64(settings.refreshInterval * 1e9)
+        // Settle refreshes (refreshNs 0): counted from the last change; none before the first picture.
+        var lastChangeNs: UInt64?
+        var settleDone = 0
+        func refreshAt() -> UInt64? {
+            if refreshNs > 0 { return lastEncodeNs + refreshNs }
+            guard let changed = lastChangeNs, settleDone < settings.settleRefreshes else { return nil }
+            return changed + (1_000_000_000 << UInt64(min(settleDone, 20)))
+        }
         let keyframeNs = UInt64(settings.keyframeInterval * 1e9)
 
         // Damage of a frame libvpx dropped: the next frame must encode it too.
         var carried = DamageAccumulator()
         var refreshRow = 0
         loop: while true {
-            guard var work = takeWork(picture: &picture, lastEncodeNs: lastEncodeNs, cap: &cap, lastKeyframeNs: lastKeyframeNs,
-                                      refreshNs: refreshNs) else { break }
+            guard var work = takeWork(picture: &picture, cap: &cap, lastKeyframeNs: lastKeyframeNs,
+                                      refreshAt: refreshAt()) else { break }
             work.damage.merge(carried)
             carried.clear()
             let now = MonotonicClock.nanoseconds()
@@ -283,6 +291,12 @@ public final class EncoderPipeline: @unchecked Sendable {
                     try frameLog?.append(row)
                 }
                 lastEncodeNs = now
+                if work.refresh {
+                    settleDone += 1
+                } else {
+                    lastChangeNs = now
+                    settleDone = 0
+                }
             } catch {
                 fail(error)
                 break loop
@@ -299,8 +313,8 @@ public final class EncoderPipeline: @unchecked Sendable {
     }
 
     /// Waits for something to encode and takes it out of the slot; nil when stopping.
-    private func takeWork(picture: inout I420Image?, lastEncodeNs: UInt64, cap: inout FrameRateCap, lastKeyframeNs: UInt64?,
-                          refreshNs: UInt64) -> Work? {
+    private func takeWork(picture: inout I420Image?, cap: inout FrameRateCap, lastKeyframeNs: UInt64?,
+                          refreshAt: UInt64?) -> Work? {
         condition.lock()
         defer { condition.unlock() }
         let keyframeSpacing = UInt64(settings.keyframeRequestSpacing * 1e9)
@@ -312,7 +326,7 @@ public final class EncoderPipeline: @unchecked Sendable {
             let capOpen = cap.allows(now: now)
             let keyframeOpensAt = lastKeyframeNs.map { $0 &+ keyframeSpacing } ?? 0
             keyframeNow = keyframeRequested && now >= keyframeOpensAt
-            let refreshDue = picture != nil && refreshNs > 0 && now >= lastEncodeNs + refreshNs
+            let refreshDue = picture != nil && refreshAt.map { now >= $0 } ?? false
             if (pending && (capOpen || stopping)) || (keyframeNow && (pending || picture != nil) && capOpen) || refreshDue { break }
             // Sleep until the cap opens (something is pending), a held keyframe request may be
             // served, or a refresh is due. A keyframe request before the first capture has
@@ -320,7 +334,7 @@ public final class EncoderPipeline: @unchecked Sendable {
             var wake: UInt64?
             if pending { wake = cap.opensAt() }
             if keyframeRequested && picture != nil { wake = min(wake ?? .max, max(cap.opensAt(), keyframeOpensAt)) }
-            if picture != nil && refreshNs > 0 { wake = min(wake ?? .max, lastEncodeNs + refreshNs) }
+            if picture != nil, let refreshAt { wake = min(wake ?? .max, refreshAt) }
             if let wake {
                 _ = condition.wait(until: Date(timeIntervalSinceNow: Double(wake > now ? wake - now : 0) / 1e9))
             } else {

@@ -41,6 +41,12 @@ public struct PublisherConfiguration: Sendable {
     public var startBitrate = 2_500_000.0
     /// Pacing rate = this × the target bitrate.
     public var pacingFactor = 2.5
+    /// The first keyframe after connecting probes the path (`StartupProbe`): its packets leave in
+    /// clusters at 2, 4, 8 … × the pacing rate, up to this many bits per second, until feedback says
+    /// the path did not carry them. At or below pacingFactor × startBitrate it is off.
+    /// Measured (docs/PERFORMANCE.md, issue 17): the first picture of a 1080p scrolling screen
+    /// ~650 ms after connecting without it.
+    public var startupProbeCeiling = 60_000_000.0
     public var maximumPayloadSize = 1200
     /// Encoded frames that may wait for the network thread.
     public var frameQueueCapacity = 8

@@ -64,6 +64,13 @@ public struct RtcStats: Sendable, Equatable {
     public var delayBasedBitrate: Double?
     public var bitrateUpdates = 0
     public var transportFeedbacks = 0
+    /// The first keyframe's probe (StartupProbe): bytes sent under it and the fastest pacing rate, bits/s.
+    public var startupProbeBytes = 0
+    public var startupProbePeakRate = 0.0
+    /// When (CLOCK_MONOTONIC ms) the first keyframe was handed to the pacer and when its last packet left:
+    /// the sender's share of the time to the first picture.
+    public var firstKeyframeQueuedMs: Double?
+    public var firstKeyframeSentMs: Double?
 
     // ICE
     public var iceChecksSent = 0
@@ -90,6 +97,7 @@ public struct RtcStats: Sendable, Equatable {
             "pacer_dropped_packets": pacerDroppedPackets, "total_packet_send_delay": totalPacketSendDelay, "socket_send_failures": socketSendFailures,
             "receiver_reports": receiverReports, "target_bitrate": targetBitrate, "loss_based_bitrate": lossBasedBitrate,
             "bitrate_updates": bitrateUpdates, "transport_feedbacks": transportFeedbacks,
+            "startup_probe_bytes": startupProbeBytes, "startup_probe_peak_rate": startupProbePeakRate,
             "ice_checks_sent": iceChecksSent, "ice_requests_received": iceRequestsReceived, "consent_responses": consentResponses, "early_dtls_datagrams": earlyDtlsDatagrams,
             "dtls_handshakes": dtlsHandshakes, "ice_restarts": iceRestarts,
             "relay_errors": relayErrors,
@@ -99,6 +107,7 @@ public struct RtcStats: Sendable, Equatable {
             "srtp_profile": srtpProfile, "rtt_ms": roundTripMilliseconds, "fraction_lost": fractionLost,
             "cumulative_lost": cumulativeLost, "jitter_ms": jitterMilliseconds, "remb_bitrate": rembBitrate,
             "acked_bitrate": ackedBitrate, "delay_based_bitrate": delayBasedBitrate,
+            "first_keyframe_queued_ms": firstKeyframeQueuedMs, "first_keyframe_sent_ms": firstKeyframeSentMs,
         ]
         for (key, value) in optional { if let value { d[key] = value } }
         return d

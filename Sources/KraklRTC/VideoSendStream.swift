@@ -93,6 +93,8 @@ public final class VideoSendStream {
     private var history: RtpSendHistory
     private var pacer: Pacer
     private var estimator: BandwidthEstimator
+    /// The first keyframe after `start` paces as a probe of the path.
+    public private(set) var startupProbe: StartupProbe
     private var lastReportedBitrate: Double?
     private var transportSequence: UInt16 = 0
     private var sentTimes: [(sequence: UInt16, sendNs: UInt64, size: Int)?]
@@ -101,6 +103,7 @@ public final class VideoSendStream {
     /// The last packet of the newest keyframe while it waits in the pacer, and when such a packet last left.
     private var keyframeTailSequence: UInt16?
     private var lastKeyframeSentNs: UInt64?
+    private var sawKeyframe = false
     /// Which small frames' packets to send again, and when (loss protection).
     private var protection: LossProtection
     private var nextSenderReportAt: UInt64?
@@ -127,6 +130,8 @@ public final class VideoSendStream {
         protection = LossProtection(configuration: configuration)
         estimator = BandwidthEstimator(minimum: configuration.minimumBitrate, maximum: configuration.maximumBitrate,
                                        start: configuration.startBitrate)
+        startupProbe = StartupProbe(baseRate: configuration.startBitrate * configuration.pacingFactor,
+                                    ceiling: configuration.startupProbeCeiling)
         sentTimes = Array(repeating: nil, count: 8192)
         keyframeLimiter = KeyframeRequestLimiter(interval: configuration.keyframeRequestInterval)
         stats.update { $0.targetBitrate = estimator.target }
@@ -165,6 +170,14 @@ public final class VideoSendStream {
             if frame.keyframe {
                 keyframes += 1
                 keyframeTailSequence = packets.last?.sequenceNumber
+                if startupProbe.state == .waiting {
+                    startupProbe.keyframeQueued()
+                    updatePacingRate(now: now)
+                }
+                if !sawKeyframe {
+                    sawKeyframe = true
+                    stats.update { $0.firstKeyframeQueuedMs = Double(now) / 1e6 }
+                }
             }
         }
         stats.update {
@@ -174,6 +187,7 @@ public final class VideoSendStream {
         }
         if dropped > 0 {
             keyframeTailSequence = nil  // it may have been among the dropped; never wait on a packet that will not leave
+            endStartupProbe(now: now)
             requestKeyframe(now: now)
         }
         return true
@@ -240,9 +254,15 @@ public final class VideoSendStream {
             packets += 1
             bytes += plain.count
             if item.kind == .media {
+                if startupProbe.rate != nil {
+                    startupProbe.sent(bytes: item.size)
+                    updatePacingRate(now: now)
+                }
                 if packet.sequenceNumber == keyframeTailSequence {
                     keyframeTailSequence = nil
+                    if lastKeyframeSentNs == nil { stats.update { $0.firstKeyframeSentMs = Double(sendNs) / 1e6 } }
                     lastKeyframeSentNs = sendNs
+                    endStartupProbe(now: now)
                 }
                 history.store(packet, sentNanoseconds: sendNs)
                 protection.packetSent(packet.sequenceNumber, at: sendNs)
@@ -363,7 +383,15 @@ public final class VideoSendStream {
                 break
             }
         }
-        if bitrateInput { reportBitrate(force: false, now: now) }
+        if bitrateInput {
+            let lossFraction = packets.contains { if case .receiverReport = $0 { true } else if case .senderReport = $0 { true } else { false } }
+                ? estimator.lastLossFraction : nil
+            if startupProbe.rate != nil || startupProbe.state == .waiting {
+                startupProbe.feedback(usage: estimator.usage, lossFraction: lossFraction)
+                if startupProbe.state == .stopped { endStartupProbe(now: now) }
+            }
+            reportBitrate(force: false, now: now)
+        }
         if let bye { return RemoteBye(reason: bye.map(Self.printable)) }
         return nil
     }
@@ -435,9 +463,25 @@ public final class VideoSendStream {
         if !queued.isEmpty { pacer.enqueue(queued, kind: .retransmission, now: now) }
     }
 
+    /// The pacer's rate: the probe's while it runs, else the pacing factor × the estimate.
+    private func updatePacingRate(now: UInt64) {
+        let rate = startupProbe.rate ?? estimator.target * configuration.pacingFactor
+        if rate != pacer.rate { pacer.setRate(rate, now: now) }
+    }
+
+    /// The probed keyframe left (or will not): back to the estimate's rate, and the numbers for getStats.
+    private func endStartupProbe(now: UInt64) {
+        startupProbe.keyframeSent()
+        updatePacingRate(now: now)
+        stats.update {
+            $0.startupProbeBytes = startupProbe.bytesSent
+            $0.startupProbePeakRate = startupProbe.peakRate
+        }
+    }
+
     private func reportBitrate(force: Bool, now: UInt64) {
         let target = estimator.target
-        pacer.setRate(target * configuration.pacingFactor, now: now)
+        updatePacingRate(now: now)
         let changed = lastReportedBitrate.map { abs(target - $0) / $0 > 0.05 } ?? true
         stats.update {
             $0.targetBitrate = target

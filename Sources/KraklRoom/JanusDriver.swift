@@ -1,7 +1,4 @@
 import Foundation
-#if canImport(FoundationNetworking)
-import FoundationNetworking
-#endif
 
 /// Publishes into a Janus VideoRoom through Janus's HTTP API (checked
 /// against Janus 1.1.2): create a session, attach the VideoRoom plugin,

@@ -1,7 +1,4 @@
 import Foundation
-#if canImport(FoundationNetworking)
-import FoundationNetworking
-#endif
 
 /// How long the WHIP driver waits, in seconds. Give whole seconds: FoundationNetworking passes
 /// a request's time-out to libcurl as an integer, so a fraction is cut off.

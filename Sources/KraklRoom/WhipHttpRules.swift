@@ -1,7 +1,4 @@
 import Foundation
-#if canImport(FoundationNetworking)
-import FoundationNetworking
-#endif
 
 /// The HTTP rules a WHIP client applies between requests, as pure
 /// functions: where a Location leads, whether a hop may be taken, where the
@@ -72,7 +69,7 @@ public enum WhipHttpRules {
     public static func error(for response: HTTPResponse) -> RoomError {
         let status = response.status
         var message = response.firstLine
-        if message.isEmpty { message = HTTPURLResponse.localizedString(forStatusCode: status) }
+        if message.isEmpty { message = HTTPStatusPhrase.phrase(for: status) }
         switch status {
         case 401, 403: return .unauthorized(status: status, message: message)
         case 404: return .noSuchRoom(status: status, message: message)

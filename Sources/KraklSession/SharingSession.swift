@@ -33,7 +33,9 @@ public struct SharingConfiguration: Sendable {
         // In a room, receivers ask for what they miss (NACK, PLI/FIR; an SFU forwards a new
         // subscriber's PLI), so the once-a-second refresh of an unchanged screen, most of an idle
         // share's cost (≈ 1.2 % of a core at 1080p), buys nothing there. Recordings keep it.
-        encoder.refreshInterval = 0
+        // What it also did, raising the quality of what stopped changing, a few passes after the
+        // screen settles still do (then nothing until the next change).
+        encoder.refreshForReceiversThatAsk()
     }
 }
 
@@ -114,6 +116,10 @@ public final class SharingSession: @unchecked Sendable {
     public var onPublisherEvent: (@Sendable (PublisherEvent) -> Void)?
     /// The session is over; called once, on the control loop, after everything was freed.
     public var onFinished: (@Sendable (EndReason) -> Void)?
+    /// A second receiver of every encoded frame besides the room (set before `start`): the home
+    /// screen's local viewer. It never sets the bitrate (the room's estimate does); it may ask for
+    /// keyframes with `requestKeyframe()`. Called on the encoder thread: it must not block.
+    public var alsoSendTo: (any EncodedFrameSink & Sendable)?
 
     /// The control loop while a session runs (made by `start`, stopped when it is over).
     private var loop: EventLoop?
@@ -185,6 +191,13 @@ public final class SharingSession: @unchecked Sendable {
             if !finished.wait(until: deadline) { break }
         }
         return finishedReason
+    }
+
+    /// Asks the encoder for a keyframe (a local viewer that joined or lost packets); nothing before
+    /// the encoder exists. Any thread; the caller rate-limits (VideoFanout does).
+    public func requestKeyframe() {
+        let pipeline = lock.withLock { self.pipeline }
+        pipeline?.requestKeyframe()
     }
 
     /// The lifecycle's state; any thread (also from `onStateChange`, which runs on the control loop).
@@ -414,7 +427,8 @@ public final class SharingSession: @unchecked Sendable {
         let sink = PublisherSink(publisher)
         let (capture, backend) = lock.withLock { (self.capture, self.selection?.entry.name ?? "session") }
         let logger = self.logger
-        let pipeline = try EncoderPipeline(settings: settings, dumpInput: configuration.dumpInput, output: { _, _, _ in sink },
+        let output: any EncodedFrameSink & Sendable = alsoSendTo.map { EncodedFrameTee([sink, $0]) } ?? sink
+        let pipeline = try EncoderPipeline(settings: settings, dumpInput: configuration.dumpInput, output: { _, _, _ in output },
                                            onFailure: { [weak self] error in self?.post(.failure("encoder: \(error.message)")) },
                                            onWarning: { logger(backend, .warning, $0) })
         // Weak: the pipeline's sink holds the publisher, so strong captures here would be a cycle
@@ -548,6 +562,29 @@ final class SessionCapture: FrameSink, @unchecked Sendable {
         case .unknown(let type):
             logger(backend, .debug, "ignored unknown event type \(type)")
         }
+    }
+}
+
+/// One encoder's output to several sinks, in order (the room's publisher first). A sink that
+/// fails does not keep the frame from the others; the first failure is passed on.
+final class EncodedFrameTee: EncodedFrameSink, @unchecked Sendable {
+    let sinks: [EncodedFrameSink]
+    init(_ sinks: [EncodedFrameSink]) { self.sinks = sinks }
+
+    func write(_ frame: EncodedFrame) throws(EncoderError) {
+        var failure: EncoderError?
+        for sink in sinks {
+            do throws(EncoderError) { try sink.write(frame) } catch { failure = failure ?? error }
+        }
+        if let failure { throw failure }
+    }
+
+    func finish() throws(EncoderError) {
+        var failure: EncoderError?
+        for sink in sinks {
+            do throws(EncoderError) { try sink.finish() } catch { failure = failure ?? error }
+        }
+        if let failure { throw failure }
     }
 }
 

@@ -73,6 +73,13 @@ enum ViewerPage {
         $('state').className = kind || '';
       }
       function show(id, text) { $(id).textContent = text; }
+      // Connected: watching, unless the agent says nothing is shared right now (`/status`'s idle:
+      // the home screen's viewer between two sessions; frames start again with the next one).
+      state.idle = null;
+      function showLive() {
+        if (state.idle) say(state.idle, 'warn');
+        else say('Watching the shared screen.', 'live');
+      }
 
       // The token travels in the fragment (never sent to a server); kept for this tab, then
       // taken out of the address bar so it is not left on screen or in history.
@@ -126,7 +133,7 @@ enum ViewerPage {
         peer.ontrack = (event) => { video.srcObject = event.streams[0] || new MediaStream([event.track]); };
         peer.onconnectionstatechange = () => {
           const s = peer.connectionState;
-          if (s === 'connected' && !restarting) say('Watching the shared screen.', 'live');
+          if (s === 'connected' && !restarting) showLive();
           else if (s === 'disconnected' && !restarting) say('The connection is interrupted…', 'warn');
           else if (s === 'closed') finish('The connection was closed: sharing ended.');
           // 'failed' is ICE's: the restart below answers it (and ends the page if that fails).
@@ -255,7 +262,7 @@ enum ViewerPage {
           restarting = null;
           if (!state.ended && pc === peer && peer.connectionState === 'connected') {
             restartsInARow = 0;   // connected again (ICE may never have left 'connected': an asked restart)
-            say('Watching the shared screen.', 'live');
+            showLive();
           }
         });
         return restarting;
@@ -291,7 +298,13 @@ enum ViewerPage {
           if (!response.ok) return;
           const status = await response.json();
           show('viewers', status.viewers + ' of ' + status.maximumViewers);
-          if (status.ended) finish('Sharing ended: ' + status.ended);
+          if (status.ended) return finish('Sharing ended: ' + status.ended);
+          const idle = status.idle || null;
+          if (idle !== state.idle) {
+            state.idle = idle;
+            if (pc && pc.connectionState === 'connected' && !restarting) showLive();
+            else if (idle && !state.answered) say(idle, 'warn');
+          }
         } catch (error) {
           if (state.answered && (!pc || pc.connectionState !== 'connected')) finish('Sharing ended: the agent is gone.');
         }

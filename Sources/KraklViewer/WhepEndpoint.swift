@@ -23,6 +23,7 @@ public final class WhepEndpoint: @unchecked Sendable {
     private let lock = NSLock()
     private var resources: [String: Resource] = [:]
     private var endedReason: String?
+    private var idleNote: String?
 
     /// A viewer came or went (the count after it); any thread. Set before serving.
     public var onViewersChanged: ((_ count: Int, _ event: String) -> Void)?
@@ -57,6 +58,10 @@ public final class WhepEndpoint: @unchecked Sendable {
         }
         for peer in peers { peer.close() }
     }
+
+    /// Nothing is being shared for now, but the server stays (the home screen's viewer between
+    /// sessions): `/status` gives `note` as `idle` and an open page shows it; nil when frames flow.
+    public func setIdle(_ note: String?) { lock.withLock { idleNote = note } }
 
     // MARK: - Requests
 
@@ -161,9 +166,10 @@ public final class WhepEndpoint: @unchecked Sendable {
     }
 
     private func status() -> HTTPResponse {
-        let (count, ended) = lock.withLock { (resources.count, endedReason) }
-        var object: [String: Any] = ["sharing": ended == nil, "viewers": count, "maximumViewers": policy.maximumViewers]
+        let (count, ended, idle) = lock.withLock { (resources.count, endedReason, idleNote) }
+        var object: [String: Any] = ["sharing": ended == nil && idle == nil, "viewers": count, "maximumViewers": policy.maximumViewers]
         object["ended"] = ended ?? NSNull()
+        object["idle"] = idle ?? NSNull()
         let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])) ?? Data("{}".utf8)
         return HTTPResponse(status: 200, headers: [("Content-Type", "application/json")], body: [UInt8](data))
     }

@@ -28,6 +28,7 @@ usage: krakl-rtc-probe [--address IP]... [--allow-loopback] [--no-ipv6] [--stun 
                        [--backend NAME] [--plugins FILE] [--option key=value]...
                        [--bitrate KBPS] [--min-bitrate KBPS] [--max-bitrate KBPS]
                        [--fps N] [--max-size WxH] [--dump-input FILE] [--vp9-first]
+                       [--startup-probe-ceiling BITS_PER_SECOND (0: off)] [--refresh S (0: off, the default)]
 """
 
 func fail(_ message: String, status: Int32) -> Never {
@@ -115,6 +116,8 @@ do {
             encoderSettings.maximumSize = (parts[0], parts[1])
         case "--dump-input": dumpInput = value(flag)
         case "--vp9-first": configuration.codecs = [.vp9, .vp8]
+        case "--startup-probe-ceiling": configuration.startupProbeCeiling = number(flag)
+        case "--refresh": encoderSettings.refreshInterval = number(flag)
         case "--help", "-h":
             print(usage)
             exit(0)

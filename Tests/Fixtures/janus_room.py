@@ -144,6 +144,7 @@ async def main():
     parser.add_argument("--display", default="Krakl's screen")
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--destroy", action="store_true", help="destroy the room at the end")
+    parser.add_argument("--times", action="store_true", help="also report each decoded frame's monotonic ms (bench/janus_idle.sh)")
     args = parser.parse_args()
 
     loop = asyncio.get_running_loop()
@@ -186,6 +187,8 @@ async def main():
         report["destroyed"] = destroyed.get("videoroom")
 
     report.update(frame_report(frames))
+    if args.times:
+        report["decoded_ms"] = [f[0] for f in frames]
     print(json.dumps({"report": report}), flush=True)
 
 

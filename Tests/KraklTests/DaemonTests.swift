@@ -62,6 +62,29 @@ import Testing
         return (fds, threads, rss)
     }
 
+    /// Resident kilobytes per kind of mapping (the heap, anonymous memory, thread stacks, each
+    /// library), from /proc/PID/smaps read whole: where growth is, when there is growth.
+    static func residentByMapping(_ pid: pid_t) -> [String: Int] {
+        var result: [String: Int] = [:]
+        var current = "?"
+        for line in procText("/proc/\(pid)/smaps").split(separator: "\n") {
+            let fields = line.split(separator: " ", omittingEmptySubsequences: true)
+            if let first = fields.first, first.contains("-"), first.first?.isHexDigit == true {
+                current = fields.count >= 6 ? fields[5...].joined(separator: " ") : "[anonymous]"
+            } else if fields.first == "Rss:", fields.count >= 2, let kb = Int(fields[1]) {
+                result[current, default: 0] += kb
+            }
+        }
+        return result
+    }
+
+    /// The mappings whose resident size changed most between two readings, largest first.
+    static func growth(from before: [String: Int], to after: [String: Int], top: Int = 6) -> String {
+        Set(before.keys).union(after.keys).map { ($0, (after[$0] ?? 0) - (before[$0] ?? 0)) }
+            .filter { $0.1 != 0 }.sorted { abs($0.1) > abs($1.1) }.prefix(top)
+            .map { "\($0.0.split(separator: "/").last ?? "?") \($0.1 > 0 ? "+" : "")\($0.1) KB" }.joined(separator: ", ")
+    }
+
     /// A raw connection to the socket, for what the agent's own client never sends.
     final class RawClient {
         let fd: Int32
@@ -270,6 +293,80 @@ import Testing
         }
     }
 
+    /// dist/krakl-agent.service under a real `systemd --user` manager, in the WHIP room's network
+    /// namespace: `systemctl --user start` returns once the daemon said READY=1 (Type=notify), a
+    /// connect shares, and `systemctl --user stop` (SIGTERM) leaves the room (DELETE) and ends with
+    /// Result=success. No systemd runs as PID 1 here, and a user manager refuses to start unless
+    /// /run/systemd/system exists; the test gives it one on a tmpfs in a mount namespace of its own
+    /// (unshare -m), so nothing of the machine's /run changes.
+    @Test func theUnitRunsUnderASystemdUserManager() throws {
+        guard geteuid() == 0, FileManager.default.isExecutableFile(atPath: "/lib/systemd/systemd"), let unshare = Harness.which("unshare"),
+              let nsenter = Harness.which("nsenter"), let systemctl = Harness.which("systemctl") else {
+            skipTest("a systemd user manager needs root (a mount namespace), /lib/systemd/systemd, unshare, nsenter and systemctl")
+            return
+        }
+        guard let room = try RoomSessionTests.WhipRoom() else { return }
+        let runtime = room.folder + "/runtime", config = room.folder + "/config"
+        try FileManager.default.createDirectory(atPath: config + "/systemd/user", withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: runtime, withIntermediateDirectories: true)
+        chmod(runtime, 0o700)
+        let unit = try String(contentsOfFile: Harness.repoRoot + "/dist/krakl-agent.service", encoding: .utf8)
+        let execStart = try #require(unit.split(separator: "\n").first { $0.hasPrefix("ExecStart=") }, "the unit has no ExecStart")
+        let command = ([Harness.agent, "daemon", "--address", "127.0.0.2", "--plugins", room.registry, "--option", "scene=typing",
+                        "--option", "width=640", "--option", "height=360"]).joined(separator: " ")
+        try unit.replacingOccurrences(of: String(execStart), with: "ExecStart=" + command)
+            .write(toFile: config + "/systemd/user/krakl-agent.service", atomically: true, encoding: .utf8)
+        let show = "'\(systemctl)' --user show -p ActiveState,SubState,Result,StatusText krakl-agent | tr '\\n' ' '; echo"
+        let script = """
+            set -u
+            export XDG_RUNTIME_DIR='\(runtime)' XDG_CONFIG_HOME='\(config)' KRAKL_NO_NOTIFY=1
+            mount -t tmpfs tmpfs /run/systemd 2>/dev/null || { mkdir -p /run/systemd && mount -t tmpfs tmpfs /run/systemd; } || exit 90
+            mkdir -p /run/systemd/system
+            /lib/systemd/systemd --user </dev/null >'\(room.folder)/manager.log' 2>&1 &
+            manager=$!
+            trap 'kill $manager 2>/dev/null; wait $manager' EXIT
+            for _ in $(seq 100); do [ -S "$XDG_RUNTIME_DIR/systemd/private" ] && break; sleep 0.1; done
+            [ -S "$XDG_RUNTIME_DIR/systemd/private" ] || { echo "MANAGER-DID-NOT-START"; exit 91; }
+            '\(systemctl)' --user start krakl-agent; echo "STARTED=$?"
+            echo "AFTER-START: $(\(show))"
+            read -r _
+            '\(systemctl)' --user stop krakl-agent; echo "STOPPED=$?"
+            echo "AFTER-STOP: $(\(show))"
+            """
+        let scriptPath = room.folder + "/user-manager.sh"
+        try script.write(toFile: scriptPath, atomically: true, encoding: .utf8)
+        // nsenter, not `ip netns exec`: that mounts a sysfs of the namespace's own on /sys, without
+        // /sys/fs/cgroup, and a user manager without cgroups exits at once, silently.
+        let manager = try DtlsTestProcess(nsenter, ["--net=/run/netns/" + room.namespace.name, unshare, "-m", "--propagation", "private",
+                                                    "/bin/bash", scriptPath])
+        defer { manager.stop() }
+        try #require(manager.waitFor("AFTER-START:", timeout: 40), "the user manager: \(manager.log) \(procText(room.folder + "/manager.log"))")
+        #expect(!manager.log.contains("MANAGER-DID-NOT-START"), "\(manager.log)")
+        print("systemd --user: \(manager.log)")
+        #expect(manager.log.contains("STARTED=0") && manager.log.contains("ActiveState=active") && manager.log.contains("SubState=running"),
+                "systemctl --user start (Type=notify waits for READY=1): \(manager.log)")
+        // Ready means the socket answers; the STATUS= line is systemd's StatusText.
+        let client = { (arguments: [String]) throws -> Harness.Result in
+            try Harness.run(Harness.agent, arguments, timeout: 60, environment: ["XDG_RUNTIME_DIR": runtime])
+        }
+        #expect(try client(["status"]).status == 0)
+        #expect(manager.log.contains("StatusText=idle"), "StatusText after start: \(manager.log)")
+        let (code, _) = try room.codeFile(identity: "Sys's screen")
+        let connect = try client(["connect", "@" + code])
+        #expect(connect.status == 0, "connect through the unit's daemon: \(connect)")
+
+        manager.type("stop\n")
+        #expect(manager.waitFor("AFTER-STOP:", timeout: 40), "systemctl --user stop: \(manager.log)")
+        print("systemd --user after stop: \(manager.log.components(separatedBy: "AFTER-STOP:").last ?? "")")
+        #expect(room.server.requests("DELETE", atLeast: 1, timeout: 5).count == 1, "SIGTERM from systemd did not leave the room")
+        let stopped = manager.log.components(separatedBy: "AFTER-STOP:").last ?? ""
+        // Result=success: a unit whose process failed stays loaded with Result=exit-code (or signal,
+        // core-dump, timeout); a clean one is unloaded, its ExecMain numbers reset, so those say nothing.
+        #expect(manager.log.contains("STOPPED=0") && stopped.contains("ActiveState=inactive") && stopped.contains("Result=success"),
+                "after systemctl --user stop: \(stopped)")
+        #expect(manager.waitForExit(seconds: 20), "the user manager did not end: \(manager.log)")
+    }
+
     // MARK: - In a WHIP room
 
     /// The daemon in the room's namespace, sharing the typing scene at 640x360 from 127.0.0.2.
@@ -440,23 +537,28 @@ import Testing
             let stop = try daemon.client(["stop"])
             try #require(stop.status == 0 && stop.stdout.contains("You stopped sharing."), "cycle \(index) stop: \(stop)")
         }
-        // One warm-up cycle: what the first session makes once (libvpx tables, URLSession) is not a leak.
-        try cycle(0)
+        // Warm-up cycles: what the first sessions make once (libvpx tables, URLSession, glibc's
+        // per-thread arenas, which grow to their working size) is not a leak.
+        let warm = min(20, cycles / 5)
+        for index in 0..<max(1, warm) { try cycle(index) }
         let start = Self.settled(pid)
+        let startMappings = Self.residentByMapping(pid)
         let began = MonotonicClock.milliseconds()
-        var middle = start
-        for index in 1...cycles {
-            try cycle(index)
-            if index == cycles / 5 { middle = Self.resources(pid) }
-        }
+        for index in 1...cycles - warm { try cycle(warm + index) }
         let seconds = (MonotonicClock.milliseconds() - began) / 1000
         let end = Self.settled(pid, like: start)
-        print(String(format: "%d connect/stop cycles through the daemon in %.1f s: fds %d → %d, threads %d → %d, RSS %d → %d (after %d cycles) → %d KB",
-                     cycles, seconds, start.fds, end.fds, start.threads, end.threads, start.rssKB, middle.rssKB, cycles / 5, end.rssKB))
+        let grown = Self.growth(from: startMappings, to: Self.residentByMapping(pid))
+        let perCycle = Double(end.rssKB - start.rssKB) / Double(cycles - warm)
+        print(String(format: "%d connect/stop cycles through the daemon: after cycle %d fds %d, threads %d, RSS %d KB; after cycle %d "
+                     + "(%.1f s later) fds %d, threads %d, RSS %d KB (%+.1f KB a cycle); by mapping: %@",
+                     cycles, warm, start.fds, start.threads, start.rssKB, cycles, seconds, end.fds, end.threads, end.rssKB, perCycle, grown))
         #expect(end.fds == start.fds, "descriptors \(start.fds) → \(end.fds)")
         #expect(end.threads == start.threads, "threads \(start.threads) → \(end.threads)")
-        #expect(end.rssKB - start.rssKB < 30 * 1024, "RSS \(start.rssKB) → \(end.rssKB) KB")
-        #expect(room.server.requests("DELETE", atLeast: cycles + 1, timeout: 5).count == cycles + 1)
+        // A leak of one session's encoder, send stream or buffers is hundreds of KB a cycle; 50 KB a
+        // cycle over the last 80 is below any per-session object of note and above glibc's noise
+        // (quiet runs -6 to +2 KB a cycle; one run beside a whole test suite +19 KB, its arenas).
+        #expect(perCycle < 50, "RSS \(start.rssKB) → \(end.rssKB) KB over \(cycles - warm) cycles: \(grown)")
+        #expect(room.server.requests("DELETE", atLeast: cycles, timeout: 5).count == cycles)
     }
 
     /// The daemon's resources once idle work threads retired (libdispatch's after ~5 s): polled, bounded.

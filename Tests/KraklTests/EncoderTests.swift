@@ -233,6 +233,26 @@ struct EncoderPipelineTests {
         }
     }
 
+    /// For receivers that ask (a room, the viewer): an unchanged screen gets three quality passes after it
+    /// settles (1, 2 and 4 s after the last change) and then nothing at all (issue 17).
+    @Test func aSettledScreenGetsThreeRefreshesThenNothing() throws {
+        var settings = EncoderSettings()
+        settings.refreshForReceiversThatAsk()
+        let run = try Running(settings: settings, scene: "static", width: 320, height: 240)
+        let (collector, pipeline, source) = (run.collector, run.pipeline, run.source)
+        #expect(collector.waitFor(4, timeout: 15) == 4, "the first frame and three settle refreshes")
+        // A fourth would be due 8 s after the change, i.e. ≥ 4 s after the third: none comes in the next 3 s.
+        #expect(collector.waitFor(5, timeout: 3) == 4, "an unchanged screen kept being encoded")
+        try source.stop()
+        pipeline.finish()
+        let summary = pipeline.statistics.summary()
+        #expect(summary.refreshFrames == 3 && summary.keyframes == 1, "\(summary.refreshFrames) refreshes, \(summary.keyframes) keyframes")
+        collector.condition.lock()
+        let kinds = collector.frames.map(\.keyframe)
+        collector.condition.unlock()
+        #expect(kinds == [true, false, false, false], "the first frame is the keyframe, the refreshes are not: \(kinds)")
+    }
+
     @Test func keyframeRequestMakesTheNextFrameAKeyframe() throws {
         let run = try Running(scene: "typing", width: 320, height: 240)
         let (collector, pipeline, source) = (run.collector, run.pipeline, run.source)

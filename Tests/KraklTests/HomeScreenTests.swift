@@ -93,13 +93,22 @@ import Testing
     /// status and whether the terminal is back in canonical mode. `trap : INT` keeps bash itself alive
     /// when Ctrl-C reaches the whole foreground group (the agent still gets SIGINT).
     static func paneScript(_ room: RoomSessionTests.WhipRoom, arguments: [String], environment: [String: String], folder: String,
-                           source: [String] = ["--option", "scene=typing", "--option", "width=640", "--option", "height=360"]) -> String {
-        let quoted = ([Harness.agent, "--address", "127.0.0.2", "--plugins", room.registry] + source + arguments)
+                           source: [String] = ["--option", "scene=typing", "--option", "width=640", "--option", "height=360"],
+                           unsetting: [String] = []) -> String {
+        paneScript(registry: room.registry, arguments: arguments, environment: environment, folder: folder, source: source, unsetting: unsetting)
+    }
+
+    /// `unsetting`: variables of the test's environment the agent must not see (DISPLAY, BROWSER).
+    static func paneScript(registry: String, arguments: [String], environment: [String: String], folder: String,
+                           source: [String] = ["--option", "scene=typing", "--option", "width=640", "--option", "height=360"],
+                           unsetting: [String] = []) -> String {
+        let quoted = ([Harness.agent, "--address", "127.0.0.2", "--plugins", registry] + source + arguments)
             .map { "'\($0)'" }.joined(separator: " ")
         let env = environment.map { "\($0.key)='\($0.value)'" }.sorted().joined(separator: " ")
+        let unset = unsetting.map { "-u \($0) " }.joined()
         return """
         trap : INT
-        env -u NO_COLOR \(env) \(quoted) 2>'\(folder)/agent.stderr'
+        env -u NO_COLOR \(unset)\(env) \(quoted) 2>'\(folder)/agent.stderr'
         echo "EXIT=$?"
         stty -a | tr ' ;' '\\n\\n' | grep -x -- '-\\?icanon'
         sleep 600
@@ -212,6 +221,32 @@ import Testing
         #expect(pane.waitFor("EXIT=0", timeout: 20).ok, "x did not quit: \(pane.screen())")
 
         bus?.expectStartAndEnd(room: room.server.room, identity: "Ivy's screen", end: "Sharing was ended by the room")
+    }
+
+    /// A Janus room destroyed from outside (its host, through the Janus API) while the home screen
+    /// shares into it: home again with the host-ended reason, ready to connect.
+    @Test func aJanusRoomDestroyedFromOutsideReturnsHome() throws {
+        guard let room = try RoomSessionTests.JanusRoom() else { return }
+        let folder = try Harness.temporaryDirectory()
+        let identity = "Uma's screen"
+        let (code, _) = try room.codeFile(identity: identity)
+        let pane = try Pane(script: Self.paneScript(registry: room.registry, arguments: ["--join", "@" + code], environment: ["KRAKL_NO_NOTIFY": "1"],
+                                                    folder: folder),
+                            folder: folder, namespace: room.namespace)
+        let sharing = pane.waitFor(timeout: 40) { $0.contains("State:     sharing") && $0.contains("Identity:  \(identity)") }
+        try #require(sharing.ok, "never shared: \(sharing.screen) \(procText(folder + "/agent.stderr"))")
+        #expect(sharing.screen.contains("Room:      \(room.room) (Janus VideoRoom)"), "\(sharing.screen)")
+
+        let ended = try room.host(["end", "--how", "destroy", "--display", identity])
+        #expect(ended["result"] as? String == "destroyed", "the host's destroy: \(ended)")
+        let home = pane.waitFor(timeout: 20) { $0.contains("State:     idle") && $0.contains("the meeting was ended") }
+        print("home screen after the Janus room was destroyed:\n\(home.screen)")
+        #expect(home.ok, "after the room was destroyed: \(home.screen) \(procText(folder + "/agent.stderr").suffix(600))")
+        #expect(home.screen.contains("Last:      Sharing was ended by the room") && home.screen.contains("[c] connect with a join code"),
+                "not home with the reason: \(home.screen)")
+        #expect(pane.nothingWraps(width: 80).ok)
+        pane.keys("x")
+        #expect(pane.waitFor("EXIT=0", timeout: 20).ok, "x did not quit: \(pane.screen())")
     }
 
     /// s scans the screen (the file backend playing a clip where the room's join code appears after

@@ -75,3 +75,63 @@ import Testing
         #expect(Double(slowSpan) / Double(fastSpan) > 8, "10× the rate should be ~10× faster: \(slowSpan) vs \(fastSpan) ns")
     }
 }
+
+/// StartupProbe's rules on their own (the stream's use of them: RTCStartupProbeStreamTests).
+@Suite struct RTCStartupProbeTests {
+    @Test func clustersDoubleTheRateUpToTheCeilingThenTheProbeEndsWithTheKeyframe() {
+        var probe = StartupProbe(baseRate: 6_250_000, ceiling: 60_000_000)
+        #expect(probe.state == .waiting && probe.rate == nil)
+        probe.sent(bytes: 1200)
+        #expect(probe.rate == nil && probe.bytesSent == 0, "nothing counts before the keyframe")
+        probe.keyframeQueued()
+        var rates: [Double] = []
+        for _ in 0..<400 {
+            if rates.last != probe.rate { rates.append(probe.rate!) }
+            probe.sent(bytes: 1200)
+        }
+        #expect(rates == [12_500_000, 25_000_000, 50_000_000, 60_000_000])
+        #expect(probe.peakRate == 60_000_000 && probe.bytesSent == 480_000)
+        probe.keyframeQueued()
+        #expect(probe.rate == 60_000_000, "a second keyframe while probing does not restart it")
+        probe.keyframeSent()
+        #expect(probe.state == .finished && probe.rate == nil)
+        probe.keyframeQueued()
+        #expect(probe.rate == nil, "only the first keyframe probes")
+    }
+
+    @Test func aClusterLastsItsDurationAtItsRateAndAtLeastTheMinimum() {
+        var probe = StartupProbe(baseRate: 10_000_000, ceiling: 100_000_000, clusterNanoseconds: 10_000_000, minimumClusterBytes: 30_000)
+        probe.keyframeQueued()
+        // 20 Mbit/s for 10 ms is 25 kB, under the 30 kB minimum; 40 Mbit/s for 10 ms is 50 kB.
+        for _ in 0..<29 { probe.sent(bytes: 1000) }
+        #expect(probe.rate == 20_000_000)
+        probe.sent(bytes: 1000)
+        #expect(probe.rate == 40_000_000)
+        for _ in 0..<49 { probe.sent(bytes: 1000) }
+        #expect(probe.rate == 40_000_000)
+        probe.sent(bytes: 1000)
+        #expect(probe.rate == 80_000_000)
+    }
+
+    @Test(arguments: [(BandwidthUsage.overusing, nil as Double?, true), (.normal, 0.05, true), (.normal, 0.02, false),
+                      (.underusing, nil, false), (.normal, nil, false)])
+    func feedbackEndsTheProbeOnOveruseOrLoss(usage: BandwidthUsage, loss: Double?, ends: Bool) {
+        var probe = StartupProbe(baseRate: 6_250_000, ceiling: 60_000_000)
+        probe.keyframeQueued()
+        probe.feedback(usage: usage, lossFraction: loss)
+        #expect((probe.state == .stopped) == ends)
+        #expect((probe.rate == nil) == ends)
+        // Before the keyframe the same signs cancel it too.
+        var waiting = StartupProbe(baseRate: 6_250_000, ceiling: 60_000_000)
+        waiting.feedback(usage: usage, lossFraction: loss)
+        waiting.keyframeQueued()
+        #expect((waiting.rate == nil) == ends)
+    }
+
+    @Test func aCeilingAtOrBelowThePacingRateTurnsItOff() {
+        var probe = StartupProbe(baseRate: 6_250_000, ceiling: 6_250_000)
+        probe.keyframeQueued()
+        #expect(probe.state == .stopped && probe.rate == nil)
+    }
+}
+

@@ -211,7 +211,8 @@ func rtcTransportFeedback(mediaSSRC: UInt32, base: UInt16, count: UInt16, feedba
     }
 
     @Test func aPliWhileTheKeyframeWaitsInThePacerIsSuppressed() {
-        let h = SendStreamHarness { $0.startBitrate = 150_000; $0.minimumBitrate = 150_000 }
+        // The start-up probe off: this is about a keyframe the pacer holds, as a later one on a slow path is.
+        let h = SendStreamHarness { $0.startBitrate = 150_000; $0.minimumBitrate = 150_000; $0.startupProbeCeiling = 0 }
         h.stream.start(now: h.now)
         // A 60 kB keyframe at 150 kbit/s × 2.5 takes over a second to leave.
         h.stream.enqueue([OutgoingVideoFrame(data: [UInt8](repeating: 1, count: 60_000), keyframe: true, captureNs: h.now, width: 64, height: 64)],
@@ -347,3 +348,71 @@ final class Locked<Value>: @unchecked Sendable {
     var value: Value { lock.lock(); defer { lock.unlock() }; return stored }
     func withLock<R>(_ body: (inout Value) -> R) -> R { lock.lock(); defer { lock.unlock() }; return body(&stored) }
 }
+
+/// The first keyframe after connecting as a probe of the path (StartupProbe, issue 17).
+@Suite struct RTCStartupProbeStreamTests {
+    /// Enqueues one keyframe of `bytes` and advances the made-up clock 1 ms at a time until the pacer let
+    /// it all out (bounded); returns the made-up milliseconds it took.
+    static func sendKeyframe(_ h: SendStreamHarness, bytes: Int, between: (Int) -> Void = { _ in }) -> Int {
+        let before = h.rtp.count
+        let start = h.now
+        h.stream.enqueue([OutgoingVideoFrame(data: [UInt8](repeating: 0x9d, count: bytes), keyframe: true, captureNs: h.now,
+                                             width: 1920, height: 1080)], queueOverflowed: false, now: h.now)
+        // Until the frame's last packet (the marker bit) left, at most 5 s of the made-up clock.
+        var step = 0
+        while step < 5000 && !(h.rtp.count > before && h.rtp.last!.marker) {
+            between(step)
+            h.advance(ms: 1)
+            step += 1
+        }
+        return Int((h.now - start) / 1_000_000)
+    }
+
+    @Test func theFirstKeyframeLeavesAtTheProbedRateAndTheSecondAtThePacingRate() {
+        let h = SendStreamHarness()
+        h.stream.start(now: h.now)
+        // 400 kB at 2.5 × 2.5 Mbit/s would take 512 ms; doubling from 12.5 Mbit/s every 15 ms to 60 Mbit/s: under 100 ms.
+        let first = Self.sendKeyframe(h, bytes: 400_000)
+        #expect(first < 120, "the first keyframe took \(first) ms of the made-up clock")
+        #expect(h.stream.startupProbe.state == .finished)
+        let stats = h.stats.snapshot
+        #expect(stats.startupProbeBytes >= 400_000)
+        #expect(stats.startupProbePeakRate == 60_000_000, "peak \(stats.startupProbePeakRate)")
+        // The probe is over: a later keyframe is paced at 2.5 × the estimate again.
+        h.advance(ms: 500)
+        let second = Self.sendKeyframe(h, bytes: 200_000)
+        #expect(second >= 200, "the second keyframe took \(second) ms; at 6.25 Mbit/s it takes 256")
+        #expect(h.stats.snapshot.startupProbeBytes == stats.startupProbeBytes)
+    }
+
+    @Test func reportedLossDuringTheProbeEndsIt() {
+        let h = SendStreamHarness()
+        h.stream.start(now: h.now)
+        let took = Self.sendKeyframe(h, bytes: 400_000) { step in
+            guard step == 20 else { return }
+            // 10 % lost: the path did not carry the burst.
+            let block = RtcpReportBlock(ssrc: SendStreamHarness.ssrc, fractionLost: 26, cumulativeLost: 5, extendedHighestSequence: 100,
+                                        jitter: 0, lastSenderReport: 0, delaySinceLastSenderReport: 0)
+            h.rtcp([RtcpWriter.receiverReport(ssrc: 7, reports: [block])])
+        }
+        #expect(h.stream.startupProbe.state == .stopped)
+        // The rest left at the pacing rate: 2.5 × the estimate, which 10 % loss took to 2.4 Mbit/s.
+        #expect(took > 250, "after the loss report the keyframe should have been paced at the estimate: \(took) ms")
+        #expect(h.stats.snapshot.startupProbeBytes > 0 && h.stats.snapshot.startupProbeBytes < 400_000)
+    }
+
+    @Test func smallLossDoesNotEndTheProbeAndNoProbeWithoutAKeyframe() {
+        let h = SendStreamHarness()
+        h.stream.start(now: h.now)
+        // Delta frames before the first keyframe do not start it.
+        h.frame(bytes: 3000)
+        #expect(h.stream.startupProbe.state == .waiting)
+        let block = RtcpReportBlock(ssrc: SendStreamHarness.ssrc, fractionLost: 2, cumulativeLost: 1, extendedHighestSequence: 10,
+                                    jitter: 0, lastSenderReport: 0, delaySinceLastSenderReport: 0)
+        h.rtcp([RtcpWriter.receiverReport(ssrc: 7, reports: [block])])
+        #expect(h.stream.startupProbe.state == .waiting, "1 % loss is no reason to give up the probe")
+        _ = Self.sendKeyframe(h, bytes: 100_000)
+        #expect(h.stream.startupProbe.state == .finished)
+    }
+}
+

@@ -58,6 +58,38 @@ struct X11BackendTests {
         try source.stop()
     }
 
+    /// Damage larger than the 256 KB scratch segment is read in bands of rows,
+    /// full-width damage in place: both land exactly, edges included.
+    @Test func largeDamageIsReadInBandsAndFullWidthInPlace() throws {
+        try Harness.requireBuild()
+        guard let x = try XvfbServer() else { return }
+        let (collector, source) = try FrameCollector.start(library: Harness.library("BackendX11"), options: options(x))
+        defer { try? source.destroy() }
+        #expect(collector.waitForFrames(1, timeout: 10))
+        // 700x500 BGRx is 1.4 MB: six bands through the scratch.
+        try x.fill(x: 100, y: 100, width: 700, height: 500, rgb: "c01020")
+        #expect(collector.waitUntil(timeout: 10) { frames in frames.last.map { self.pixel($0, 799, 599) == 0xC01020 } ?? false },
+                "the large rectangle's far corner never arrived")
+        let banded = try #require(collector.frames.last)
+        for (px, py) in [(100, 100), (799, 100), (100, 599), (450, 350), (799, 599)] {
+            #expect(pixel(banded, px, py) == 0xC01020, "(\(px), \(py)): \(String(pixel(banded, px, py), radix: 16))")
+        }
+        for (px, py) in [(99, 100), (800, 599), (100, 99), (799, 600)] {
+            #expect(pixel(banded, px, py) == 0x336699, "outside at (\(px), \(py)): \(String(pixel(banded, px, py), radix: 16))")
+        }
+        let before = collector.frameCount
+        try x.fill(x: 0, y: 300, width: 1024, height: 200, rgb: "10c020")
+        #expect(collector.waitUntil(timeout: 10) { frames in frames.count > before && self.pixel(frames.last!, 1023, 499) == 0x10C020 },
+                "the full-width band never arrived")
+        let band = try #require(collector.frames.last)
+        for (px, py) in [(0, 300), (1023, 300), (0, 499), (1023, 499), (512, 400)] {
+            #expect(pixel(band, px, py) == 0x10C020, "(\(px), \(py)): \(String(pixel(band, px, py), radix: 16))")
+        }
+        #expect(pixel(band, 512, 299) == 0xC01020 && pixel(band, 512, 500) == 0xC01020 && pixel(band, 0, 299) == 0x336699,
+                "rows next to the band changed")
+        try source.stop()
+    }
+
     @Test func cursorIsDrawnAndItsMovesAreDamage() throws {
         try Harness.requireBuild()
         guard let x = try XvfbServer() else { return }
