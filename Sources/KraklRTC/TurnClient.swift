@@ -494,7 +494,8 @@ public final class TurnClient {
     /// port is unreachable (ICMP): the allocation is lost with it.
     public func connectionFailed(_ reason: String) {
         switch state {
-        case .allocating, .allocated:
+        // Idle too: a connection can break before gathering starts the allocation, which then never could.
+        case .idle, .allocating, .allocated:
             let error = TurnError.connectionFailed(server: serverName, over: server.transport.rawValue.uppercased(), reason: reason)
             state = .failed(error)
             transactions.removeAll()
