@@ -403,6 +403,14 @@ public final class IceAgent {
         }
     }
 
+    /// A datagram from `base` to the TURN server `server` (over UDP) came back as unreachable
+    /// (ICMP): its allocation is lost (reported on the next `drain()`, like any relay failure).
+    public func relayServerUnreachable(server: TransportAddress, base: TransportAddress, reason: String) {
+        for relay in relays where relay.base == base && relay.client.server.address == server && !relay.client.server.transport.isStream {
+            relay.client.connectionFailed(reason)
+        }
+    }
+
     /// Deallocates every TURN allocation (Refresh, lifetime 0); `drain()` then has the requests.
     public func closeRelays(now: UInt64) {
         lastNow = now

@@ -78,7 +78,8 @@ final class PeerTransport {
             throw NetworkError.noAddresses(configuration.addresses.allowed.map { "none of \($0.map { "\($0)" }.joined(separator: ", ")) is on an interface that is up" }
                                            ?? "no interface that is up has an address the policy admits (loopback needs includeLoopback)")
         }
-        sockets = try addresses.map { try UdpSocket(bindTo: $0) }
+        // Error reports on: an ICMP port unreachable from a TURN server is how its death shows at once.
+        sockets = try addresses.map { try UdpSocket(bindTo: $0, reportsErrors: true) }
         certificate = try Certificate()
         ice = IceAgent(bases: sockets.map(\.localAddress), controlling: role.iceControlling, stunServers: configuration.stunServers,
                        configuration: configuration.ice, lite: role.iceLite, turnServers: configuration.turnServers,
@@ -283,6 +284,7 @@ final class PeerTransport {
     private func socket(for base: TransportAddress) -> UdpSocket? { sockets.first { $0.localAddress == base } }
 
     private func readSocket(_ socket: UdpSocket) {
+        readErrors(socket)
         // A handler may close the publisher (close() from onEvent): stop reading then.
         for _ in 0..<256 where !socket.isClosed {
             guard let (bytes, from) = socket.receive(&receiveBuffer) else { break }
@@ -298,6 +300,18 @@ final class PeerTransport {
             demultiplex(bytes, from: from, base: socket.localAddress, now: now)
         }
         service()
+    }
+
+    /// Drains the ICMP errors the socket queued (they keep it polling ready): a TURN server over
+    /// UDP whose port is unreachable has stopped, and its relay fails now rather than when consent
+    /// expires. Errors from peers' addresses are left to ICE's own checks and consent.
+    private func readErrors(_ socket: UdpSocket) {
+        for _ in 0..<64 where !socket.isClosed && !finished {
+            guard let report = socket.receiveError() else { break }
+            guard report.code == ECONNREFUSED, ice.isRelayServer(report.destination, base: socket.localAddress) else { continue }
+            ice.relayServerUnreachable(server: report.destination, base: socket.localAddress,
+                                       reason: "port unreachable (ICMP): the server stopped or is not running")
+        }
     }
 
     /// RFC 7983 by the first byte: STUN to ICE, DTLS, SRTCP; the rest is dropped.

@@ -73,8 +73,8 @@ public enum TurnError: Error, Equatable, Sendable, CustomStringConvertible {
     case timeout(server: String, request: String, seconds: Double, transport: TurnTransport)
     /// A success response without XOR-RELAYED-ADDRESS.
     case noRelayedAddress(server: String)
-    /// The TCP or TLS connection to the server failed or closed (TURN over TCP or TLS); `over` is
-    /// "TCP" or "TLS".
+    /// The TCP or TLS connection to the server failed or closed (TURN over TCP or TLS), or its UDP
+    /// port is unreachable (ICMP, TURN over UDP); `over` is "UDP", "TCP" or "TLS".
     case connectionFailed(server: String, over: String, reason: String)
 
     public var description: String {
@@ -490,11 +490,13 @@ public final class TurnClient {
 
     private static func seconds(_ s: UInt64) -> UInt64 { s * 1_000_000_000 }
 
-    /// The stream to the server (TURN over TCP) failed or closed: the allocation is lost with it.
+    /// The stream to the server (TURN over TCP or TLS) failed or closed, or (over UDP) the server's
+    /// port is unreachable (ICMP): the allocation is lost with it.
     public func connectionFailed(_ reason: String) {
         switch state {
-        case .allocating, .allocated:
-            let error = TurnError.connectionFailed(server: serverName, over: server.transport == .tls ? "TLS" : "TCP", reason: reason)
+        // Idle too: a connection can break before gathering starts the allocation, which then never could.
+        case .idle, .allocating, .allocated:
+            let error = TurnError.connectionFailed(server: serverName, over: server.transport.rawValue.uppercased(), reason: reason)
             state = .failed(error)
             transactions.removeAll()
             events.append(.failed(error))
@@ -523,6 +525,23 @@ public final class TurnClient {
                 transactions.removeAll()
                 events.append(.failed(error))
             }
+        case .createPermission, .channelBind:
+            // Unanswered through every retransmission while the allocation stands: the server is
+            // gone (or cut off), and with it everything relayed; not waiting for consent (30 s).
+            if case .timeout = error, state == .allocated {
+                state = .failed(error)
+                transactions.removeAll()
+                events.append(.failed(error))
+                return
+            }
+            failPeer(kind, error)
+        }
+    }
+
+    private func failPeer(_ kind: Kind, _ error: TurnError) {
+        switch kind {
+        case .allocate, .refresh:
+            break
         case .createPermission(let ip):
             guard let permission = permissions[ip] else { return }
             if permission.installed {

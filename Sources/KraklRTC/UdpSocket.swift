@@ -24,7 +24,10 @@ public final class UdpSocket {
     public private(set) var sendFailures = 0
 
     /// socket + bind + O_NONBLOCK; 1 MB buffers so a keyframe burst fits.
-    public init(bindTo ip: IPAddress, port: UInt16 = 0) throws {
+    /// With `reportsErrors` the kernel queues the ICMP errors our datagrams caused (IP_RECVERR): an
+    /// unconnected socket hears of them no other way. The owner must then drain `receiveError()`
+    /// whenever the socket polls ready (a queued error keeps it ready).
+    public init(bindTo ip: IPAddress, port: UInt16 = 0, reportsErrors: Bool = false) throws {
         let family = ip.isIPv6 ? AF_INET6 : AF_INET
         let fd = socket(family, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
         guard fd >= 0 else { throw NetworkError.socket("socket(): \(String(cString: strerror(errno)))") }
@@ -34,6 +37,14 @@ public final class UdpSocket {
         if ip.isIPv6 {
             var one: Int32 = 1
             _ = setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &one, socklen_t(MemoryLayout<Int32>.size))
+        }
+        if reportsErrors {
+            var one: Int32 = 1
+            if ip.isIPv6 {
+                _ = setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_RECVERR, &one, socklen_t(MemoryLayout<Int32>.size))
+            } else {
+                _ = setsockopt(fd, Int32(IPPROTO_IP), IP_RECVERR, &one, socklen_t(MemoryLayout<Int32>.size))
+            }
         }
         var storage = UdpSocket.sockaddr(TransportAddress(ip: ip, port: port))
         let bound = withUnsafePointer(to: &storage.address) {
@@ -69,12 +80,17 @@ public final class UdpSocket {
     public func send(_ datagram: [UInt8], to peer: TransportAddress) -> Bool {
         guard fd >= 0 else { sendFailures += 1; return false }
         var storage = UdpSocket.sockaddr(peer)
-        let sent = datagram.withUnsafeBytes { bytes in
-            withUnsafePointer(to: &storage.address) {
-                $0.withMemoryRebound(to: Glibc.sockaddr.self, capacity: 1) {
-                    sendto(fd, bytes.baseAddress, bytes.count, 0, $0, storage.length)
+        var sent = -1
+        // A pending ICMP error of an earlier datagram (IP_RECVERR) fails one sendto; this datagram is not the one refused.
+        for _ in 0..<2 {
+            sent = datagram.withUnsafeBytes { bytes in
+                withUnsafePointer(to: &storage.address) {
+                    $0.withMemoryRebound(to: Glibc.sockaddr.self, capacity: 1) {
+                        sendto(fd, bytes.baseAddress, bytes.count, 0, $0, storage.length)
+                    }
                 }
             }
+            guard sent < 0, [ECONNREFUSED, EHOSTUNREACH, ENETUNREACH].contains(errno) else { break }
         }
         if sent != datagram.count { sendFailures += 1; return false }
         return true
@@ -85,13 +101,67 @@ public final class UdpSocket {
         guard fd >= 0 else { return nil }
         var from = sockaddr_storage()
         var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
-        let count = buffer.withUnsafeMutableBytes { bytes in
-            withUnsafeMutablePointer(to: &from) {
-                $0.withMemoryRebound(to: Glibc.sockaddr.self, capacity: 1) { recvfrom(fd, bytes.baseAddress, bytes.count, 0, $0, &length) }
+        var count = -1
+        // A pending ICMP error (IP_RECVERR) fails one recvfrom; the datagrams behind it are still there.
+        for _ in 0..<2 {
+            count = buffer.withUnsafeMutableBytes { bytes in
+                withUnsafeMutablePointer(to: &from) {
+                    $0.withMemoryRebound(to: Glibc.sockaddr.self, capacity: 1) { recvfrom(fd, bytes.baseAddress, bytes.count, 0, $0, &length) }
+                }
             }
+            guard count < 0, [ECONNREFUSED, EHOSTUNREACH, ENETUNREACH].contains(errno) else { break }
         }
         guard count >= 0, let address = UdpSocket.transportAddress(from) else { return nil }
         return (Array(buffer[0..<count]), address)
+    }
+
+    /// An error the kernel queued for a datagram we sent (`reportsErrors`): where that datagram
+    /// went and the errno (ECONNREFUSED for an ICMP port unreachable), or nil when none is queued.
+    /// Wraps recvmsg(MSG_ERRQUEUE) and reads the IP_RECVERR / IPV6_RECVERR `sock_extended_err`.
+    public func receiveError() -> (destination: TransportAddress, code: Int32)? {
+        guard fd >= 0 else { return nil }
+        var destination = sockaddr_storage()
+        var payload = [UInt8](repeating: 0, count: 64)
+        var control = [UInt8](repeating: 0, count: 256)
+        let received: Int = payload.withUnsafeMutableBytes { payloadBytes in
+            control.withUnsafeMutableBytes { controlBytes in
+                withUnsafeMutablePointer(to: &destination) { name in
+                    var vector = iovec(iov_base: payloadBytes.baseAddress, iov_len: payloadBytes.count)
+                    return withUnsafeMutablePointer(to: &vector) { vectorPointer in
+                        var header = msghdr()
+                        header.msg_name = UnsafeMutableRawPointer(name)
+                        header.msg_namelen = socklen_t(MemoryLayout<sockaddr_storage>.size)
+                        header.msg_iov = vectorPointer
+                        header.msg_iovlen = 1
+                        header.msg_control = controlBytes.baseAddress
+                        header.msg_controllen = controlBytes.count
+                        guard recvmsg(fd, &header, Int32(MSG_ERRQUEUE) | Int32(MSG_DONTWAIT)) >= 0 else { return -1 }
+                        return Int(header.msg_controllen)
+                    }
+                }
+            }
+        }
+        guard received > 0, let address = UdpSocket.transportAddress(destination) else { return nil }
+        // cmsghdr (length, level, type) then the data, aligned to size_t; CMSG_* are macros Swift cannot call.
+        let headerSize = MemoryLayout<cmsghdr>.size
+        var offset = 0
+        while offset + headerSize <= received {
+            let (length, level, type) = control.withUnsafeBytes { bytes in
+                (bytes.loadUnaligned(fromByteOffset: offset, as: Int.self),
+                 bytes.loadUnaligned(fromByteOffset: offset + MemoryLayout<Int>.size, as: Int32.self),
+                 bytes.loadUnaligned(fromByteOffset: offset + MemoryLayout<Int>.size + 4, as: Int32.self))
+            }
+            guard length >= headerSize, offset + length <= received else { break }
+            let isRecvErr = (level == Int32(IPPROTO_IP) && type == Int32(IP_RECVERR))
+                || (level == Int32(IPPROTO_IPV6) && type == Int32(IPV6_RECVERR))
+            // sock_extended_err starts with ee_errno (u32).
+            if isRecvErr, length >= headerSize + 4 {
+                let code = control.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: offset + headerSize, as: UInt32.self) }
+                return (address, Int32(bitPattern: code))
+            }
+            offset += (length + MemoryLayout<Int>.size - 1) & ~(MemoryLayout<Int>.size - 1)
+        }
+        return (address, 0)
     }
 
     // MARK: sockaddr conversions

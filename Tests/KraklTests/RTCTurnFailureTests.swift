@@ -127,4 +127,39 @@ import Testing
         #expect(reason.contains("connection lost") && reason.contains("relay carrying the session is gone")
                 && reason.contains("TURN server 127.0.0.2:3478 over TCP"), "unclear reason: \(reason)")
     }
+
+    /// coturn is killed while the session runs relay-only through its UDP relay (direct UDP dropped
+    /// too): the session ends as connection lost once the relay is known gone (the kernel's ICMP
+    /// port unreachable for the next datagram to the server), not after the 30 s consent time-out.
+    @Test func aUdpTurnServerThatDiesEndsTheSessionAsConnectionLostBeforeConsentExpires() throws {
+        guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace(),
+              let turn = try CoturnServer.start(in: namespace) else { return }
+        guard try CoturnServer.blockDirectUdp(in: namespace) else {
+            skipTest("nft missing (Debian package nftables): direct UDP cannot be blocked")
+            return
+        }
+        let session = try RtcPublisherSession(namespace: namespace, seconds: 90,
+                                              extraProbeArguments: ["--ice-server", "turn:127.0.0.2,u,p", "--relay-only", "--connect-timeout", "10"],
+                                              receiverSeconds: 120)
+        defer { session.stop() }
+        // Relay-only: the offer carries no host candidate (exchange() expects one); aiortc meets the relay as peer-reflexive.
+        let offer = try #require(RtcPublisherSession.waitForSdp(session.probe, timeout: 30), "no offer: \(session.probe.log)")
+        #expect(!offer.contains("typ host"), "relay-only, yet the offer lists host candidates")
+        session.receiver.type(offer + "\n")
+        let answer = try #require(RtcPublisherSession.waitForSdp(session.receiver, timeout: 30), "no answer: \(session.receiver.log)")
+        session.probe.type(answer + "\n")
+        try #require(session.waitConnected(timeout: 20) != nil, "not connected: \(session.probe.log)")
+        try #require(session.probe.waitFor("\"frames_sent\"", timeout: 10), "no status line: \(session.probe.log)")
+        let killedAt = Date()
+        turn.process.send(signal: SIGKILL)
+        let result = try #require(session.probeResult(timeout: 45), "the session did not end after coturn died: \(session.probe.log.suffix(2000))")
+        let seconds = Date().timeIntervalSince(killedAt)
+        let reason = result["result"] as? String ?? ""
+        print(String(format: "UDP TURN server died mid-session: the session ended %.2f s after the kill: %@", seconds, reason))
+        #expect(result["status"] as? Int == 4, "the probe must end as connection lost (status 4): \(reason)")
+        #expect(reason.contains("connection lost") && reason.contains("relay carrying the session is gone")
+                && reason.contains("TURN server 127.0.0.2:3478 over UDP"), "unclear reason: \(reason)")
+        // Loose (a noisy machine): the point is that it is not the 30 s consent time-out.
+        #expect(seconds < 20, "the session ended \(seconds) s after the TURN server died: the consent time-out, not the relay's failure")
+    }
 }

@@ -189,6 +189,94 @@ struct CannedTurnServer {
         #expect(client.wrap([1, 2, 3], to: peer, now: 0) == nil, "nothing is relayed on a lost allocation")
     }
 
+    /// A permission or channel refresh that the server never answers means the server is gone:
+    /// the allocation fails then (not when consent expires), with the request that went unanswered.
+    @Test func anUnansweredPermissionRefreshFailsTheAllocation() throws {
+        let client = try turn.allocatedClient(now: 0)
+        _ = client.wrap([1], to: peer, now: 0)
+        let permission = try turn.parse(try #require(client.drain().datagrams.first))
+        _ = client.receive(turn.success(permission), now: 0)
+        let bind = try #require(try client.drain().datagrams.map { try turn.parse($0) }.first { $0.method == TurnMethod.channelBind })
+        _ = client.receive(turn.success(bind), now: 0)
+        _ = client.drain()
+        var events: [TurnEvent] = []
+        var refreshes = 0
+        for _ in 0..<40 {
+            guard let due = client.nextDeadline else { break }
+            client.tick(now: due)
+            let out = client.drain()
+            refreshes += try out.datagrams.map { try turn.parse($0) }.filter { $0.method == TurnMethod.createPermission }.count
+            events += out.events
+            if !events.isEmpty { break }
+        }
+        #expect(refreshes == TurnConfiguration().maximumTransmissions, "\(refreshes) CreatePermission transmissions")
+        guard case .failed(.timeout(_, let request, _, .udp))? = events.first else {
+            Issue.record("the allocation did not fail: \(events), \(client.state)")
+            return
+        }
+        #expect(request == "CreatePermission")
+        #expect(client.wrap([1], to: peer, now: 0) == nil, "nothing is relayed on a lost allocation")
+    }
+
+    /// Over UDP the server's death shows as an ICMP port unreachable; the owner reports it and the
+    /// allocation fails with a reason that names the server and UDP.
+    @Test func anUnreachableUdpServerFailsTheAllocation() throws {
+        let client = try turn.allocatedClient()
+        client.connectionFailed("port unreachable (ICMP)")
+        let events = client.drain().events
+        #expect(events == [.failed(.connectionFailed(server: "\(turn.address)", over: "UDP", reason: "port unreachable (ICMP)"))])
+        guard case .failed(let error) = client.state else {
+            Issue.record("not failed: \(client.state)")
+            return
+        }
+        #expect(error.description == "TURN server \(turn.address) over UDP: port unreachable (ICMP)")
+    }
+
+    /// The kernel's ICMP port unreachable reaches an unconnected socket only with IP_RECVERR: the
+    /// socket reports where the refused datagram went, and reading on is not blocked by it.
+    @Test func aUdpSocketReportsAnUnreachablePort() throws {
+        let loopback = try #require(IPAddress("127.0.0.1"))
+        let socket = try UdpSocket(bindTo: loopback, reportsErrors: true)
+        let peer = try UdpSocket(bindTo: loopback)
+        let closed = peer.localAddress
+        peer.close()  // nothing listens there now
+        let echo = try UdpSocket(bindTo: loopback)
+        #expect(socket.send([1, 2, 3], to: closed))
+        var report: (destination: TransportAddress, code: Int32)?
+        for _ in 0..<200 where report == nil {
+            report = socket.receiveError()
+            if report == nil { usleep(5_000) }
+        }
+        let got = try #require(report, "no error report for a datagram to a closed port")
+        #expect(got.destination == closed && got.code == ECONNREFUSED, "report: \(got)")
+        #expect(socket.receiveError() == nil, "one datagram, one report")
+        // The error pending after it costs no later datagram: this one is sent, and arrives.
+        #expect(socket.send([1, 2, 3], to: closed))
+        // Until the ICMP is in (the socket polls in error), bounded.
+        var waiting = pollfd(fd: socket.fd, events: 0, revents: 0)
+        for _ in 0..<100 where waiting.revents & Int16(POLLERR) == 0 { _ = poll(&waiting, 1, 10) }
+        #expect(waiting.revents & Int16(POLLERR) != 0, "no ICMP error for the second datagram")
+        #expect(socket.send([7], to: echo.localAddress), "a send failed on the earlier datagram's ICMP error")
+        #expect(socket.sendFailures == 0)
+        var echoed: [UInt8]?
+        var echoBuffer = [UInt8](repeating: 0, count: 64)
+        for _ in 0..<200 where echoed == nil {
+            echoed = echo.receive(&echoBuffer)?.bytes
+            if echoed == nil { usleep(5_000) }
+        }
+        #expect(echoed == [7])
+        _ = socket.receiveError()
+        // Datagrams still arrive after the error.
+        #expect(echo.send([9], to: socket.localAddress))
+        var buffer = [UInt8](repeating: 0, count: 64)
+        var received: [UInt8]?
+        for _ in 0..<200 where received == nil {
+            received = socket.receive(&buffer)?.bytes
+            if received == nil { usleep(5_000) }
+        }
+        #expect(received == [9])
+    }
+
     @Test func permissionThenChannelCarryData() throws {
         let client = try turn.allocatedClient()
         // Before the permission: queued, CreatePermission asked.
