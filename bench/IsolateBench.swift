@@ -87,15 +87,9 @@ func runIsolateBench(seconds: Double, rounds: Int) throws {
                                                           "-o", "width=1920", "-o", "height=1080", "-o", "fps=30"])
     measureCase(backend: "file", scene: "video", base: ["--plugins", work + "/plugins.json", "--backend", "file", "-o", "scene=video",
                                                          "-o", "width=1920", "-o", "height=1080", "-o", "fps=30"])
-    let display = ":\((150..<250).first { !FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\($0)") } ?? 150)"
-    let server = launch(xvfb, [display, "-screen", "0", "1920x1080x24", "-nolisten", "tcp", "-noreset"])
-    defer {
-        stopAndReap(server)
-        try? FileManager.default.removeItem(atPath: "/tmp/.X11-unix/X\(display.dropFirst())")
-        try? FileManager.default.removeItem(atPath: "/tmp/.X\(display.dropFirst())-lock")
-    }
-    let ready = Date().addingTimeInterval(10)
-    while measure(xsetroot, ["-display", display, "-solid", "#1e1e1e"]).status != 0 && Date() < ready { usleep(20_000) }
+    let screen = BenchXvfb(xvfb, xsetroot: xsetroot)
+    defer { screen.stop() }
+    let display = screen.display
     for scene in ["typing", "full"] {
         let painter = launch(activity, [display, scene])
         usleep(500_000)

@@ -73,20 +73,14 @@ func runRoomShareBench(seconds: Double, rounds: Int, scenes: [String], smapsOut:
     let created = measure(BenchNamespace.ip, namespace.command(venv, [host, "create", "--room", "\(room)", "--secret", secret]))
     guard created.stdout.contains("\"created\"") else { throw BenchError("cannot create the room: \(created.stdout) \(created.stderr)") }
 
-    let display = ":\((150..<250).first { !FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\($0)") } ?? 150)"
     let window = max(4, seconds - 4)
-    print("krakl-bench roomshare: \(scenes.joined(separator: ", ")) on a 1920x1080 Xvfb \(display), krakl-agent (X11 backend) vs GStreamer webrtcbin into a Janus VideoRoom, aiortc subscribing; \(Int(seconds)) s sessions, \(rounds) rounds")
+    print("krakl-bench roomshare: \(scenes.joined(separator: ", ")) on a 1920x1080 Xvfb screen, krakl-agent (X11 backend) vs GStreamer webrtcbin into a Janus VideoRoom, aiortc subscribing; \(Int(seconds)) s sessions, \(rounds) rounds")
     var results: [(scene: String, publisher: String, runs: [RoomShareRun])] = []
     var session = 0
     for scene in scenes {
-        let server = launch(xvfb, [display, "-screen", "0", "1920x1080x24", "-nolisten", "tcp", "-noreset"])
-        defer {
-            stopAndReap(server)
-            try? FileManager.default.removeItem(atPath: "/tmp/.X11-unix/X\(display.dropFirst())")
-            try? FileManager.default.removeItem(atPath: "/tmp/.X\(display.dropFirst())-lock")
-        }
-        let ready = Date().addingTimeInterval(10)
-        while measure(xsetroot, ["-display", display, "-solid", "#1e1e1e"]).status != 0 && Date() < ready { usleep(20_000) }
+        let screen = BenchXvfb(xvfb, xsetroot: xsetroot)
+        defer { screen.stop() }
+        let display = screen.display, server = screen.pid
         let painter = launch(painterBinary, [display, scene])
         defer { stopAndReap(painter) }
         usleep(500_000)

@@ -34,15 +34,9 @@ func runScanBench(rounds: Int) throws {
     print("| screen | module | code appears → found (p50 / p99 / max) | agent CPU, screen unchanged | agent CPU, screen changing whole at 30 fps | zbarimg a picture (same screen) | zbarimg at 5 a second |")
     print("|---|---|---|---:|---:|---:|---:|")
     for (width, height, pixels) in [(1920, 1080, 4), (3840, 2160, 2)] {
-        let display = ":\((150..<250).first { !FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\($0)") } ?? 150)"
-        let server = launch(xvfb, [display, "-screen", "0", "\(width)x\(height)x24", "-nolisten", "tcp", "-noreset"])
-        defer {
-            stopAndReap(server)
-            try? FileManager.default.removeItem(atPath: "/tmp/.X11-unix/X\(display.dropFirst())")
-            try? FileManager.default.removeItem(atPath: "/tmp/.X\(display.dropFirst())-lock")
-        }
-        let ready = Date().addingTimeInterval(10)
-        while measure(xsetroot, ["-display", display, "-solid", "#707070"]).status != 0 && Date() < ready { usleep(20_000) }
+        let xserver = BenchXvfb(xvfb, xsetroot: xsetroot, size: "\(width)x\(height)", background: "#707070")
+        defer { xserver.stop() }
+        let display = xserver.display
         let png = work + "/code-\(pixels).png", pgm = png + ".pgm"
         _ = measure(qrencode, ["-l", "M", "-s", "\(pixels)", "-m", "4", "-o", png, code])
         _ = measure(ffmpeg, ["-v", "error", "-i", png, "-pix_fmt", "gray", "-y", pgm])

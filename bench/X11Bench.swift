@@ -75,20 +75,13 @@ func runX11Bench(seconds: Double, rounds: Int) throws {
     let activity = work + "/xactivity"
     let built = measure(cc, ["-O2", source, "-o", activity, "-lX11"])
     guard built.status == 0 else { print("krakl-bench: cannot build xactivity: \(built.stderr)"); exit(1) }
-    let display = ":\((150..<250).first { !FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\($0)") } ?? 150)"
     let minutes = seconds / 60
     var rows: [X11Row] = []
-    print("krakl-bench x11: static, typing, full at 1920x1080, 30 fps, \(Int(seconds)) s windows, \(rounds) rounds, on Xvfb \(display)")
+    print("krakl-bench x11: static, typing, full at 1920x1080, 30 fps, \(Int(seconds)) s windows, \(rounds) rounds, on an Xvfb screen of its own")
     for scene in ["static", "typing", "full"] {
-        let server = launch(xvfb, [display, "-screen", "0", "1920x1080x24", "-nolisten", "tcp", "-noreset"])
-        defer {
-            stopAndReap(server)
-            // A killed server leaves its socket and lock file behind.
-            try? FileManager.default.removeItem(atPath: "/tmp/.X11-unix/X\(display.dropFirst())")
-            try? FileManager.default.removeItem(atPath: "/tmp/.X\(display.dropFirst())-lock")
-        }
-        let ready = Date().addingTimeInterval(10)
-        while measure(xsetroot, ["-display", display, "-solid", "#1e1e1e"]).status != 0 && Date() < ready { usleep(20_000) }
+        let screen = BenchXvfb(xvfb, xsetroot: xsetroot)
+        defer { screen.stop() }
+        let display = screen.display, server = screen.pid
         let painter = launch(activity, [display, scene])
         defer { stopAndReap(painter) }
         usleep(500_000) // let the painter reach its steady rhythm before measuring
@@ -144,5 +137,26 @@ func runX11Bench(seconds: Double, rounds: Int) throws {
         guard let krakl = pick("krakl"), let ffmpeg = pick("ffmpeg"), let gst = pick("gst") else { continue }
         print(String(format: "%@: krakl total CPU (median) is %.1fx lower than ffmpeg x11grab and %.1fx lower than GStreamer ximagesrc",
                      scene, ffmpeg.total / krakl.total, gst.total / krakl.total))
+    }
+}
+
+/// An Xvfb screen of the bench's own on a free display number, up once `xsetroot` can paint its
+/// background (bounded at 10 s); `stop()` kills it and removes the socket and lock file a killed
+/// server leaves behind.
+struct BenchXvfb {
+    let display: String
+    let pid: pid_t
+
+    init(_ xvfb: String, xsetroot: String, size: String = "1920x1080", background: String = "#1e1e1e") {
+        display = ":\((150..<250).first { !FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\($0)") } ?? 150)"
+        pid = launch(xvfb, [display, "-screen", "0", "\(size)x24", "-nolisten", "tcp", "-noreset"])
+        let ready = Date().addingTimeInterval(10)
+        while measure(xsetroot, ["-display", display, "-solid", background]).status != 0 && Date() < ready { usleep(20_000) }
+    }
+
+    func stop() {
+        stopAndReap(pid)
+        try? FileManager.default.removeItem(atPath: "/tmp/.X11-unix/X\(display.dropFirst())")
+        try? FileManager.default.removeItem(atPath: "/tmp/.X\(display.dropFirst())-lock")
     }
 }

@@ -34,22 +34,28 @@ import Testing
         return lines
     }
 
+    /// The home screen in a pane of its own (no room), `v` pressed once it shows: viewer on `listen`,
+    /// `environment` added, and the variables that would open a browser unset unless given.
+    static func homeWithViewerAsked(listen: String = "127.0.0.1:0", environment: [String: String] = [:], folder: String) throws -> Pane {
+        let registry = try Harness.registryForThisBuild(in: folder)
+        let script = HomeScreenTests.paneScript(registry: registry, arguments: ["home", "--listen", listen],
+                                                environment: ["KRAKL_NO_NOTIFY": "1"].merging(environment) { $1 }, folder: folder,
+                                                unsetting: ["BROWSER", "DISPLAY", "WAYLAND_DISPLAY"].filter { environment[$0] == nil })
+        let pane = try Pane(script: script, folder: folder, namespace: nil)
+        let home = pane.waitFor("[v] viewer", timeout: 20)
+        try #require(home.ok, "no home screen: \(home.screen) \(procText(folder + "/agent.stderr"))")
+        pane.keys("v")
+        return pane
+    }
+
     @Test func vOpensTheViewerWithBrowserAndQuitStopsIt() throws {
         try Harness.requireBuild()
         let folder = try Harness.temporaryDirectory()
-        let registry = try Harness.registryForThisBuild(in: folder)
         let recorded = folder + "/opened.txt"
         let browser = folder + "/browser.sh"
         try "#!/bin/sh\nprintf '%s\\n' \"$1\" >> '\(recorded)'\n".write(toFile: browser, atomically: true, encoding: .utf8)
         chmod(browser, 0o755)
-        let script = HomeScreenTests.paneScript(registry: registry, arguments: ["home", "--listen", "127.0.0.1:0"],
-                                                environment: ["KRAKL_NO_NOTIFY": "1", "BROWSER": browser], folder: folder,
-                                                unsetting: ["DISPLAY", "WAYLAND_DISPLAY"])
-        let pane = try Pane(script: script, folder: folder, namespace: nil)
-        let home = pane.waitFor("[v] viewer", timeout: 20)
-        try #require(home.ok, "no home screen: \(home.screen) \(procText(folder + "/agent.stderr"))")
-
-        pane.keys("v")
+        let pane = try Self.homeWithViewerAsked(environment: ["BROWSER": browser], folder: folder)
         let opened = pane.waitFor("opened in your browser", timeout: 15)
         #expect(opened.ok, "after v: \(opened.screen)")
         let first = Self.lines(recorded, count: 1, timeout: 10)
@@ -80,13 +86,7 @@ import Testing
     @Test func withoutBrowserOrDisplayTheURLIsShown() throws {
         try Harness.requireBuild()
         let folder = try Harness.temporaryDirectory()
-        let registry = try Harness.registryForThisBuild(in: folder)
-        let script = HomeScreenTests.paneScript(registry: registry, arguments: ["home", "--listen", "127.0.0.1:0"],
-                                                environment: ["KRAKL_NO_NOTIFY": "1"], folder: folder,
-                                                unsetting: ["BROWSER", "DISPLAY", "WAYLAND_DISPLAY"])
-        let pane = try Pane(script: script, folder: folder, namespace: nil)
-        try #require(pane.waitFor("[v] viewer", timeout: 20).ok, "no home screen: \(pane.screen())")
-        pane.keys("v")
+        let pane = try Self.homeWithViewerAsked(folder: folder)
         let shown = pane.waitFor("open this URL: http://127.0.0.1:", timeout: 15)
         #expect(shown.ok, "after v: \(shown.screen)")
         let url = try #require(Self.viewerURL(shown.screen, host: "127.0.0.1"), "no Viewer: line: \(shown.screen)")
@@ -105,13 +105,7 @@ import Testing
         try Harness.requireBuild()
         guard try ViewerBrowserTests.browserPrerequisites() else { return }
         let folder = try Harness.temporaryDirectory()
-        let registry = try Harness.registryForThisBuild(in: folder)
-        let script = HomeScreenTests.paneScript(registry: registry, arguments: ["home", "--listen", "127.0.0.1:0"],
-                                                environment: ["KRAKL_NO_NOTIFY": "1"], folder: folder,
-                                                unsetting: ["BROWSER", "DISPLAY", "WAYLAND_DISPLAY"])
-        let pane = try Pane(script: script, folder: folder, namespace: nil)
-        try #require(pane.waitFor("[v] viewer", timeout: 20).ok, "no home screen: \(pane.screen())")
-        pane.keys("v")
+        let pane = try Self.homeWithViewerAsked(folder: folder)
         let shown = pane.waitFor("open this URL", timeout: 15)
         let url = try #require(Self.viewerURL(shown.screen, host: "127.0.0.1"), "no Viewer: line: \(shown.screen)")
         let viewer = try ViewerBrowserTests.Viewer()
@@ -141,7 +135,6 @@ import Testing
     @Test func aTakenPortIsANoticeNotAnExit() throws {
         try Harness.requireBuild()
         let folder = try Harness.temporaryDirectory()
-        let registry = try Harness.registryForThisBuild(in: folder)
         // A listening socket of the test holds a port.
         let holder = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         defer { close(holder) }
@@ -154,12 +147,7 @@ import Testing
         }
         try #require(bound, "cannot hold a port: errno \(errno)")
         let taken = UInt16(bigEndian: address.sin_port)
-        let script = HomeScreenTests.paneScript(registry: registry, arguments: ["home", "--listen", "127.0.0.1:\(taken)"],
-                                                environment: ["KRAKL_NO_NOTIFY": "1"], folder: folder,
-                                                unsetting: ["BROWSER", "DISPLAY", "WAYLAND_DISPLAY"])
-        let pane = try Pane(script: script, folder: folder, namespace: nil)
-        try #require(pane.waitFor("[v] viewer", timeout: 20).ok, "no home screen: \(pane.screen())")
-        pane.keys("v")
+        let pane = try Self.homeWithViewerAsked(listen: "127.0.0.1:\(taken)", folder: folder)
         let refused = pane.waitFor("Cannot start the viewer", timeout: 15)
         #expect(refused.ok && refused.screen.contains("State:     idle") && !refused.screen.contains("Viewer:    "), "after v: \(refused.screen)")
         #expect(!pane.screen().contains("EXIT="), "the agent ended: \(pane.screen())")

@@ -102,33 +102,11 @@ final class CoturnServer {
     @Test func mediaFlowsThroughCoturnOverTcpWhenAllUdpIsBlocked() throws {
         guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace(),
               let turn = try CoturnServer.start(in: namespace, extra: ["-v"]) else { return }
-        guard try namespace.prepareFaults() else {
+        guard try CoturnServer.blockAllUdpButRelays(in: namespace) else {
             skipTest("nft missing (Debian package nftables): UDP cannot be blocked")
             return
         }
-        for rule in [["udp", "sport", CoturnServer.relayPorts, "accept"], ["udp", "dport", CoturnServer.relayPorts, "accept"],
-                     ["meta", "l4proto", "udp", "drop"]] {
-            let result = try namespace.run(RtcTestNamespace.nft, ["add", "rule", "inet", "krakl", "input"] + rule)
-            try #require(result.status == 0, "nft: \(result.stderr)")
-        }
-        let session = try RtcPublisherSession(namespace: namespace, seconds: 5,
-                                              extraProbeArguments: ["--ice-server", "turn:127.0.0.2:3478?transport=tcp,u,p", "--connect-timeout", "15"])
-        defer { session.stop() }
-        try session.exchange()
-        let result = try #require(session.probeResult(timeout: 60), "the probe gave no result: \(session.probe.log)")
-        let report = try #require(session.receiverReport(timeout: 30), "aiortc gave no report: \(session.receiver.log)")
-        let stats = try #require(result["stats"] as? [String: Any])
-        let sent = stats["frames_sent"] as? Int ?? 0
-        let decoded = report["frames_decoded"] as? Int ?? 0
-        print("TURN over TCP: connected \(stats["connect_ms"] ?? "-") ms after the answer over \(stats["selected_pair_types"] ?? "-") (\(stats["selected_pair"] ?? "-")); \(decoded) of \(sent) frames decoded; relay errors \(stats["relay_errors"] ?? "-")")
-        #expect(result["status"] as? Int == 0, "probe: \(result["result"] ?? "?")\n\(session.probe.log)\ncoturn: \(turn.process.log.suffix(3000))")
-        #expect((stats["selected_pair_types"] as? String)?.hasPrefix("relay/udp") == true,
-                "the selected pair is \(stats["selected_pair_types"] ?? "none")")
-        #expect(sent >= 100, "only \(sent) frames sent in 5 s")
-        #expect(Double(decoded) >= 0.8 * Double(sent), "aiortc decoded \(decoded) of \(sent) frames through the relay")
-        #expect(report["decreasing"] as? Int == 0, "frame numbers went backwards \(report["decreasing"] ?? "?") times")
-        #expect(turn.process.waitFor("refreshed, realm=<krakl>, username=<u>, lifetime=0", timeout: 5),
-                "coturn logged no deallocation: \(turn.process.log.suffix(2000))")
+        try turn.expectMediaThroughTheRelay(in: namespace, label: "TURN over TCP", arguments: ["--ice-server", "turn:127.0.0.2:3478?transport=tcp,u,p"])
         // The allocation was a TCP session of coturn's, which the publisher closed when it ended.
         #expect(turn.process.waitFor("TCP socket closed remotely", timeout: 5), "coturn logged no TCP session: \(turn.process.log.suffix(2000))")
     }

@@ -47,6 +47,32 @@ extension CoturnServer {
         }
         return true
     }
+
+    /// A 5 s publisher session through the relay `server` (with `arguments`), judged as media through
+    /// a relay: connected over a relayed pair, aiortc decoding in order, the allocation released.
+    /// Returns the probe's stats for checks of the transport's own.
+    @discardableResult
+    func expectMediaThroughTheRelay(in namespace: RtcTestNamespace, label: String, arguments: [String]) throws -> [String: Any] {
+        let session = try RtcPublisherSession(namespace: namespace, seconds: 5, extraProbeArguments: arguments + ["--connect-timeout", "15"])
+        defer { session.stop() }
+        try session.exchange()
+        let result = try #require(session.probeResult(timeout: 60), "the probe gave no result: \(session.probe.log)")
+        let report = try #require(session.receiverReport(timeout: 30), "aiortc gave no report: \(session.receiver.log)")
+        let stats = try #require(result["stats"] as? [String: Any])
+        let sent = stats["frames_sent"] as? Int ?? 0
+        let decoded = report["frames_decoded"] as? Int ?? 0
+        print("\(label): connected \(stats["connect_ms"] ?? "-") ms after the answer over \(stats["selected_pair_types"] ?? "-") (\(stats["selected_pair"] ?? "-")); \(decoded) of \(sent) frames decoded; relay errors \(stats["relay_errors"] ?? "-")")
+        #expect(result["status"] as? Int == 0, "probe: \(result["result"] ?? "?")\n\(session.probe.log)\ncoturn: \(process.log.suffix(3000))")
+        #expect((stats["selected_pair_types"] as? String)?.hasPrefix("relay/udp") == true,
+                "the selected pair is \(stats["selected_pair_types"] ?? "none")")
+        #expect(sent >= 100, "only \(sent) frames sent in 5 s")
+        #expect(Double(decoded) >= 0.8 * Double(sent), "aiortc decoded \(decoded) of \(sent) frames through the relay")
+        #expect(report["decreasing"] as? Int == 0, "frame numbers went backwards \(report["decreasing"] ?? "?") times")
+        #expect((report["stamps_read"] as? Int ?? 0) >= decoded * 9 / 10, "frame stamps unreadable in most frames")
+        #expect(process.waitFor("refreshed, realm=<krakl>, username=<u>, lifetime=0", timeout: 5),
+                "coturn logged no deallocation: \(process.log.suffix(2000))")
+        return stats
+    }
 }
 
 /// TURN over TLS (`turns:`, RFC 7065; RFC 8656 §3.1): coturn with a certificate of a test CA for
@@ -70,28 +96,10 @@ extension CoturnServer {
             skipTest("nft missing (Debian package nftables): UDP cannot be blocked")
             return
         }
-        let session = try RtcPublisherSession(namespace: namespace, seconds: 5,
-                                              extraProbeArguments: ["--ice-server", "turns:\(TurnTestCertificates.name),u,p",
-                                                                    "--ice-ca", certificates.caFile, "--connect-timeout", "15"])
-        defer { session.stop() }
-        try session.exchange()
-        let result = try #require(session.probeResult(timeout: 60), "the probe gave no result: \(session.probe.log)")
-        let report = try #require(session.receiverReport(timeout: 30), "aiortc gave no report: \(session.receiver.log)")
-        let stats = try #require(result["stats"] as? [String: Any])
-        let sent = stats["frames_sent"] as? Int ?? 0
-        let decoded = report["frames_decoded"] as? Int ?? 0
-        print("TURN over TLS: connected \(stats["connect_ms"] ?? "-") ms after the answer over \(stats["selected_pair_types"] ?? "-") (\(stats["selected_pair"] ?? "-")); \(decoded) of \(sent) frames decoded; relay errors \(stats["relay_errors"] ?? "-")")
-        #expect(result["status"] as? Int == 0, "probe: \(result["result"] ?? "?")\n\(session.probe.log)\ncoturn: \(turn.process.log.suffix(3000))")
-        #expect((stats["selected_pair_types"] as? String)?.hasPrefix("relay/udp") == true,
-                "the selected pair is \(stats["selected_pair_types"] ?? "none")")
-        #expect(sent >= 100, "only \(sent) frames sent in 5 s")
-        #expect(Double(decoded) >= 0.8 * Double(sent), "aiortc decoded \(decoded) of \(sent) frames through the relay")
-        #expect(report["decreasing"] as? Int == 0, "frame numbers went backwards \(report["decreasing"] ?? "?") times")
-        #expect((report["stamps_read"] as? Int ?? 0) >= decoded * 9 / 10, "frame stamps unreadable in most frames")
-        // The allocation was made over TLS on 5349 and released when the publisher ended.
-        #expect(turn.process.log.contains("TLS") , "coturn logged no TLS session: \(turn.process.log.suffix(3000))")
-        #expect(turn.process.waitFor("refreshed, realm=<krakl>, username=<u>, lifetime=0", timeout: 5),
-                "coturn logged no deallocation: \(turn.process.log.suffix(2000))")
+        try turn.expectMediaThroughTheRelay(in: namespace, label: "TURN over TLS",
+                                            arguments: ["--ice-server", "turns:\(TurnTestCertificates.name),u,p", "--ice-ca", certificates.caFile])
+        // The allocation was made over TLS on 5349.
+        #expect(turn.process.log.contains("TLS"), "coturn logged no TLS session: \(turn.process.log.suffix(3000))")
     }
 
     /// The server's certificate is from a CA the agent was not told to trust: relay-only fails at
