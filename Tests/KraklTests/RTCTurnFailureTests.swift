@@ -65,18 +65,11 @@ import Testing
         // Expired an hour ago: relay-only fails at once, saying the credential expired.
         let expired = "\(now - 3600):krakl"
         let expiredCredential = try #require(try Self.restCredential(expired))
-        let session = try RtcPublisherSession(namespace: namespace, seconds: 2,
-                                              extraProbeArguments: ["--ice-server", "turn:127.0.0.2,\(expired),\(expiredCredential)", "--relay-only",
-                                                                    "--connect-timeout", "10"])
-        defer { session.stop() }
-        RTCTurnTlsTests.answerIfAsked(session)
-        let result = try #require(session.probeResult(timeout: 30), "the probe gave no result: \(session.probe.log)")
-        let reason = result["result"] as? String ?? ""
-        print("expired TURN REST credential: \(reason)")
-        #expect(result["status"] as? Int == 3, "the probe must fail to connect (status 3): \(reason)")
+        let (reason, log) = try RTCTurnTlsTests.relayOnlyFailure(in: namespace, label: "expired TURN REST credential",
+                                                                 arguments: ["--ice-server", "turn:127.0.0.2,\(expired),\(expiredCredential)"], seconds: 2)
         #expect(reason.contains("TURN server 127.0.0.2:3478") && reason.contains("expired 36"), "unclear error: \(reason)")
         #expect(!reason.contains("did not answer"), "it waited for a time-out: \(reason)")
-        #expect(!session.probe.log.contains(expiredCredential), "the credential was printed")
+        #expect(!log.contains(expiredCredential), "the credential was printed")
     }
 
     /// coturn allows user u one allocation: of two TURN servers (UDP and TCP to the same coturn) one

@@ -86,6 +86,21 @@ extension CoturnServer {
         }
     }
 
+    /// A relay-only publisher session with `arguments` that must fail to connect (the probe's status 3):
+    /// its reason (printed after `label`) and the probe's log, for the checks of the case.
+    static func relayOnlyFailure(in namespace: RtcTestNamespace, label: String, arguments: [String], seconds: Double = 5,
+                                 connectTimeout: Int = 10) throws -> (reason: String, log: String) {
+        let session = try RtcPublisherSession(namespace: namespace, seconds: seconds,
+                                              extraProbeArguments: arguments + ["--relay-only", "--connect-timeout", "\(connectTimeout)"])
+        defer { session.stop() }
+        answerIfAsked(session)
+        let result = try #require(session.probeResult(timeout: Double(connectTimeout) + 20), "the probe gave no result: \(session.probe.log)")
+        let reason = result["result"] as? String ?? ""
+        print("\(label): \(reason)")
+        #expect(result["status"] as? Int == 3, "the probe must fail to connect (status 3): \(reason)")
+        return (reason, session.probe.log)
+    }
+
     @Test func mediaFlowsThroughCoturnOverTlsWhenAllUdpIsBlocked() throws {
         guard RtcPublisherSession.prerequisites(), let certificates = try TurnTestCertificates.make(),
               let namespace = try RtcTestNamespace() else { return }
@@ -110,20 +125,14 @@ extension CoturnServer {
         let hosts = try HostsFile(namespace: namespace, "127.0.0.2 \(TurnTestCertificates.name)\n")
         defer { hosts.remove() }
         guard let turn = try CoturnServer.start(in: namespace, tls: (certificates.certFile, certificates.keyFile)) else { return }
-        let session = try RtcPublisherSession(namespace: namespace, seconds: 5,
-                                              extraProbeArguments: ["--ice-server", "turns:\(TurnTestCertificates.name):5349,u,secret-pw",
-                                                                    "--ice-ca", certificates.otherCAFile, "--relay-only", "--connect-timeout", "10"])
-        defer { session.stop() }
-        Self.answerIfAsked(session)
-        let result = try #require(session.probeResult(timeout: 30), "the probe gave no result: \(session.probe.log)")
-        let reason = result["result"] as? String ?? ""
-        print("turns: with the wrong CA: \(reason)")
-        #expect(result["status"] as? Int == 3, "the probe must fail to connect (status 3): \(reason)")
+        let (reason, log) = try Self.relayOnlyFailure(in: namespace, label: "turns: with the wrong CA",
+                                                      arguments: ["--ice-server", "turns:\(TurnTestCertificates.name):5349,u,secret-pw",
+                                                                  "--ice-ca", certificates.otherCAFile])
         #expect(reason.contains("TURN server \(TurnTestCertificates.name) (127.0.0.2:5349) over TLS"), "the server is not named: \(reason)")
         #expect(reason.contains("not trusted for \(TurnTestCertificates.name)") && reason.contains("local issuer"),
                 "unclear error: \(reason)\ncoturn: \(turn.process.log.suffix(2000))")
         #expect(!reason.contains("did not answer"), "it waited for a time-out: \(reason)")
-        #expect(!session.probe.log.contains("secret-pw"), "the credential was printed")
+        #expect(!log.contains("secret-pw"), "the credential was printed")
     }
 
     /// A certificate for turn.krakl.test does not do for turns:127.0.0.2 (no IP address in it).
@@ -132,30 +141,16 @@ extension CoturnServer {
               let namespace = try RtcTestNamespace() else { return }
         guard let turn = try CoturnServer.start(in: namespace, tls: (certificates.certFile, certificates.keyFile)) else { return }
         defer { turn.process.stop() }
-        let session = try RtcPublisherSession(namespace: namespace, seconds: 5,
-                                              extraProbeArguments: ["--ice-server", "turns:127.0.0.2,u,p", "--ice-ca", certificates.caFile,
-                                                                    "--relay-only", "--connect-timeout", "10"])
-        defer { session.stop() }
-        Self.answerIfAsked(session)
-        let result = try #require(session.probeResult(timeout: 30), "the probe gave no result: \(session.probe.log)")
-        let reason = result["result"] as? String ?? ""
-        print("turns: by an address the certificate is not for: \(reason)")
-        #expect(result["status"] as? Int == 3, "the probe must fail to connect (status 3): \(reason)")
+        let (reason, _) = try Self.relayOnlyFailure(in: namespace, label: "turns: by an address the certificate is not for",
+                                                    arguments: ["--ice-server", "turns:127.0.0.2,u,p", "--ice-ca", certificates.caFile])
         #expect(reason.contains("not trusted for 127.0.0.2") && reason.contains("mismatch"), "unclear error: \(reason)")
     }
 
     /// An unreadable CA file: the relay fails at once saying which file.
     @Test func anUnreadableCAFileFailsClearly() throws {
         guard RtcPublisherSession.prerequisites(), let namespace = try RtcTestNamespace() else { return }
-        let session = try RtcPublisherSession(namespace: namespace, seconds: 5,
-                                              extraProbeArguments: ["--ice-server", "turns:127.0.0.2,u,p", "--ice-ca", "/nonexistent/ca.pem",
-                                                                    "--relay-only", "--connect-timeout", "10"])
-        defer { session.stop() }
-        Self.answerIfAsked(session)
-        let result = try #require(session.probeResult(timeout: 30), "the probe gave no result: \(session.probe.log)")
-        let reason = result["result"] as? String ?? ""
-        print("turns: with an unreadable CA file: \(reason)")
-        #expect(result["status"] as? Int == 3, "the probe must fail to connect (status 3): \(reason)")
+        let (reason, _) = try Self.relayOnlyFailure(in: namespace, label: "turns: with an unreadable CA file",
+                                                    arguments: ["--ice-server", "turns:127.0.0.2,u,p", "--ice-ca", "/nonexistent/ca.pem"])
         #expect(reason.contains("/nonexistent/ca.pem"), "the file is not named: \(reason)")
     }
 }
@@ -265,14 +260,8 @@ extension CoturnServer {
         let silent = try DtlsTestProcess(p, a)
         defer { silent.stop() }
         try #require(silent.waitFor("listening", timeout: 10), "the silent server did not start: \(silent.log)")
-        let session = try RtcPublisherSession(namespace: namespace, seconds: 5,
-                                              extraProbeArguments: ["--ice-server", "turns:127.0.0.2,u,p", "--relay-only", "--connect-timeout", "20"])
-        defer { session.stop() }
-        RTCTurnTlsTests.answerIfAsked(session)
-        let result = try #require(session.probeResult(timeout: 40), "the probe gave no result: \(session.probe.log)")
-        let reason = result["result"] as? String ?? ""
-        print("silent turns: server: \(reason)")
-        #expect(result["status"] as? Int == 3, "the probe must fail to connect (status 3): \(reason)")
+        let (reason, _) = try RTCTurnTlsTests.relayOnlyFailure(in: namespace, label: "silent turns: server",
+                                                               arguments: ["--ice-server", "turns:127.0.0.2,u,p"], connectTimeout: 20)
         #expect(reason.contains("TURN server 127.0.0.2:5349 did not answer Allocate") && reason.contains("over TLS"), "unclear error: \(reason)")
     }
 }
