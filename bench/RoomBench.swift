@@ -40,10 +40,8 @@ func runRoomBench(joins: Int) throws {
     guard FileManager.default.isExecutableFile(atPath: python) else { throw BenchError("\(python) missing: run scripts/setup") }
     let namespace = try BenchNamespace("krakl-bench-room-\(getpid())")
     defer { namespace.delete() }
-    let janusDir = work + "/janus"
-    let started = measure(BenchNamespace.ip, namespace.command("/bin/bash", [repo + "/scripts/janus-testbed", "start", janusDir]))
-    guard started.status == 0 else { throw BenchError("Janus did not start: \(started.stderr)") }
-    defer { _ = measure(BenchNamespace.ip, namespace.command("/bin/bash", [repo + "/scripts/janus-testbed", "stop", janusDir])) }
+    let janus = try namespace.startJanus(repo: repo, folder: work + "/janus")
+    defer { janus.stop() }
     let room = Int.random(in: 10_000...99_999), secret = "bench"
     func hostCommand(_ arguments: [String]) -> [String: Any] {
         let result = measure(BenchNamespace.ip, namespace.command(python, [host] + arguments + ["--room", "\(room)", "--secret", secret]))
@@ -128,4 +126,21 @@ func runRoomBench(joins: Int) throws {
     usleep(10_000_000)
     let cpu = (processCpuSeconds(idle.pid) - cpu0) / 10 * 100
     print(String(format: "idle agent between sessions: %d threads (%@), CPU %.3f %% over 10 s", threads, names.joined(separator: ", "), cpu))
+}
+
+extension BenchNamespace {
+    /// Janus with the project's test configuration (scripts/janus-testbed) inside this namespace.
+    func startJanus(repo: String, folder: String) throws -> BenchJanus {
+        let started = measure(BenchNamespace.ip, command("/bin/bash", [repo + "/scripts/janus-testbed", "start", folder]))
+        guard started.status == 0 else { throw BenchError("Janus did not start: \(started.stderr)") }
+        return BenchJanus(namespace: self, repo: repo, folder: folder)
+    }
+}
+
+struct BenchJanus {
+    let namespace: BenchNamespace
+    let repo: String
+    let folder: String
+
+    func stop() { _ = measure(BenchNamespace.ip, namespace.command("/bin/bash", [repo + "/scripts/janus-testbed", "stop", folder])) }
 }

@@ -65,10 +65,8 @@ func runRoomShareBench(seconds: Double, rounds: Int, scenes: [String], smapsOut:
 
     let namespace = try BenchNamespace("krakl-bench-share-\(getpid())")
     defer { namespace.delete() }
-    let janusDir = work + "/janus"
-    let started = measure(BenchNamespace.ip, namespace.command("/bin/bash", [repo + "/scripts/janus-testbed", "start", janusDir]))
-    guard started.status == 0 else { throw BenchError("Janus did not start: \(started.stderr)") }
-    defer { _ = measure(BenchNamespace.ip, namespace.command("/bin/bash", [repo + "/scripts/janus-testbed", "stop", janusDir])) }
+    let janus = try namespace.startJanus(repo: repo, folder: work + "/janus")
+    defer { janus.stop() }
     let room = Int.random(in: 10_000...99_999), secret = "bench"
     let created = measure(BenchNamespace.ip, namespace.command(venv, [host, "create", "--room", "\(room)", "--secret", secret]))
     guard created.stdout.contains("\"created\"") else { throw BenchError("cannot create the room: \(created.stdout) \(created.stderr)") }

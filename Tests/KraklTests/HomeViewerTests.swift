@@ -135,18 +135,9 @@ import Testing
     @Test func aTakenPortIsANoticeNotAnExit() throws {
         try Harness.requireBuild()
         let folder = try Harness.temporaryDirectory()
-        // A listening socket of the test holds a port.
-        let holder = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(holder) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(holder, $0, length) == 0 && listen(holder, 1) == 0 && getsockname(holder, $0, &length) == 0 }
-        }
-        try #require(bound, "cannot hold a port: errno \(errno)")
-        let taken = UInt16(bigEndian: address.sin_port)
+        // A listening socket of the test holds a port (the proxy tests' listener that never accepts).
+        let holder = try SilentListener()
+        let taken = holder.port
         let pane = try Self.homeWithViewerAsked(listen: "127.0.0.1:\(taken)", folder: folder)
         let refused = pane.waitFor("Cannot start the viewer", timeout: 15)
         #expect(refused.ok && refused.screen.contains("State:     idle") && !refused.screen.contains("Viewer:    "), "after v: \(refused.screen)")
