@@ -1,4 +1,5 @@
 import Glibc
+import KraklCore
 
 /// An IPv4 or IPv6 address as raw network-order bytes (4 or 16 of them).
 public enum IPAddress: Hashable, Sendable, CustomStringConvertible {
@@ -7,17 +8,8 @@ public enum IPAddress: Hashable, Sendable, CustomStringConvertible {
 
     /// Parses dotted IPv4 or RFC 4291 IPv6 text (`inet_pton`); nil for anything else (hostnames, mDNS names).
     public init?(_ text: String) {
-        var v4 = in_addr()
-        if inet_pton(AF_INET, text, &v4) == 1 {
-            self = .v4(withUnsafeBytes(of: &v4) { Array($0) })
-            return
-        }
-        var v6 = in6_addr()
-        if inet_pton(AF_INET6, text, &v6) == 1 {
-            self = .v6(withUnsafeBytes(of: &v6) { Array($0) })
-            return
-        }
-        return nil
+        guard let bytes = IPLiteral.bytes(text) else { return nil }
+        self = bytes.count == 4 ? .v4(bytes) : .v6(bytes)
     }
 
     public var bytes: [UInt8] {

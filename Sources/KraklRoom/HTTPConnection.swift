@@ -212,8 +212,7 @@ final class HTTPConnection: @unchecked Sendable {
         SSL_set_fd(ssl, fd)
         _ = krakl_ssl_set_tlsext_host_name(ssl, host)   // SNI
         // The certificate must name this host (an IP literal is checked as one).
-        var scratch = in6_addr()
-        if inet_pton(AF_INET, host, &scratch) == 1 || inet_pton(AF_INET6, host, &scratch) == 1 {
+        if IPLiteral.bytes(host) != nil {
             let parameters = SSL_get0_param(ssl)
             X509_VERIFY_PARAM_set1_ip_asc(parameters, host)
         } else {

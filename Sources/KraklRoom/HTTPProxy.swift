@@ -159,7 +159,7 @@ public struct NoProxyList: Sendable, Equatable {
         var bare = host.lowercased()
         if bare.hasPrefix("[") && bare.hasSuffix("]") { bare = String(bare.dropFirst().dropLast()) }
         while bare.hasSuffix(".") { bare.removeLast() }
-        let address = IPNetwork.addressBytes(bare)
+        let address = IPLiteral.bytes(bare)
         for entry in entries {
             switch entry {
             case .everything:
@@ -183,7 +183,7 @@ struct IPNetwork: Equatable, Sendable {
 
     init?(_ text: String) {
         let parts = text.split(separator: "/", maxSplits: 1, omittingEmptySubsequences: false)
-        guard let address = Self.addressBytes(String(parts[0])) else { return nil }
+        guard let address = IPLiteral.bytes(String(parts[0])) else { return nil }
         bytes = address
         if parts.count == 2 {
             guard let n = Int(parts[1]), (0...(bytes.count * 8)).contains(n) else { return nil }
@@ -191,15 +191,6 @@ struct IPNetwork: Equatable, Sendable {
         } else {
             bits = bytes.count * 8
         }
-    }
-
-    /// An IPv4 (4 bytes) or IPv6 (16 bytes) literal's bytes; nil for anything else.
-    static func addressBytes(_ text: String) -> [UInt8]? {
-        var v4 = in_addr()
-        if inet_pton(AF_INET, text, &v4) == 1 { return withUnsafeBytes(of: &v4) { Array($0) } }
-        var v6 = in6_addr()
-        if inet_pton(AF_INET6, text, &v6) == 1 { return withUnsafeBytes(of: &v6) { Array($0) } }
-        return nil
     }
 
     func contains(_ other: [UInt8]) -> Bool {

@@ -1,4 +1,5 @@
 import Foundation
+import KraklCore
 
 /// The HTTP rules a WHIP client applies between requests, as pure
 /// functions: where a Location leads, whether a hop may be taken, where the
@@ -66,10 +67,22 @@ public enum WhipHttpRules {
     /// The error a refused or failed request means, judged by status class (servers disagree on
     /// the exact code: 401 or 403 for a bad token, 406 or 415 for an offer they cannot take).
     /// `message` is the server's first line, or the status's standard phrase when the body is empty.
+    /// The words for a status the standard table does not name.
+    static func statusClass(_ status: Int) -> String {
+        switch status {
+        case 100..<200: "Informational"
+        case 200..<300: "Success"
+        case 300..<400: "Redirection"
+        case 400..<500: "Client Error"
+        case 500..<600: "Server Error"
+        default: "Unknown Status"
+        }
+    }
+
     public static func error(for response: HTTPResponse) -> RoomError {
         let status = response.status
         var message = response.firstLine
-        if message.isEmpty { message = HTTPStatusPhrase.phrase(for: status) }
+        if message.isEmpty { message = HTTPStatusPhrase.standard(status) ?? Self.statusClass(status) }
         switch status {
         case 401, 403: return .unauthorized(status: status, message: message)
         case 404: return .noSuchRoom(status: status, message: message)

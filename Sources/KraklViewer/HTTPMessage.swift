@@ -1,4 +1,5 @@
 import Foundation
+import KraklCore
 
 /// One HTTP/1.1 request as the viewer's server received it (RFC 9112),
 /// already checked against the server's bounds.
@@ -63,30 +64,5 @@ public struct HTTPResponse: Sendable {
         return Array(head.utf8) + (includeBody && status != 204 ? body : [])
     }
 
-    public static func reason(_ status: Int) -> String {
-        switch status {
-        case 200: return "OK"
-        case 201: return "Created"
-        case 204: return "No Content"
-        case 400: return "Bad Request"
-        case 401: return "Unauthorized"
-        case 403: return "Forbidden"
-        case 404: return "Not Found"
-        case 405: return "Method Not Allowed"
-        case 406: return "Not Acceptable"
-        case 410: return "Gone"
-        case 408: return "Request Timeout"
-        case 411: return "Length Required"
-        case 412: return "Precondition Failed"
-        case 413: return "Content Too Large"
-        case 415: return "Unsupported Media Type"
-        case 421: return "Misdirected Request"
-        case 431: return "Request Header Fields Too Large"
-        case 500: return "Internal Server Error"
-        case 501: return "Not Implemented"
-        case 503: return "Service Unavailable"
-        case 505: return "HTTP Version Not Supported"
-        default: return "Status \(status)"
-        }
-    }
+    public static func reason(_ status: Int) -> String { HTTPStatusPhrase.standard(status) ?? "Status \(status)" }
 }

@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import KraklCore
 
 /// Where the viewer listens: an IP literal and a port (`--listen ADDR[:PORT]`).
 /// Names are not resolved: the address is chosen deliberately, and whether
@@ -52,11 +53,5 @@ public struct ListenAddress: Equatable, Sendable, CustomStringConvertible {
     public var description: String { isIPv6 ? "[\(host)]:\(port)" : "\(host):\(port)" }
 
     /// The address's bytes (4 or 16), or nil when it is not an IP literal.
-    static func parse(_ host: String) -> [UInt8]? {
-        var v4 = in_addr()
-        if inet_pton(AF_INET, host, &v4) == 1 { return withUnsafeBytes(of: &v4) { Array($0) } }
-        var v6 = in6_addr()
-        if inet_pton(AF_INET6, host, &v6) == 1 { return withUnsafeBytes(of: &v6) { Array($0) } }
-        return nil
-    }
+    static func parse(_ host: String) -> [UInt8]? { IPLiteral.bytes(host) }
 }
