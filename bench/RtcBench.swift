@@ -222,6 +222,17 @@ func rtcJsonLine(_ text: String, marker: String) -> [String: Any]? {
     return nil
 }
 
+/// aiortc_receiver.py's report: it ends on its own when our close_notify ends the track, and its
+/// stdin's end stops it otherwise. Nil when neither brings one within 20 s each.
+func aiortcReport(_ aiortc: BenchChild) -> [String: Any]? {
+    var reportLine = aiortc.poll(timeout: 20) { rtcJsonLine($0, marker: "{\"report\"") }
+    if reportLine == nil {
+        aiortc.closeInput()
+        reportLine = aiortc.poll(timeout: 20) { rtcJsonLine($0, marker: "{\"report\"") }
+    }
+    return reportLine?["report"] as? [String: Any]
+}
+
 /// CPU seconds per thread of a process so far (schedstat, ns), by thread id.
 func threadCpuSeconds(_ pid: pid_t) -> [String: Double] {
     guard let threads = try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task") else { return [:] }
@@ -369,13 +380,7 @@ func runRtcSession(_ scenario: RtcScenario, seconds: Double, index: Int, probe: 
         run.failure = "the probe gave no result: \(publisher.stderr.suffix(500))"
         return run
     }
-    // The receiver ends on its own when our close_notify ends the track; its stdin's end stops it otherwise.
-    var reportLine = aiortc.poll(timeout: 20) { rtcJsonLine($0, marker: "{\"report\"") }
-    if reportLine == nil {
-        aiortc.closeInput()
-        reportLine = aiortc.poll(timeout: 20) { rtcJsonLine($0, marker: "{\"report\"") }
-    }
-    guard let report = reportLine?["report"] as? [String: Any] else {
+    guard let report = aiortcReport(aiortc) else {
         run.failure = "aiortc gave no report: \(aiortc.stderr.suffix(500))"
         return run
     }

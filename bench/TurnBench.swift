@@ -155,12 +155,7 @@ func runTurnBenchSession(_ path: TurnBenchPath, index: Int, certificates: (ca: S
     }
     run.sent = stats["frames_sent"] as? Int ?? 0
     run.kbps = Double(stats["bytes_sent"] as? Int ?? 0) * 8 / seconds / 1000
-    var reportLine = aiortc.poll(timeout: 20) { rtcJsonLine($0, marker: "{\"report\"") }
-    if reportLine == nil {
-        aiortc.closeInput()
-        reportLine = aiortc.poll(timeout: 20) { rtcJsonLine($0, marker: "{\"report\"") }
-    }
-    guard let report = reportLine?["report"] as? [String: Any] else {
+    guard let report = aiortcReport(aiortc) else {
         run.failure = "aiortc gave no report: \(aiortc.stderr.suffix(300))"
         return run
     }
