@@ -7,7 +7,7 @@
 //   peer.answerSDP!                                // the answer to return (201), complete: no trickle from us
 //   peer.onClosed = { reason in … }                // once, network thread: consent lost, close_notify, BYE, ICE/DTLS failure
 //   peer.onKeyframeRequest = { … }; peer.onBitrate = { bps in … }   // or fanout.add(peer) (VideoFanout) instead
-//   peer.start()                                   // ICE + DTLS; media after they connect (with a keyframe request)
+//   peer.start()                                   // ICE + DTLS; media after they connect (a keyframe made before, or a request)
 //   peer.send(frame:keyframe:captureNanoseconds:width:height:)     // any thread, never blocks
 //   peer.addRemoteCandidate(_:)                    // a trickled candidate (WHEP PATCH)
 //   peer.restartIce(remote:candidates:)            // the peer's ICE restart (WHEP PATCH with new credentials): ours back
@@ -128,7 +128,8 @@ public enum PublisherEvent: Equatable, Sendable {
 /// 1. `init(answering:configuration:iceLite:loop:)` reads the offer and writes `answerSDP`
 ///    (throws `SdpError` for an offer we cannot serve: say so to the peer, e.g. HTTP 400).
 /// 2. Set `onEvent` (or just `onClosed`), `onKeyframeRequest`, `onBitrate`, then `start()`.
-/// 3. `send(frame:…)`; frames before ICE + DTLS connect are dropped, and connecting asks for a keyframe.
+/// 3. `send(frame:…)`; frames before ICE + DTLS connect are kept from the newest keyframe on (`EarlyFrames`)
+///    and sent first when they do; without such a keyframe, connecting asks for one.
 ///    When the peer restarts ICE, `restartIce(remote:candidates:)` gives our new credentials (DTLS stays).
 /// 4. `close()` as above; a shared loop passed in keeps running.
 ///
@@ -226,6 +227,10 @@ public final class Publisher: @unchecked Sendable {
     // Network thread only.
     private var stream: VideoSendStream?
     private var media = false
+    /// What was encoded before the transport connected, sent first when it does.
+    private var early = EarlyFrames()
+    /// The transport ended: frames from now on go nowhere.
+    private var mediaEnded = false
 
     /// Sockets, certificate, SSRCs and the loop; no network activity yet.
     private init(role: PeerRole, configuration: PublisherConfiguration, loop: EventLoop?) throws {
@@ -533,8 +538,10 @@ public final class Publisher: @unchecked Sendable {
     private func shutDown() {
         transport.shutDown(bye: stream?.bye)
         media = false
+        mediaEnded = true
         stream?.stop()
         _ = takeQueuedFrames()
+        _ = early.take(now: 0)
         updateStats { if $0.state == "connected" || $0.state == "checking" || $0.state == "new" { $0.state = "closed" } }
     }
 
@@ -567,8 +574,14 @@ public final class Publisher: @unchecked Sendable {
         let taken = frames
         frames.removeAll(keepingCapacity: true)
         stateLock.unlock()
-        if !media && !taken.isEmpty { updateStats { $0.framesDropped += taken.count } }
         return taken
+    }
+
+    /// Before the transport is up, frames go to `early`; what it gives up counts as dropped.
+    private func keepEarly(_ taken: [OutgoingVideoFrame]) {
+        let before = early.discarded
+        early.add(taken)
+        if early.discarded > before { updateStats { $0.framesDropped += early.discarded - before } }
     }
 
     private func takeFrames() {
@@ -578,7 +591,10 @@ public final class Publisher: @unchecked Sendable {
         frameQueueOverflowed = false
         stateLock.unlock()
         let taken = takeQueuedFrames()
-        guard media, let stream else { return }
+        guard media, let stream else {
+            if !mediaEnded { keepEarly(taken) } else if !taken.isEmpty { updateStats { $0.framesDropped += taken.count } }
+            return
+        }
         stream.enqueue(taken, queueOverflowed: overflowed, now: now)
         transport.service()
     }
@@ -595,9 +611,18 @@ extension Publisher: PeerTransportDelegate {
     func transportConnected(milliseconds: Double) {
         media = true
         emit(.connected(milliseconds: milliseconds))
-        // Whatever was encoded before is useless to the receiver: start with a keyframe.
-        _ = takeQueuedFrames()
-        stream?.start(now: MonotonicClock.nanoseconds())
+        // A chain encoded while connecting (from its keyframe on) goes first; without one, the
+        // receiver needs a keyframe and the stream asks the encoder for it.
+        keepEarly(takeQueuedFrames())
+        let now = MonotonicClock.nanoseconds()
+        let before = early.discarded
+        let chain = early.take(now: now)
+        if early.discarded > before { updateStats { $0.framesDropped += early.discarded - before } }
+        stream?.start(now: now, keyframeReady: !chain.isEmpty)
+        if !chain.isEmpty {
+            updateStats { $0.earlyFramesSent += chain.count }
+            stream?.enqueue(chain, queueOverflowed: false, now: now)
+        }
     }
 
     func transportReceivedRtcp(_ plain: [UInt8], now: UInt64) {
@@ -611,6 +636,8 @@ extension Publisher: PeerTransportDelegate {
 
     func transportEnded(_ event: PublisherEvent) {
         media = false
+        mediaEnded = true
+        _ = early.take(now: 0)
         stream?.stop()
         emit(event)
         let reason: String

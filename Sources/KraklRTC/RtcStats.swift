@@ -25,6 +25,8 @@ public struct RtcStats: Sendable, Equatable {
     public var keyframesSent = 0
     /// Frames dropped before packetizing: the frame queue was full or the connection was not up.
     public var framesDropped = 0
+    /// Frames encoded while the transport was connecting and sent when it came up (`EarlyFrames`).
+    public var earlyFramesSent = 0
     public var packetsSent = 0
     /// RTP bytes (headers + payload) before SRTP, media and retransmissions.
     public var bytesSent = 0
@@ -88,7 +90,7 @@ public struct RtcStats: Sendable, Equatable {
     /// A JSON-ready dictionary (numbers, strings, null), keys in snake case.
     public var dictionary: [String: Any] {
         var d: [String: Any] = [
-            "state": state, "frames_sent": framesSent, "keyframes_sent": keyframesSent, "frames_dropped": framesDropped,
+            "state": state, "frames_sent": framesSent, "keyframes_sent": keyframesSent, "frames_dropped": framesDropped, "early_frames_sent": earlyFramesSent,
             "packets_sent": packetsSent, "bytes_sent": bytesSent, "payload_bytes_sent": payloadBytesSent,
             "retransmitted_packets": retransmittedPackets, "retransmitted_bytes": retransmittedBytes,
             "redundant_packets": redundantPackets, "redundant_bytes": redundantBytes,

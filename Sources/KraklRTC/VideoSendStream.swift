@@ -140,13 +140,14 @@ public final class VideoSendStream {
     /// The estimate's current target, bits per second.
     public var targetBitrate: Double { estimator.target }
 
-    /// The transport is up (SRTP keys in place): media may flow. Whatever was encoded before is useless
-    /// to the receiver, so the encoder is asked for a keyframe and told the current target.
-    public func start(now: UInt64) {
+    /// The transport is up (SRTP keys in place): media may flow. The encoder is told the current target
+    /// and, unless a keyframe encoded while connecting is about to be enqueued (`keyframeReady`), asked
+    /// for a keyframe: the receiver has nothing to decode from.
+    public func start(now: UInt64, keyframeReady: Bool = false) {
         media = true
         nextSenderReportAt = now + configuration.senderReportInterval / 2
         reportBitrate(force: true, now: now)
-        requestKeyframe(now: now)
+        if !keyframeReady { requestKeyframe(now: now) }
     }
 
     /// No more media (the peer ended the session, or it failed).

@@ -42,6 +42,9 @@ public struct SharingLifecycle: Sendable {
         case connect
         /// The source exists and may capture (permission given).
         case sourceReady
+        /// The room answered and the encoder exists: capture and encoding may start while ICE and DTLS
+        /// connect, so the first keyframe is ready when they are (see `EarlyFrames`).
+        case answered
         /// ICE and DTLS are up (first time, or again after a restart).
         case connected
         /// The person asked to stop.
@@ -71,7 +74,8 @@ public struct SharingLifecycle: Sendable {
         case prepareSource
         /// Make the offer, send it to the room server, apply the answer.
         case join
-        /// Start capture delivery into the encoder and publisher.
+        /// Start capture delivery into the encoder and publisher (at the answer: what is encoded before
+        /// the connection is up waits in the publisher from its newest keyframe on).
         case startMedia
         /// Restart ICE through the room driver (WHIP PATCH, Janus configure restart).
         case restartIce
@@ -111,9 +115,11 @@ public struct SharingLifecycle: Sendable {
         case (.preparing, .sourceReady):
             state = .joining
             return [.join]
+        case (.joining, .answered):
+            return [.startMedia]
         case (.joining, .connected):
             state = .sharing
-            return [.startMedia]
+            return []
         case (.reconnecting, .connected):
             state = .sharing
             return []
@@ -141,7 +147,7 @@ public struct SharingLifecycle: Sendable {
             return end(.failure(words))
 
         // Out-of-order news (an answer after the session moved on): nothing to do.
-        case (_, .connect), (_, .sourceReady), (_, .connected), (_, .left), (_, .connectionInterrupted):
+        case (_, .connect), (_, .sourceReady), (_, .answered), (_, .connected), (_, .left), (_, .connectionInterrupted):
             return []
         }
     }

@@ -24,6 +24,10 @@ public struct SharingConfiguration: Sendable {
     public var connectTimeout = 15.0
     /// Also write every encoded picture as raw I420 (tests measure PSNR with it).
     public var dumpInput: String?
+    /// Capture and encoding start at the room's answer, so the first keyframe is (nearly) ready when
+    /// ICE and DTLS are up; false starts them when the connection is up (the behaviour before, kept
+    /// for measuring the difference: krakl-rtc-probe `--media-at-connect`).
+    public var mediaStartsAtAnswer = true
     /// No answer to ICE consent checks for this long while sharing: the path is taken as broken and
     /// ICE is restarted through the room (consent checks go every 5 s ± 20 %, so this is two missed;
     /// consent itself expires after 30 s, RFC 7675).
@@ -399,6 +403,7 @@ public final class SharingSession: @unchecked Sendable {
             try makePipeline(codec: parsed.codec, publisher: publisher)
             publisher.addStunServers(stun)
             publisher.addTurnServers(turn)
+            if configuration.mediaStartsAtAnswer { post(.answered) }
         } catch let error as SdpError {
             post(.joinFailed(.badReply("the answer SDP is not usable: \(error)")))
             return
@@ -445,7 +450,9 @@ public final class SharingSession: @unchecked Sendable {
     private func publisherEvent(_ event: PublisherEvent) {
         onPublisherEvent?(event)
         switch event {
-        case .connected: post(.connected)
+        case .connected:
+            if !configuration.mediaStartsAtAnswer { post(.answered) }
+            post(.connected)
         case .remoteClosed: roomClosedMedia("the room server closed the connection (DTLS close_notify)")
         case .remoteBye(let reason): roomClosedMedia("the room server said goodbye (RTCP BYE\(reason.map { ": \($0)" } ?? ""))")
         case .connectionLost(let reason): post(.connectionLost(reason))

@@ -29,6 +29,7 @@ usage: krakl-rtc-probe [--address IP]... [--allow-loopback] [--no-ipv6] [--stun 
                        [--bitrate KBPS] [--min-bitrate KBPS] [--max-bitrate KBPS]
                        [--fps N] [--max-size WxH] [--dump-input FILE] [--vp9-first]
                        [--startup-probe-ceiling BITS_PER_SECOND (0: off)] [--refresh S (0: off, the default)]
+                       [--media-at-connect (capture and encoding start when ICE+DTLS are up, not at the answer)]
 """
 
 func fail(_ message: String, status: Int32) -> Never {
@@ -54,6 +55,7 @@ var pluginsPath: String?
 var options: [(String, JSON)] = []
 var encoderSettings = SharingConfiguration().encoder
 var dumpInput: String?
+var mediaAtConnect = false
 var iceServers: [IceServer] = []
 do {
     var arguments = Array(CommandLine.arguments.dropFirst())
@@ -118,6 +120,7 @@ do {
         case "--vp9-first": configuration.codecs = [.vp9, .vp8]
         case "--startup-probe-ceiling": configuration.startupProbeCeiling = number(flag)
         case "--refresh": encoderSettings.refreshInterval = number(flag)
+        case "--media-at-connect": mediaAtConnect = true
         case "--help", "-h":
             print(usage)
             exit(0)
@@ -207,6 +210,7 @@ sessionConfiguration.encoder = encoderSettings
 sessionConfiguration.publisher = configuration
 sessionConfiguration.connectTimeout = connectTimeout
 sessionConfiguration.dumpInput = dumpInput
+sessionConfiguration.mediaStartsAtAnswer = !mediaAtConnect
 sessionConfiguration.iceServers = iceServers
 
 let log = EventLog()

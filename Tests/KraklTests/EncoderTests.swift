@@ -193,7 +193,10 @@ struct EncoderPipelineTests {
         let condition = NSCondition()
         var frames: [EncodedFrame] = []
         var finished = false
+        /// Called in `write` for each frame (before it is counted): a sink that reacts to a frame.
+        var onWrite: ((EncodedFrame) -> Void)?
         func write(_ frame: EncodedFrame) throws(EncoderError) {
+            onWrite?(frame)
             condition.lock(); frames.append(frame); condition.broadcast(); condition.unlock()
         }
         func finish() throws(EncoderError) { condition.lock(); finished = true; condition.unlock() }
@@ -269,6 +272,39 @@ struct EncoderPipelineTests {
         // The frame being encoded when the request came may finish first; the one after is the keyframe.
         #expect(keyframes.count == 2 && keyframes[0] == 0 && (before...before + 1).contains(keyframes[1]), "keyframes at \(keyframes), request after \(before)")
         #expect(collector.finished)
+    }
+
+    /// A keyframe serves the requests made before it was handed to the sinks (a transport that came up
+    /// while the first keyframe was in libvpx must not get a second one), but not one made while it
+    /// was being handed over: that may come from a sink it had already passed (a viewer added then).
+    @Test func aRequestDuringTheKeyframesHandOverIsServedByTheNextKeyframe() throws {
+        let collector = Collector()
+        var settings = EncoderSettings()
+        settings.keyframeRequestSpacing = 0.1
+        let pipeline = try EncoderPipeline(settings: settings, output: { _, _, _ in collector }, onFailure: { Issue.record("\($0)") })
+        var asked = false
+        collector.onWrite = { [weak pipeline] frame in
+            guard frame.keyframe, !asked else { return }
+            asked = true
+            pipeline?.requestKeyframe()
+        }
+        pipeline.start()
+        try Harness.requireBuild()
+        let library = try BackendLibrary.load(path: Harness.library("BackendFile"), backend: "file")
+        var options = JSONObject()
+        options["scene"] = .string("typing"); options["width"] = .number("320"); options["height"] = .number("240")
+        let feeder = Feeder(pipeline)   // the source holds its sink weakly
+        let source = try BackendSource(library: library, backendName: "file", options: options, sink: feeder, logger: { _, _, _ in })
+        try source.start()
+        // The spacing is 0.1 s: a second keyframe within 30 frames (1 s at 30 fps) when the request was kept.
+        #expect(collector.waitFor(30) >= 30)
+        try source.stop()
+        pipeline.finish()
+        collector.condition.lock()
+        let keyframes = collector.frames.enumerated().filter { $0.element.keyframe }.map(\.offset)
+        collector.condition.unlock()
+        #expect(keyframes.count == 2 && keyframes.first == 0, "keyframes at \(keyframes): the request made during the first one's hand-over was dropped")
+        withExtendedLifetime(feeder) {}
     }
 
     /// A keyframe asked for before anything was captured (a receiver's PLI

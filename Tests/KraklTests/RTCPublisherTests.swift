@@ -229,11 +229,18 @@ struct RtcArrivals {
         let session = try RtcPublisherSession(namespace: namespace, seconds: 5)
         defer { session.stop() }
         try session.exchange()
+        let connected = try #require(session.waitConnected(timeout: 30), "never connected: \(session.probe.log)")
         let result = try #require(session.probeResult(timeout: 60), "the probe gave no result: \(session.probe.log)")
         let report = try #require(session.receiverReport(timeout: 30), "aiortc gave no report: \(session.receiver.log)")
         let stats = try #require(result["stats"] as? [String: Any])
 
         #expect(result["status"] as? Int == 0, "probe: \(result["result"] ?? "?")")
+        // Capture and encoding start at the answer, not when ICE and DTLS are up: the first picture aiortc
+        // decodes was captured before the connection (it was dropped, and a keyframe asked for, before).
+        let firstCapture = try #require(RtcArrivals(report).captures.first ?? nil, "the first decoded frame has no readable stamp")
+        #expect(!RtcArrivals.captured(firstCapture, after: connected),
+                "the first decoded frame was captured after connecting (\(firstCapture) vs \(Int(connected)) ms): media started late")
+        print("first decoded frame captured \(Int(connected) - firstCapture) ms before connecting; frames encoded while connecting and sent at once: \(stats["early_frames_sent"] ?? "-")")
         let connectMs = try #require(stats["connect_ms"] as? Double, "never connected: \(session.probe.log)")
         let sent = stats["frames_sent"] as? Int ?? 0
         let decoded = report["frames_decoded"] as? Int ?? 0
@@ -251,6 +258,10 @@ struct RtcArrivals {
         if let psnr { #expect(psnr >= 30, "decoded pictures differ from the source: PSNR \(psnr) dB") }
         #expect((report["psnr_samples"] as? Int ?? 0) > 0, "no decoded frame could be matched to the source dump")
         #expect(stats["keyframes_sent"] as? Int ?? 0 >= 1)
+        // One keyframe unless aiortc asked: the transport's start must not ask for a second one while the
+        // first is being encoded (or already waits, encoded while connecting).
+        let asked = (stats["plis_received"] as? Int ?? 0) + (stats["firs_received"] as? Int ?? 0)
+        #expect(stats["keyframes_sent"] as? Int ?? 0 <= 1 + asked, "\(stats["keyframes_sent"] ?? 0) keyframes for \(asked) PLI/FIR")
         // Loss protection runs only until aiortc's first receiver report says the path is clean (aiortc reports
         // every 0.5–1.5 s: at most ~45 frames; 16–31 copies seen). Kept on, it would copy all ~150 typing frames.
         #expect(stats["redundant_packets"] as? Int ?? 0 < sent / 2, "loss protection copies went on over a clean link: \(stats["redundant_packets"] ?? 0) for \(sent) frames")

@@ -88,6 +88,13 @@ func rtcTransportFeedback(mediaSSRC: UInt32, base: UInt16, count: UInt16, feedba
         #expect(h.bitrates == [2_500_000])
     }
 
+    @Test func aKeyframeMadeWhileConnectingIsNotAskedForAgain() {
+        let h = SendStreamHarness()
+        h.stream.start(now: h.now, keyframeReady: true)
+        #expect(h.keyframeRequests == 0, "the chain encoded while connecting starts with a keyframe")
+        #expect(h.bitrates == [2_500_000])
+    }
+
     @Test func framesArePacketizedWithTheNegotiatedExtensions() throws {
         let h = SendStreamHarness()
         h.stream.start(now: h.now)

@@ -17,7 +17,7 @@ import Testing
 
     /// One of each event.
     static let events: [E] = [
-        .connect, .sourceReady, .connected, .stop, .joinFailed(refusal), .tokenExpired("expired 5 min ago"),
+        .connect, .sourceReady, .answered, .connected, .stop, .joinFailed(refusal), .tokenExpired("expired 5 min ago"),
         .roomEnded("destroyed"), .sourceUnavailable(hostError), .sourceEnded("portal closed"),
         .connectionInterrupted("no consent answer for 6 s"), .connectionLost("consent expired"), .failure("encoder"), .left,
     ]
@@ -67,7 +67,8 @@ import Testing
         case (.leaving(let r), .left): return (.idle, [.finished(r)])
         case (.leaving, _): return nil
         case (.preparing, .sourceReady): return (.joining, [.join])
-        case (.joining, .connected): return (.sharing, [.startMedia])
+        case (.joining, .answered): return (.joining, [.startMedia])
+        case (.joining, .connected): return (.sharing, [])
         case (.reconnecting, .connected): return (.sharing, [])
         case (.sharing, .connectionInterrupted): return (.reconnecting, [.restartIce])
         default:
@@ -95,7 +96,9 @@ import Testing
         var m = SharingLifecycle()
         #expect(m.handle(.connect) == [.prepareSource])
         #expect(m.handle(.sourceReady) == [.join])
-        #expect(m.handle(.connected) == [.startMedia])
+        #expect(m.handle(.answered) == [.startMedia], "capture and encoding start at the answer, before ICE/DTLS are up")
+        #expect(m.state == .joining)
+        #expect(m.handle(.connected).isEmpty)
         #expect(m.state == .sharing)
         #expect(m.handle(.roomEnded("the meeting was ended")) == [.leave(.roomEnded("the meeting was ended"))])
         #expect(m.handle(.left) == [.finished(.roomEnded("the meeting was ended"))])
@@ -107,6 +110,7 @@ import Testing
     @Test func stopWhileJoiningLeavesAndALateAnswerChangesNothing() {
         var m = Self.machine(in: .joining)
         #expect(m.handle(.stop) == [.leave(.userStopped)])
+        #expect(m.handle(.answered).isEmpty, "an answer that arrives after stop must not start media")
         #expect(m.handle(.connected).isEmpty, "a connection that completes after stop must not start media")
         #expect(m.handle(.roomEnded("destroyed")).isEmpty, "the first reason is kept")
         #expect(m.handle(.left) == [.finished(.userStopped)])
