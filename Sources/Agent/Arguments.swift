@@ -169,6 +169,10 @@ struct Arguments {
                 let text = try value(for: flag)
                 guard let n = Int(text), (0...16).contains(n) else { throw .usage("--encoder-threads \(text): give 0 (automatic) to 16") }
                 encoder.threads = n
+            case "--vp8-profile":
+                let text = try value(for: flag)
+                guard let n = Int(text), (0...3).contains(n) else { throw .usage("--vp8-profile \(text): give 0 to 3 (2, the default, has no loop filter; 0 is the one every hardware decoder knows)") }
+                encoder.vp8Profile = n
             case "--dump-input": dumpInput = try value(for: flag)
             case "--stats-json": statsJSON = try value(for: flag)
             case "--frame-log": frameLog = try value(for: flag)
@@ -430,6 +434,9 @@ ENCODER OPTIONS
       --keyframe-interval S  A keyframe at least every S seconds (default 0: on
                           request only; SIGUSR1 requests one, at most one per 0.3 s).
       --encoder-threads N libvpx threads (default 0: 2 at 720p and up on 4+ cores, else 1).
+      --vp8-profile N     VP8 bitstream version 0-3 (default 2: no loop filter, ~20 %
+                          less encoder CPU on a screen; 0 for a receiver whose hardware
+                          decoder knows only version 0).
       --dump-input FILE   Also write every encoded picture as raw I420 (for PSNR).
       --stats-json FILE   Write the run's numbers as JSON at the end.
       --frame-log FILE    Write one CSV line per encoded frame (time, bytes, keyframe,

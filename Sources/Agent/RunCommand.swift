@@ -172,7 +172,31 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     } catch {
         throw error.hostError
     }
-    let source: any CaptureSource = try selection.makeSource(sink: run, logger: logger)
+    let source: any CaptureSource
+    switch try makeSourceUntilSignalled(selection, sink: run, logger: logger, control: control) {
+    case .made(let made):
+        source = made
+    case .signalled(let number, let seconds):
+        // The backend is still inside create() (a sharing dialog, or hung): nothing was captured.
+        // Its thread is left where it is; the process ends now (an isolated backend's child ends
+        // with the agent), with the outputs opened so far completed.
+        print(String(format: "krakl-agent: stopped: %@ while backend %@ was still starting (its create() had not returned after %.1f s); nothing was captured",
+                     signalReason(number), entry.name, seconds))
+        run.pipeline?.finish()
+        var failure: HostError?
+        if run.pipeline == nil {
+            do throws(EncoderError) { try frameLog?.close() } catch { failure = error.hostError }
+        }
+        if let statsFile {
+            do throws(EncoderError) {
+                try writeStatistics(statsFile, capture: run.statistics.snapshot(), encoder: run.pipeline?.statistics.summary(), steadyRSSKB: 0)
+            } catch { failure = failure ?? error.hostError }
+        }
+        if let failure { fputs("krakl-agent: \(failure.description)\n", stderr) }
+        fflush(stdout)
+        fflush(stderr)
+        _exit(failure?.exitStatus ?? 0)
+    }
 
     let optionText = options.members.map { "\($0.key)=\($0.value.optionText)" }.joined(separator: " ")
     print("krakl-agent: capturing from \(entry.name) [\(optionText)]; Ctrl-C stops")
@@ -293,6 +317,43 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     for status in order where failures.contains(where: { $0.exitStatus == status }) { return status }
     if let first = failures.first { return first.exitStatus }
     return run.sourceError == nil ? 0 : 13
+}
+
+enum SourceMaking {
+    case made(any CaptureSource)
+    /// A signal came after `seconds` while create() had not returned.
+    case signalled(Int32, seconds: Double)
+}
+
+/// Creates the source on a thread of its own while the main thread keeps taking signals: create()
+/// may wait for a person (the ScreenCast portal's dialog, up to its 900 s budget) or hang, and
+/// SIGINT/SIGTERM/SIGHUP must still end the run then (before, only SIGKILL did).
+func makeSourceUntilSignalled(_ selection: BackendSelection, sink: FrameSink, logger: @escaping BackendLogger,
+                              control: ControlPipe) throws(HostError) -> SourceMaking {
+    final class Outcome: @unchecked Sendable {
+        let lock = NSLock()
+        var result: Result<any CaptureSource, HostError>?
+    }
+    let outcome = Outcome()
+    let begun = MonotonicClock.nanoseconds()
+    let maker = Thread {
+        Thread.current.name = "krakl-create"   // for `top -H`, gdb and the tests: the thread inside create()
+        let result: Result<any CaptureSource, HostError>
+        do throws(HostError) { result = .success(try selection.makeSource(sink: sink, logger: logger)) } catch { result = .failure(error) }
+        outcome.lock.withLock { outcome.result = result }
+        ControlPipe.wake()
+    }
+    maker.start()
+    // Bounded by the create() budget: the watchdog ends the call after it, and the result comes.
+    while true {
+        if let result = outcome.lock.withLock({ outcome.result }) { return .made(try result.get()) }
+        switch control.wait(timeout: 1) {
+        case .signal(SIGUSR1), .signal(SIGPIPE), .timeout: continue   // no keyframe yet; a pipe is judged when printing
+        case .signal(let number):
+            if let result = outcome.lock.withLock({ outcome.result }) { return .made(try result.get()) }
+            return .signalled(number, seconds: Double(MonotonicClock.nanoseconds() - begun) / 1e9)
+        }
+    }
 }
 
 func statusLine(_ shot: CaptureStatistics.Snapshot, total: Int) -> String {

@@ -205,8 +205,11 @@ final class ChildHost: @unchecked Sendable {
                 }
                 reply(.list, ok: true, code: 0, message: "")
             } catch {
-                if case .listFailed(_, let code, let message) = error { reply(.list, ok: false, code: code, message: message) }
-                else { reply(.list, ok: false, code: -EINVAL, message: error.description) }
+                switch error {
+                case .listFailed(_, let code, let message): reply(.list, ok: false, code: code, message: message)
+                case .backendHung: replyHung(.list, error)   // the agent reports it as a hang (exit 22), as in its process
+                default: reply(.list, ok: false, code: -EINVAL, message: error.description)
+                }
             }
         default:
             break

@@ -87,7 +87,10 @@ final class FrameRingWriter: @unchecked Sendable {
             return
         }
         let damageWrong = FrameCheck.damageProblem(info) != nil
-        let frameDamage: Damage = info.damage.isEmpty || damageWrong ? .whole : .rects(info.damage)
+        // A count over the host's limit is judged before any rectangle is read: the backend's array
+        // may hold far fewer (measured: a count of 2^32 − 1 over 4 rectangles crashed this child).
+        let countTooLarge = info.raw.damage_count > FrameCheck.maximumDamageRects
+        let frameDamage: Damage = damageWrong || info.damage.isEmpty ? .whole : .rects(info.damage)
         condition.lock()
         defer { condition.unlock() }
         if layout?.format != info.format || layout?.width != info.width || layout?.height != info.height {
@@ -119,7 +122,7 @@ final class FrameRingWriter: @unchecked Sendable {
                                    damage: { if case .rects(let r) = report { return r } else { return [] } }(), cursor: cursor)
         if damageWrong {
             message.damageUnchecked = true
-            if info.raw.damage == nil {
+            if info.raw.damage == nil || countTooLarge {
                 message.damageNull = true
                 message.damageNullCount = info.raw.damage_count
             } else {

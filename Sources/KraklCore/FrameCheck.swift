@@ -39,6 +39,7 @@ public enum FrameCheck {
     // The header's numbers (krakl_backend.h, "Host limits"), so the two cannot drift apart.
     public static let maximumDamageRects = UInt32(KRAKL_MAX_DAMAGE_RECTS)
     public static let maximumSide = Int(KRAKL_MAX_FRAME_SIDE)
+    public static let maximumStride = Int(KRAKL_MAX_STRIDE)
 
     /// Bytes per row and rows of each plane, or nil for an unknown format.
     public static func planeGeometry(format: UInt32, width: Int, height: Int) -> [(rowBytes: Int, rows: Int)]? {
@@ -72,10 +73,16 @@ public enum FrameCheck {
         }
         let strides = frame.strides, planes = frame.planes
         for (index, plane) in geometry.enumerated() {
-            guard planes[index] != nil else { return "plane \(index) pointer is NULL" }
+            // Strides before the pointer: an isolated backend's unusable frame reaches this check
+            // with its strides but without pixels (NULL planes), and must get the same reason.
             guard strides[index] >= plane.rowBytes else {
                 return "plane \(index) stride \(strides[index]) is less than width x bytes per pixel (\(plane.rowBytes))"
             }
+            // Above it, libyuv's 32-bit strides would trap (measured: a stride of 2^32 − 1 ended the agent with SIGILL).
+            guard strides[index] <= maximumStride else {
+                return "plane \(index) stride \(strides[index]) exceeds KRAKL_MAX_STRIDE (\(maximumStride))"
+            }
+            guard planes[index] != nil else { return "plane \(index) pointer is NULL" }
         }
         guard frame.raw.timestamp_ns > 0 else { return "timestamp_ns is 0" }
         return nil

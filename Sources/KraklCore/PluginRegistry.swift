@@ -108,7 +108,9 @@ public struct PluginRegistry: Sendable {
         }
         func fail(_ at: String, _ message: String) -> HostError {
             let (line, column) = parser.location(ofPath: at) ?? (1, 1)
-            return .registryMalformed(path: path, line: line, column: column, message: message)
+            // Names and keys come from the file: a NUL cut the printed line short, escapes and bidi
+            // overrides would reach the terminal.
+            return .registryMalformed(path: path, line: line, column: column, message: BackendText.sanitized(message))
         }
         guard case .object(let top) = root else { throw fail("", "the registry must be a JSON object") }
         for key in top.keys where !["version", "default", "backends"].contains(key) {

@@ -243,7 +243,7 @@ public final class EncoderPipeline: @unchecked Sendable {
                 guard let image = picture else { continue }
                 if let size = work.newSize {
                     encoder = try VpxEncoder(codec: settings.codec, width: size.0, height: size.1, bitrateKbps: settings.bitrateKbps,
-                                             fps: settings.maximumFps, threads: settings.threads)
+                                             fps: settings.maximumFps, threads: settings.threads, vp8Profile: settings.vp8Profile)
                     if output == nil {
                         output = try makeOutput(settings.codec, size.0, size.1)
                         condition.lock()

@@ -37,6 +37,17 @@ public struct EncoderSettings: Sendable {
     public var keyframeRequestSpacing = 0.3
     /// Encoder threads; 0 chooses by picture size and cores.
     public var threads = 0
+    /// The VP8 bitstream version (RFC 6386 §9.1: 0 normal loop filter and six-tap motion filters;
+    /// 1 simple loop filter, bilinear; 2 no loop filter, bilinear; 3 also whole-pixel motion).
+    /// Every RFC 6386 decoder takes all four; libvpx and FFmpeg decode a version-2 stream to the
+    /// same pixels. Version 2 is the default: on a screen, where most blocks are unchanged, the
+    /// loop filter ran over every block edge of every frame and was ~20 % of libvpx's time at
+    /// 1080p typing; without it, typing took 7.7–8.0 instead of 9.8–10.1 CPU s/min at 63.7 vs
+    /// 63.9 dB, scrolling 27–29 instead of 30–32 (krakl-bench, docs/PERFORMANCE.md). Text, which
+    /// the loop filter smooths, does not need it; 0 is there for a receiver that needs version 0
+    /// (a hardware decoder that knows only it).
+    public var vp8Profile = EncoderSettings.defaultVp8Profile
+    public static let defaultVp8Profile = 2
 
     public init() {}
 }

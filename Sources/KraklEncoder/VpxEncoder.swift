@@ -58,13 +58,16 @@ final class VpxEncoder {
     ///   - threads: encoder threads; 0 picks 2 for ≥ 720p on 4+ cores, else 1.
     ///     (On 2 cores, libvpx's row sync spins against the capture thread:
     ///     measured at 1080p typing, 2 threads took 14 ms a frame, 1 took 3.9.)
-    init(codec: VideoCodec, width: Int, height: Int, bitrateKbps: Int, fps: Double, threads: Int) throws(EncoderError) {
+    ///   - vp8Profile: the VP8 bitstream version (RFC 6386 §9.1), `EncoderSettings.vp8Profile`.
+    init(codec: VideoCodec, width: Int, height: Int, bitrateKbps: Int, fps: Double, threads: Int,
+         vp8Profile: Int = EncoderSettings.defaultVp8Profile) throws(EncoderError) {
         guard width >= 16, height >= 16, width <= 16384, height <= 16384, width % 2 == 0, height % 2 == 0 else {
             throw EncoderError("cannot encode \(width)x\(height): sizes must be even and from 16 to 16384")
         }
         guard (10...100_000).contains(bitrateKbps) else {
             throw EncoderError("bitrate \(bitrateKbps) kbit/s is outside 10...100000")
         }
+        guard (0...3).contains(vp8Profile) else { throw EncoderError("VP8 profile \(vp8Profile) does not exist (0 to 3)") }
         self.codec = codec
         self.width = width
         self.height = height
@@ -78,6 +81,7 @@ final class VpxEncoder {
         config.g_threads = UInt32(threads > 0 ? threads : (width * height >= 1280 * 720 && cores >= 4 ? 2 : 1))
         config.g_timebase = vpx_rational(num: 1, den: 90_000) // RTP's video clock
         config.g_lag_in_frames = 0                       // realtime: every frame out at once
+        if codec == .vp8 { config.g_profile = UInt32(vp8Profile) }
         config.g_error_resilient = vpx_codec_er_flags_t(VPX_ERROR_RESILIENT_DEFAULT) // a lost packet spoils less
         config.rc_end_usage = VPX_CBR
         config.rc_target_bitrate = UInt32(bitrateKbps)

@@ -149,6 +149,10 @@ public final class SharingSession: @unchecked Sendable {
     private var publisher: Publisher?
     private var sink: PublisherSink?
     private var finishedReason: EndReason?
+    /// The source is being made (prepareSource), and whether a leave began meanwhile: create() may
+    /// wait for a person (the portal's dialog) or hang, and a stop must not wait for it.
+    private var makingSource = false
+    private var leaveBegun = false
     private var lastTotals = SharingTotals()
     private var timings = SharingTimings()
     /// `lifecycle.state` as last published, for readers on other threads.
@@ -171,6 +175,7 @@ public final class SharingSession: @unchecked Sendable {
     public func start() throws {
         let loop = try EventLoop(name: "krakl-session")
         loopLock.withLock { self.loop = loop }
+        lock.withLock { leaveBegun = false }
         loop.start()
         post(.connect)
     }
@@ -316,7 +321,10 @@ public final class SharingSession: @unchecked Sendable {
         case .restartIce:
             work.async { [self] in restartIce() }
         case .leave(let reason):
-            work.async { [self] in leave(reason) }
+            // While create() runs, the work queue is held by it: the leave goes elsewhere (nothing but
+            // the driver exists yet), and prepareSource destroys a source that comes after it.
+            let aroundCreate = lock.withLock { () -> Bool in leaveBegun = true; return makingSource }
+            (aroundCreate ? DispatchQueue.global() : work).async { [self] in leave(reason) }
         case .finished(let reason):
             // The loop's thread ends after this turn: nothing of the session runs between sessions.
             let loop = loopLock.withLock { () -> EventLoop? in defer { self.loop = nil }; return self.loop }
@@ -333,18 +341,35 @@ public final class SharingSession: @unchecked Sendable {
 
     /// Loads the backend and creates its source: where the person may be asked for permission.
     private func prepareSource() {
+        // From here until the source exists (or failed), a leave does not queue behind this step.
+        guard lock.withLock({ () -> Bool in makingSource = !leaveBegun; return makingSource }) else { return }
+        let made: Result<(BackendSelection, SessionCapture, any CaptureSource), HostError>
         do throws(HostError) {
             let selection = try BackendSelection(registryPath: configuration.registryPath, name: configuration.backendName,
                                                  overrides: configuration.backendOptions, isolate: configuration.backendIsolation)
             let capture = SessionCapture(backend: selection.entry.name, logger: logger) { [weak self] event in self?.post(event) }
-            let source = try selection.makeSource(sink: capture, logger: logger)
-            lock.lock()
+            made = .success((selection, capture, try selection.makeSource(sink: capture, logger: logger)))
+        } catch {
+            made = .failure(error)
+        }
+        lock.lock()
+        makingSource = false
+        let late = leaveBegun
+        if !late, case .success(let (selection, capture, source)) = made {
             self.selection = selection
             self.capture = capture
             self.source = source
-            lock.unlock()
-            post(.sourceReady)
-        } catch {
+        }
+        lock.unlock()
+        switch made {
+        case .success(let (selection, _, source)):
+            if late {
+                // The session was stopped while the source was being made: it never started.
+                do throws(HostError) { try source.destroy() } catch { logger(selection.entry.name, .error, error.description) }
+            } else {
+                post(.sourceReady)
+            }
+        case .failure(let error):
             post(.sourceUnavailable(error))
         }
     }

@@ -35,8 +35,12 @@
  *   end              SOURCE_ENDED after after_ms
  *   after-destroy    a thread left behind by destroy() calls host->log and host->frame
  *   list-crash       list_sources() dereferences NULL
+ *   list-hang        list_sources() never returns
  *   silent           start() succeeds but no frame ever comes
  *   all-invalid      every frame has a NULL plane pointer (the host drops each one)
+ *   huge-stride      every frame's stride is UINT32_MAX (above KRAKL_MAX_STRIDE: dropped)
+ *   damage-count-huge every frame after the first says UINT32_MAX damage rectangles
+ *                    and points at two (dropped before any rectangle is read)
  *   random           one of the run-time behaviours above, chosen from "seed"
  *   random-safe      the same, without the ones that kill the process
  *                    (crash-*, abort-thread), for runs without isolation
@@ -146,6 +150,7 @@ static void send_frame(struct krakl_source *s, int width, int height, uint64_t s
     f.timestamp_ns = stamp;
     f.sequence = s->sequence++;
     if (is(s, "all-invalid")) f.plane[0] = NULL;
+    if (is(s, "huge-stride")) f.stride[0] = UINT32_MAX;
     krakl_cursor cursor;
     if (s->cursor_pixels) {
         memset(&cursor, 0, sizeof cursor);
@@ -164,6 +169,7 @@ static void send_frame(struct krakl_source *s, int width, int height, uint64_t s
         f.damage_count = 2;
         f.damage = damage;
     }
+    if (is(s, "damage-count-huge") && !first) f.damage_count = UINT32_MAX;   /* two rectangles behind it */
     s->host->frame(s->host->host_data, &f);
     s->frames_since_start++;
 }
@@ -403,6 +409,7 @@ static int fixture_list_sources(const char *options_json, const krakl_host *host
     (void)options_json;
     const char *mode = host->option(host->host_data, "misbehave");
     if (mode && strcmp(mode, "list-crash") == 0) crash();
+    if (mode && strcmp(mode, "list-hang") == 0) hang_forever();
     host->source_found(host->host_data, "fixture", "the misbehaving fixture's only source");
     return 0;
 }

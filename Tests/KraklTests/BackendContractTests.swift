@@ -406,6 +406,53 @@ struct BackendContractTests {
         }
     }
 
+    static func threadNames(_ pid: Int32) -> [String] {
+        ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []).map {
+            ((try? String(contentsOfFile: "/proc/\(pid)/task/\($0)/comm", encoding: .utf8)) ?? "?").trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+    }
+
+    /// Whether a thread of `pid` (or of a child of it) is named `name`: a readiness signal that
+    /// needs nothing from the program's output.
+    static func hasThread(named name: String, in pid: Int32) -> Bool {
+        var pids = [pid]
+        if let children = try? String(contentsOfFile: "/proc/\(pid)/task/\(pid)/children", encoding: .utf8) {
+            pids += children.split(separator: " ").compactMap { Int32($0) }
+        }
+        for p in pids {
+            for task in (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(p)/task")) ?? [] {
+                let comm = (try? String(contentsOfFile: "/proc/\(p)/task/\(task)/comm", encoding: .utf8)) ?? ""
+                if comm.trimmingCharacters(in: .whitespacesAndNewlines) == name { return true }
+            }
+        }
+        return false
+    }
+
+    /// A signal ends a run whose backend has not returned from create() (a sharing dialog that
+    /// waits, or a hang), in process and isolated: exit 0 with the reason, the outputs opened so far
+    /// completed. Before, every signal but SIGKILL was ignored until the 900 s budget ran out.
+    @Test(arguments: [["--no-isolate"], ["--isolate"]])
+    func aSignalEndsARunWhoseBackendIsStillInCreate(isolation: [String]) throws {
+        try Harness.requireBuild()
+        let run = try AgentRun(["--plugins", try Self.registry(), "--option", "misbehave=hang-create", "-q",
+                                "--record", "never.webm", "--stats-json", "stats.json"] + isolation)
+        // In create(): the agent's thread that makes the source is there (bounded poll).
+        let deadline = Date().addingTimeInterval(20)
+        while !Self.hasThread(named: "krakl-create", in: run.process.processIdentifier) && Date() < deadline {
+            _ = Harness.waitForExit(run.process, seconds: 0.05)
+        }
+        #expect(Self.hasThread(named: "krakl-create", in: run.process.processIdentifier),
+                "never saw the agent making the source; its threads: \(Self.threadNames(run.process.processIdentifier))")
+        kill(run.process.processIdentifier, SIGTERM)
+        let result = run.finish(within: 10)
+        #expect(result.exited, "still running 10 s after SIGTERM")
+        #expect(result.status == 0, "exit \(result.status): \(result.stdout) \(result.stderr)")
+        #expect(result.stdout.contains("terminated (SIGTERM) while backend misbehaving was still starting"), "\(result.stdout)")
+        let stats = try? JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: run.folder + "/stats.json"))) as? [String: Any]
+        #expect(stats?["captured_frames"] as? Int == 0, "stats.json: \(String(describing: stats))")
+        #expect(!FileManager.default.fileExists(atPath: run.folder + "/never.webm"), "a recording without frames was left")
+    }
+
     @Test(arguments: [("create-intmin", Int32(11), "returned -2147483648, which the ABI does not define"),
                       ("create-positive", Int32(11), "returned 5, which the ABI does not define"),
                       ("start-positive", Int32(12), "returned 7, which the ABI does not define"),

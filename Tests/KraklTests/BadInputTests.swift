@@ -62,6 +62,19 @@ struct BadInputTests {
         expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--plugins", path]), status: 5, ["\(path):1:27:", "\"nope\"", "not among the backends (a)"])
     }
 
+    /// Names from the file are printed escaped: a NUL cut the message short (the rest, and its
+    /// newline, never reached the terminal), and bidi overrides or escapes would reach it raw.
+    @Test func registryNamesAreEscapedInMessages() throws {
+        try Harness.requireBuild()
+        let dir = try Harness.temporaryDirectory()
+        let path = dir + "/plugins.json"
+        try "{\"version\": 1, \"backends\": {\"a\\u0000b\\u202ec\\u001b[2J\": {\"library\": \"x.so\"}}}"
+            .write(toFile: path, atomically: true, encoding: .utf8)
+        let result = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", path])
+        expectFailure(result, status: 5, ["backend name \"a\\x00b\\u{202e}c\\x1b[2J\" must be letters, digits, '-' or '_'"])
+        #expect(result.stderr.hasSuffix("\n") && !result.stderr.contains("\u{1B}") && !result.stderr.contains("\u{202E}"), "\(result.stderr.debugDescription)")
+    }
+
     @Test func unreadableRegistry() throws {
         try Harness.requireBuild()
         expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--plugins", "/nonexistent/plugins.json"]), status: 4,

@@ -86,6 +86,32 @@ struct EncoderRecordingTests {
         print("\(scene): \(frames) frames, PSNR \(String(format: "%.2f", quality)) dB (floor \(floor))")
     }
 
+    /// VP8 version 2 (no loop filter, the default) is a stream every RFC 6386 decoder takes: FFmpeg's
+    /// own VP8 decoder and libvpx's give the same pixels; `--vp8-profile 0` gives version 0.
+    @Test func vp8Version2DecodesTheSameInFFmpegAndLibvpx() throws {
+        guard Self.haveFfmpeg else { return }
+        let run = try record(["scene=scrolling", "width=640", "height=480"], ["--frames", "45", "--bitrate", "1000"])
+        let versions = try Harness.run(Harness.which("ffprobe")!, ["-v", "error", "-show_entries", "stream=profile", "-of", "csv=p=0", run.recording])
+        #expect(versions.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "2", "the default stream's version: \(versions.stdout)")
+        var decoded: [Data] = []
+        for decoder in [[], ["-c:v", "libvpx"]] {
+            let out = run.dir + "/decoded-\(decoded.count).yuv"
+            let result = try Harness.run(Harness.which("ffmpeg")!, ["-v", "error"] + decoder + ["-i", run.recording, "-f", "rawvideo", "-pix_fmt", "yuv420p", out])
+            try #require(result.status == 0, "ffmpeg \(decoder): \(result.stderr.suffix(300))")
+            decoded.append(try Data(contentsOf: URL(fileURLWithPath: out)))
+        }
+        #expect(decoded[0].count == 45 * 640 * 480 * 3 / 2, "FFmpeg decoded \(decoded[0].count / (640 * 480 * 3 / 2)) of 45 frames")
+        #expect(decoded[0] == decoded[1], "FFmpeg's VP8 decoder and libvpx disagree on a version-2 stream")
+        let quality = try Self.psnr(recording: run.recording, input: run.input, width: 640, height: 480)
+        #expect(quality >= 28, "scrolling PSNR \(quality) dB")
+
+        let zero = try record(["scene=scrolling", "width=640", "height=480"], ["--frames", "10", "--vp8-profile", "0"])
+        let version0 = try Harness.run(Harness.which("ffprobe")!, ["-v", "error", "-show_entries", "stream=profile", "-of", "csv=p=0", zero.recording])
+        #expect(version0.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "0", "--vp8-profile 0 gave \(version0.stdout)")
+        let bad = try Harness.agent(["--vp8-profile", "4", "--frames", "1"])
+        #expect(bad.status == 2 && bad.stderr.contains("--vp8-profile 4"), "\(bad.status): \(bad.stderr)")
+    }
+
     @Test func vp9RecordsAndDecodes() throws {
         guard Self.haveFfmpeg else { return }
         let run = try record(["scene=typing", "width=640", "height=480"], ["--frames", "30", "--codec", "vp9", "--bitrate", "1000"])

@@ -509,6 +509,28 @@ struct HardeningOutputTests {
         }
     }
 
+    /// Hostile frame fields found by an audit, in the agent's process and isolated: a stride of
+    /// 2^32 − 1 trapped the agent (SIGILL in the conversion's 32-bit stride) or crashed the child;
+    /// a damage count of 2^32 − 1 over two rectangles crashed the child, which read them before
+    /// judging the count. Each frame is now dropped with the reason, and the run goes on.
+    @Test(arguments: [("huge-stride", "exceeds KRAKL_MAX_STRIDE", true), ("damage-count-huge", "damage_count 4294967295 exceeds 65536", false)],
+          [["--no-isolate"], ["--isolate"]])
+    func hostileFrameFieldsAreDroppedNotFatal(behaviour: (String, String, Bool), isolation: [String]) throws {
+        let (name, words, everyFrame) = behaviour
+        let dir = try Harness.temporaryDirectory()
+        let result = try agent(name, ["--seconds", "1", "--record", dir + "/out.webm"] + isolation)
+        #expect(!result.timedOut)
+        #expect(result.stderr.contains(words), "\(isolation) \(name): \(result.stderr)")
+        #expect(!result.stderr.contains("crashed") && !result.stderr.contains("Fatal error"), "\(result.stderr)")
+        if everyFrame {
+            #expect(result.status == 25, "every frame is unusable: exit \(result.status): \(result.stderr)")
+        } else {
+            // The first frame (whole, no damage list) is fine; the rest are dropped.
+            #expect(result.status == 0, "exit \(result.status): \(result.stderr)")
+            #expect(try EncoderRecordingTests.probe(dir + "/out.webm").contains("codec_name=vp8"))
+        }
+    }
+
     /// Every frame invalid: the run exited 0 and named a recording that did not exist. Now exit
     /// 25, and the summary says no recording was made.
     @Test func aRunWithoutAUsableFrameFails() throws {

@@ -181,6 +181,21 @@ struct IsolatedBackendTests {
         #expect(collector.frameCount == frames && !collector.ended)
     }
 
+    /// A list_sources() that never returns is a hang (exit 22 for `krakl-agent sources`), as in the
+    /// agent's process; the child's own watchdog used to report it as a failed listing (EINVAL, 15).
+    @Test func aHungListingIsAHang() throws {
+        try requireHost()
+        var settings = IsolationSettings()
+        settings.budgets.listSources = 1
+        let began = Date()
+        #expect(throws: HostError.backendHung(backend: "test", call: "list_sources", budgetSeconds: 1)) {
+            _ = try IsolatedBackendSource.listSources(libraryPath: try Self.misbehaving.get(), backendName: "test",
+                                                      options: object(["misbehave": .string("list-hang")]), logger: { _, _, _ in },
+                                                      settings: settings)
+        }
+        #expect(Date().timeIntervalSince(began) < 10)
+    }
+
     /// A child that breaks the protocol (bad slot, offsets past the slot, damage outside the frame,
     /// an unsealed or short memfd, oversized text, unasked replies, unknown messages) is killed and
     /// the source ends with the reason; the stand-in's valid frame shows the stand-in is right.
@@ -298,7 +313,7 @@ struct IsolatedBackendTests {
         let sources = try Harness.agent(["--plugins", plugins, "sources"])
         #expect(sources.status == 0 && sources.stdout.contains("fixture"), "\(sources.stdout)\(sources.stderr)")
         let listCrash = try Harness.agent(["--plugins", plugins, "sources", "-o", "misbehave=list-crash"])
-        #expect(listCrash.status == 24 && listCrash.stderr.contains("SIGSEGV in list()"), "exit \(listCrash.status): \(listCrash.stderr)")
+        #expect(listCrash.status == 24 && listCrash.stderr.contains("SIGSEGV in list_sources()"), "exit \(listCrash.status): \(listCrash.stderr)")
     }
 
     /// The loader's and create()'s errors read the same isolated: same line, same status.
@@ -373,7 +388,7 @@ struct IsolatedBackendTests {
         try requireHost()
         let (_, plugins) = try registry(isolate: "false")
         let crashed = try Harness.agent(["--plugins", plugins, "sources", "-o", "misbehave=list-crash"])
-        #expect(crashed.status == 24 && crashed.stderr == "krakl-agent: backend bad crashed: SIGSEGV in list()\n",
+        #expect(crashed.status == 24 && crashed.stderr == "krakl-agent: backend bad crashed: SIGSEGV in list_sources()\n",
                 "exit \(crashed.status): \(crashed.stderr)")
         let listed = try Harness.agent(["--plugins", plugins, "--no-isolate", "sources"])
         #expect(listed.status == 0 && listed.stdout.contains("fixture  the misbehaving fixture's only source"), "\(listed.stdout)\(listed.stderr)")

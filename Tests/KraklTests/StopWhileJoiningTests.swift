@@ -68,4 +68,43 @@ import KraklCore
         #expect(!agent.isRunning, "the idle agent did not end when its input ended: \(text)")
         if !agent.isRunning { #expect(agent.terminationStatus == 0, "exit \(agent.terminationStatus): \(text)") }
     }
+
+    /// Ctrl-C while the backend has not returned from create() (a portal's dialog waiting for the
+    /// person, or a hang): the session ends at once instead of queueing its leave behind create(),
+    /// and the idle agent quits when its input ends.
+    @Test func ctrlCWhileTheSourceIsBeingMadeIsIdleAtOnce() throws {
+        try Harness.requireBuild()
+        let server = try SilentServer()
+        let made = try Harness.run("/usr/bin/python3", [RoomSessionTests.codeScript, "--kind", "whip",
+                                                       "--url", "http://127.0.0.1:\(server.port)/whip", "--identity", "Ada"])
+        let folder = try Harness.temporaryDirectory()
+        let code = folder + "/code.txt"
+        try made.stdout.trimmingCharacters(in: .whitespacesAndNewlines).write(toFile: code, atomically: true, encoding: .utf8)
+        let agent = Process()
+        agent.executableURL = URL(fileURLWithPath: Harness.agent)
+        agent.arguments = ["--join", "@" + code, "--plugins", try BackendContractTests.registry(), "--option", "misbehave=hang-create"]
+        let input = Pipe(), output = Pipe()
+        agent.standardInput = input
+        agent.standardOutput = output
+        agent.standardError = output
+        try agent.run()
+        defer { if agent.isRunning { kill(agent.processIdentifier, SIGKILL) } }
+        let fd = output.fileHandleForReading.fileDescriptor
+        var text = ""
+        try #require(readOutput(fd, into: &text, timeout: 30) { $0.contains("preparing the screen source") }, "never began: \(text)")
+        // The backend's child (isolated by default: the fixture lies outside the agent's folder) is
+        // up, with the thread that calls create() (bounded poll).
+        let inside = Date().addingTimeInterval(10)
+        while !BackendContractTests.hasThread(named: "krakl-ctl", in: agent.processIdentifier) && Date() < inside { usleep(20_000) }
+        kill(agent.processIdentifier, SIGINT)
+        let interrupted = MonotonicClock.milliseconds()
+        let idle = readOutput(fd, into: &text, timeout: 20) { $0.contains("idle.") }
+        let idleMs = MonotonicClock.milliseconds() - interrupted
+        #expect(idle && text.contains("You stopped sharing."), "\(text)")
+        #expect(idleMs < 5000, "the stop waited for create(): \(Int(idleMs)) ms")
+        try input.fileHandleForWriting.close()
+        let end = Date().addingTimeInterval(10)
+        while agent.isRunning && Date() < end { usleep(20_000) }
+        #expect(!agent.isRunning, "the idle agent did not end when its input ended: \(text)")
+    }
 }

@@ -139,13 +139,17 @@ typedef struct krakl_cursor {
  * reports dropped frames; conformance fails): struct_size below the ABI 1.0
  * krakl_frame (through `cursor`: 112 bytes on LP64), width or height outside
  * 1 ... KRAKL_MAX_FRAME_SIDE, an unknown format, a plane_count that does not
- * match the format, a NULL plane, a stride below the row's bytes,
- * timestamp_ns == 0, more than KRAKL_MAX_DAMAGE_RECTS damage rectangles or
- * one outside the frame. The host takes at most KRAKL_MAX_FRAME_RATE frames
- * a second from one source; it drops (and counts) the rest. */
+ * match the format, a NULL plane, a stride below the row's bytes or above
+ * KRAKL_MAX_STRIDE, timestamp_ns == 0, more than KRAKL_MAX_DAMAGE_RECTS
+ * damage rectangles or one outside the frame. The host takes at most
+ * KRAKL_MAX_FRAME_RATE frames a second from one source; it drops (and
+ * counts) the rest. KRAKL_MAX_STRIDE is twice the widest packed row
+ * (KRAKL_MAX_FRAME_SIDE * 4 bytes): room for any alignment a real buffer
+ * has, and small enough that stride * rows stays far inside 32 bits. */
 #define KRAKL_MAX_FRAME_SIDE 16384
 #define KRAKL_MAX_DAMAGE_RECTS 65536
 #define KRAKL_MAX_FRAME_RATE 240
+#define KRAKL_MAX_STRIDE 131072 /* 2 * 4 * KRAKL_MAX_FRAME_SIDE */
 
 typedef struct krakl_frame {
     uint32_t struct_size;

@@ -65,7 +65,8 @@ public struct FrameMessage: Sendable {
     public var damage: [krakl_rect]
     /// The backend's damage was wrong (outside the frame, NULL with a count): `damage` is what it
     /// gave, unchecked, for the sink's frame gate to judge as in the agent's process; with
-    /// `damageNull`, the backend gave `damageNullCount` rectangles at a NULL pointer.
+    /// `damageNull`, the rectangles are not passed (the backend gave a NULL pointer, or a count over
+    /// KRAKL_MAX_DAMAGE_RECTS) and `damageNullCount` is the count it gave.
     public var damageUnchecked = false
     public var damageNull = false
     public var damageNullCount: UInt32 = 0

@@ -276,7 +276,7 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
         reply = nil
         if answer == nil && ended != nil && !expectingExit { endReported = true }
         state.unlock()
-        let name = "\(kind)"
+        let name = kind == .list ? "list_sources" : "\(kind)"   // the ABI's names, as in the agent's process
         if let answer, !answer.hung { return answer }
         if let answer {
             // The child's own watchdog gave up on the backend; a thread of it is stuck for good.
