@@ -70,6 +70,9 @@ public final class HTTPClient: @unchecked Sendable {
     private let proxies: Result<ProxySettings, RoomError>
     private let lock = NSLock()
     private var invalidated = false
+    /// `cancelRunning` calls so far: a request sent "unless cancelled since" an epoch a caller read
+    /// before its own checks fails when a cancel came in between (it found nothing running then).
+    private var cancels: UInt64 = 0
     private var running: [ObjectIdentifier: HTTPConnection] = [:]
     private var tls: TLSContext?
 
@@ -92,7 +95,7 @@ public final class HTTPClient: @unchecked Sendable {
 
     /// Sends `request` and waits for the reply (at most `request.timeout` s in all). Throws
     /// `RoomError.unreachable` when no reply came, `.badReply` when what came is not HTTP.
-    public func send(_ request: HTTPRequest) throws(RoomError) -> HTTPResponse {
+    public func send(_ request: HTTPRequest, unlessCancelledSince epoch: UInt64? = nil) throws(RoomError) -> HTTPResponse {
         let what = "\(request.method) \(request.url.redactedForLog)"
         guard let scheme = request.url.scheme?.lowercased(), scheme == "http" || scheme == "https",
               let host = request.url.host, !host.isEmpty else {
@@ -118,6 +121,7 @@ public final class HTTPClient: @unchecked Sendable {
         let key = ObjectIdentifier(connection)
         lock.lock()
         if invalidated { lock.unlock(); connection.cancel(); throw .unreachable("\(what): the HTTP client was closed") }
+        if let epoch, epoch != cancels { lock.unlock(); connection.cancel(); throw .unreachable("\(what): cancelled") }
         running[key] = connection
         lock.unlock()
         defer { lock.withLock { running[key] = nil } }
@@ -179,11 +183,19 @@ public final class HTTPClient: @unchecked Sendable {
         return Array(head.utf8) + (request.body.map { [UInt8]($0) } ?? [])
     }
 
-    /// Running requests fail at once ("cancelled"); later ones are sent as usual.
+    /// Running requests fail at once ("cancelled"), and so do requests sent "unless cancelled
+    /// since" an earlier `cancelEpoch`; later ones are sent as usual.
     public func cancelRunning() {
-        let connections = lock.withLock { Array(running.values) }
+        let connections = lock.withLock { () -> [HTTPConnection] in
+            cancels &+= 1
+            return Array(running.values)
+        }
         for connection in connections { connection.cancel() }
     }
+
+    /// Read before checking whether a request is still wanted; passed to `send(_:unlessCancelledSince:)`
+    /// it closes the window between that check and the request's start.
+    public var cancelEpoch: UInt64 { lock.withLock { cancels } }
 
     /// Ends the client: running requests fail at once, no new ones are sent.
     public func invalidate() {

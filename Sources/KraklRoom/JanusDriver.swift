@@ -267,8 +267,11 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
     }
 
     private func post(_ path: [String], _ request: JanusRequest, step: String, timeout: Double? = nil) throws(RoomError) -> JanusMessage {
+        // The epoch is read before the check: an abandon that comes after it still stops the request.
+        let epoch = control.cancelEpoch
         state.lock()
         let stopped = abandoned && !leaving
+        let joining = !leaving
         state.unlock()
         if stopped { throw .unreachable("\(step): the join was stopped") }
         let body: Data
@@ -278,7 +281,7 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
         let response: HTTPResponse
         do {
             response = try control.send(HTTPRequest(method: "POST", url: url(path), headers: [(name: "Content-Type", value: "application/json")],
-                                                    body: body, timeout: timeout ?? timeouts.request))
+                                                    body: body, timeout: timeout ?? timeouts.request), unlessCancelledSince: joining ? epoch : nil)
         } catch {
             if case .unreachable(let message) = error { throw .unreachable("\(step): \(message)") }
             throw error

@@ -97,6 +97,7 @@ public final class WhipDriver: RoomDriver, @unchecked Sendable {
         // One budget for every hop, so redirects cannot stretch a join past the time-out.
         var deadline = Date().addingTimeInterval(timeouts.request)
         while true {
+            let epoch = client.cancelEpoch   // before the check: an abandon after it still stops the POST
             try checkNotLeft()
             let remaining = deadline.timeIntervalSinceNow
             guard remaining > 0.05 else {
@@ -105,7 +106,7 @@ public final class WhipDriver: RoomDriver, @unchecked Sendable {
             // Whole seconds: FoundationNetworking hands libcurl the time-out as an integer (1.99 s became 1 s).
             let response = try client.send(HTTPRequest(method: "POST", url: url, headers: headers(for: url, [
                 ("Content-Type", "application/sdp"), ("Accept", "application/sdp"),
-            ]), body: Data(offer.utf8), timeout: max(1, remaining.rounded())))
+            ]), body: Data(offer.utf8), timeout: max(1, remaining.rounded())), unlessCancelledSince: epoch)
             switch response.status {
             case 200, 201:
                 return try accept(response, offer: offer)

@@ -415,9 +415,13 @@ struct BackendContractTests {
     /// Whether a thread of `pid` (or of a child of it) is named `name`: a readiness signal that
     /// needs nothing from the program's output.
     static func hasThread(named name: String, in pid: Int32) -> Bool {
+        // Children by their parent in /proc/N/stat (the field after the ")" of the name, then the state).
         var pids = [pid]
-        if let children = try? String(contentsOfFile: "/proc/\(pid)/task/\(pid)/children", encoding: .utf8) {
-            pids += children.split(separator: " ").compactMap { Int32($0) }
+        for entry in (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? [] {
+            guard let child = Int32(entry), let stat = try? String(contentsOfFile: "/proc/\(entry)/stat", encoding: .utf8),
+                  let close = stat.lastIndex(of: ")") else { continue }
+            let fields = stat[stat.index(after: close)...].split(separator: " ")
+            if fields.count > 1, Int32(fields[1]) == pid { pids.append(child) }
         }
         for p in pids {
             for task in (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(p)/task")) ?? [] {

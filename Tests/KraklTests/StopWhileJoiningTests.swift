@@ -30,24 +30,28 @@ import KraklCore
         deinit { close(fd) }
     }
 
-    @Test func ctrlCWhileJoiningIsIdleAtOnceAndEndOfInputQuits() throws {
-        try Harness.requireBuild()
-        let server = try SilentServer()
-        let folder = try Harness.temporaryDirectory()
-        let registry = try Harness.registryForThisBuild(in: folder)
+    /// The agent joining `server` (a WHIP code naming it) with `arguments`: the process, its stdin,
+    /// and the pipe its stdout and stderr go to (keep it: it owns the descriptor).
+    static func joinSilentServer(_ server: SilentServer, _ arguments: [String]) throws -> (Process, Pipe, Pipe) {
         let made = try Harness.run("/usr/bin/python3", [RoomSessionTests.codeScript, "--kind", "whip",
                                                        "--url", "http://127.0.0.1:\(server.port)/whip", "--identity", "Ada"])
-        let code = folder + "/code.txt"
+        let code = try Harness.temporaryDirectory() + "/code.txt"
         try made.stdout.trimmingCharacters(in: .whitespacesAndNewlines).write(toFile: code, atomically: true, encoding: .utf8)
-
         let agent = Process()
         agent.executableURL = URL(fileURLWithPath: Harness.agent)
-        agent.arguments = ["--join", "@" + code, "--plugins", registry, "--backend", "file"]
+        agent.arguments = ["--join", "@" + code] + arguments
         let input = Pipe(), output = Pipe()
         agent.standardInput = input
         agent.standardOutput = output
         agent.standardError = output
         try agent.run()
+        return (agent, input, output)
+    }
+
+    @Test func ctrlCWhileJoiningIsIdleAtOnceAndEndOfInputQuits() throws {
+        try Harness.requireBuild()
+        let server = try SilentServer()
+        let (agent, input, output) = try Self.joinSilentServer(server, ["--plugins", try Harness.registryForThisBuild(in: try Harness.temporaryDirectory()), "--backend", "file"])
         defer { if agent.isRunning { kill(agent.processIdentifier, SIGKILL) } }
         let fd = output.fileHandleForReading.fileDescriptor
         var text = ""
@@ -67,6 +71,7 @@ import KraklCore
         while agent.isRunning && Date() < deadline { usleep(20_000) }
         #expect(!agent.isRunning, "the idle agent did not end when its input ended: \(text)")
         if !agent.isRunning { #expect(agent.terminationStatus == 0, "exit \(agent.terminationStatus): \(text)") }
+        withExtendedLifetime(output) {}
     }
 
     /// Ctrl-C while the backend has not returned from create() (a portal's dialog waiting for the
@@ -75,19 +80,7 @@ import KraklCore
     @Test func ctrlCWhileTheSourceIsBeingMadeIsIdleAtOnce() throws {
         try Harness.requireBuild()
         let server = try SilentServer()
-        let made = try Harness.run("/usr/bin/python3", [RoomSessionTests.codeScript, "--kind", "whip",
-                                                       "--url", "http://127.0.0.1:\(server.port)/whip", "--identity", "Ada"])
-        let folder = try Harness.temporaryDirectory()
-        let code = folder + "/code.txt"
-        try made.stdout.trimmingCharacters(in: .whitespacesAndNewlines).write(toFile: code, atomically: true, encoding: .utf8)
-        let agent = Process()
-        agent.executableURL = URL(fileURLWithPath: Harness.agent)
-        agent.arguments = ["--join", "@" + code, "--plugins", try BackendContractTests.registry(), "--option", "misbehave=hang-create"]
-        let input = Pipe(), output = Pipe()
-        agent.standardInput = input
-        agent.standardOutput = output
-        agent.standardError = output
-        try agent.run()
+        let (agent, input, output) = try Self.joinSilentServer(server, ["--plugins", try BackendContractTests.registry(), "--option", "misbehave=hang-create"])
         defer { if agent.isRunning { kill(agent.processIdentifier, SIGKILL) } }
         let fd = output.fileHandleForReading.fileDescriptor
         var text = ""
@@ -106,5 +99,6 @@ import KraklCore
         let end = Date().addingTimeInterval(10)
         while agent.isRunning && Date() < end { usleep(20_000) }
         #expect(!agent.isRunning, "the idle agent did not end when its input ended: \(text)")
+        withExtendedLifetime(output) {}
     }
 }
