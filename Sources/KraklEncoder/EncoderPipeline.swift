@@ -207,6 +207,8 @@ public final class EncoderPipeline: @unchecked Sendable {
         var timestampNs: UInt64 = 0
         var keyframe = false
         var refresh = false
+        /// The frame of no blocks after a keyframe (`EncoderSettings.followKeyframes`).
+        var followUp = false
         var newSize: (Int, Int)?
         var bitrate: Int?
     }
@@ -232,10 +234,13 @@ public final class EncoderPipeline: @unchecked Sendable {
 
         // Damage of a frame libvpx dropped: the next frame must encode it too.
         var carried = DamageAccumulator()
+        var followUpAt: UInt64?
+        let frameInterval = UInt64(1e9 / settings.maximumFps)
         var refreshRow = 0
         loop: while true {
             guard var work = takeWork(picture: &picture, cap: &cap, lastKeyframeNs: lastKeyframeNs,
-                                      refreshAt: refreshAt()) else { break }
+                                      refreshAt: refreshAt(), followUpAt: followUpAt) else { break }
+            followUpAt = nil
             work.damage.merge(carried)
             carried.clear()
             let now = MonotonicClock.nanoseconds()
@@ -305,6 +310,7 @@ public final class EncoderPipeline: @unchecked Sendable {
                     if packet.keyframe {
                         lastKeyframeNs = now
                         keyframeServed(requestsUpTo: requestsBeforeWrite)
+                        if settings.followKeyframes { followUpAt = MonotonicClock.nanoseconds() + frameInterval }
                     }
                     let row = EncoderStatistics.Frame(bytes: packet.data.count, keyframe: packet.keyframe, refresh: work.refresh,
                                                       activeShare: share, encodeNs: encodeNs, timestampNs: work.timestampNs)
@@ -312,7 +318,9 @@ public final class EncoderPipeline: @unchecked Sendable {
                     try frameLog?.append(row)
                 }
                 lastEncodeNs = now
-                if work.refresh {
+                if work.followUp {
+                    // Neither a change nor a pass: the settle schedule stays as it was.
+                } else if work.refresh {
                     settleDone += 1
                 } else {
                     lastChangeNs = now
@@ -335,7 +343,7 @@ public final class EncoderPipeline: @unchecked Sendable {
 
     /// Waits for something to encode and takes it out of the slot; nil when stopping.
     private func takeWork(picture: inout I420Image?, cap: inout FrameRateCap, lastKeyframeNs: UInt64?,
-                          refreshAt: UInt64?) -> Work? {
+                          refreshAt: UInt64?, followUpAt: UInt64?) -> Work? {
         condition.lock()
         defer { condition.unlock() }
         let keyframeSpacing = UInt64(settings.keyframeRequestSpacing * 1e9)
@@ -348,7 +356,8 @@ public final class EncoderPipeline: @unchecked Sendable {
             let keyframeOpensAt = lastKeyframeNs.map { $0 &+ keyframeSpacing } ?? 0
             keyframeNow = keyframeRequested && now >= keyframeOpensAt
             let refreshDue = picture != nil && refreshAt.map { now >= $0 } ?? false
-            if (pending && (capOpen || stopping)) || (keyframeNow && (pending || picture != nil) && capOpen) || refreshDue { break }
+            let followUpDue = picture != nil && followUpAt.map { now >= $0 } ?? false
+            if (pending && (capOpen || stopping)) || (keyframeNow && (pending || picture != nil) && capOpen) || refreshDue || followUpDue { break }
             // Sleep until the cap opens (something is pending), a held keyframe request may be
             // served, or a refresh is due. A keyframe request before the first capture has
             // nothing to encode yet: it waits, untimed, for that capture like everything else.
@@ -356,6 +365,7 @@ public final class EncoderPipeline: @unchecked Sendable {
             if pending { wake = cap.opensAt() }
             if keyframeRequested && picture != nil { wake = min(wake ?? .max, max(cap.opensAt(), keyframeOpensAt)) }
             if picture != nil, let refreshAt { wake = min(wake ?? .max, refreshAt) }
+            if picture != nil, let followUpAt { wake = min(wake ?? .max, followUpAt) }
             if let wake {
                 _ = condition.wait(until: Date(timeIntervalSinceNow: Double(wake > now ? wake - now : 0) / 1e9))
             } else {
@@ -384,6 +394,10 @@ public final class EncoderPipeline: @unchecked Sendable {
             work.timestampNs = pendingTimestamp
             pendingDamage.clear()
             pending = false
+        } else if !work.keyframe, !(refreshAt.map { MonotonicClock.nanoseconds() >= $0 } ?? false), followUpAt != nil {
+            // Nothing new after a keyframe: the frame of no blocks that lets a receiver show it.
+            work.timestampNs = clock.stamp(hostNs: MonotonicClock.nanoseconds())
+            work.followUp = true
         } else {
             // Nothing new: refresh (or a requested keyframe of) the current picture.
             work.damage.addWhole()

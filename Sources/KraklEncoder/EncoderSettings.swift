@@ -26,7 +26,13 @@ public struct EncoderSettings: Sendable {
     public mutating func refreshForReceiversThatAsk() {
         refreshInterval = 0
         settleRefreshes = 3
+        followKeyframes = true
     }
+    /// After a keyframe of an unchanged picture, one frame interval later, a frame of no blocks (a
+    /// few bytes) follows unless something else did. Some receivers hand a frame to their decoder
+    /// only when a packet of the next one arrives (aiortc: measured through Janus, a static 1080p
+    /// screen's keyframe sat there until the settle pass 1 s later); with this it is shown at once.
+    public var followKeyframes = false
     /// A keyframe at least this often (seconds); 0: only when requested.
     public var keyframeInterval = 0.0
     /// Requested keyframes (SIGUSR1, a viewer's PLI or FIR) at most this often (seconds); requests

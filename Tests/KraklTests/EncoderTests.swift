@@ -269,17 +269,23 @@ struct EncoderPipelineTests {
         settings.refreshForReceiversThatAsk()
         let run = try Running(settings: settings, scene: "static", width: 320, height: 240)
         let (collector, pipeline, source) = (run.collector, run.pipeline, run.source)
-        #expect(collector.waitFor(4, timeout: 15) == 4, "the first frame and three settle refreshes")
+        #expect(collector.waitFor(5, timeout: 15) == 5, "the first frame, its follow-up and three settle refreshes")
         // A fourth would be due 8 s after the change, i.e. ≥ 4 s after the third: none comes in the next 3 s.
-        #expect(collector.waitFor(5, timeout: 3) == 4, "an unchanged screen kept being encoded")
+        #expect(collector.waitFor(6, timeout: 3) == 5, "an unchanged screen kept being encoded")
         try source.stop()
         pipeline.finish()
         let summary = pipeline.statistics.summary()
         #expect(summary.refreshFrames == 3 && summary.keyframes == 1, "\(summary.refreshFrames) refreshes, \(summary.keyframes) keyframes")
         collector.condition.lock()
-        let kinds = collector.frames.map(\.keyframe)
+        let frames = collector.frames
         collector.condition.unlock()
-        #expect(kinds == [true, false, false, false], "the first frame is the keyframe, the refreshes are not: \(kinds)")
+        #expect(frames.map(\.keyframe) == [true, false, false, false, false], "the first frame is the keyframe, the others are not: \(frames.map(\.keyframe))")
+        // The follow-up (one frame interval after the keyframe) carries no blocks: a few bytes.
+        if frames.count == 5 {
+            #expect(frames[1].data.count * 20 < frames[0].data.count, "follow-up \(frames[1].data.count) bytes after a \(frames[0].data.count)-byte keyframe")
+            let gap = Double(frames[1].timestampNs &- frames[0].timestampNs) / 1e6
+            #expect(gap < 900, "the follow-up came \(gap) ms after the keyframe: it is due one frame interval after it, the settle pass 1 s after")
+        }
     }
 
     @Test func keyframeRequestMakesTheNextFrameAKeyframe() throws {
