@@ -336,14 +336,25 @@ func makeSourceUntilSignalled(_ selection: BackendSelection, sink: FrameSink, lo
     }
     let outcome = Outcome()
     let begun = MonotonicClock.nanoseconds()
-    let maker = Thread {
+    // A plain pthread, named from inside as BackendCallThread's are (a Foundation Thread's name did
+    // not always reach the system thread: a CI run saw it as "krakl-agent").
+    final class Body { let run: () -> Void; init(_ run: @escaping () -> Void) { self.run = run } }
+    let body = Unmanaged.passRetained(Body {
         Thread.current.name = "krakl-create"   // for `top -H`, gdb and the tests: the thread inside create()
         let result: Result<any CaptureSource, HostError>
         do throws(HostError) { result = .success(try selection.makeSource(sink: sink, logger: logger)) } catch { result = .failure(error) }
         outcome.lock.withLock { outcome.result = result }
         ControlPipe.wake()
+    })
+    var maker = pthread_t()
+    guard pthread_create(&maker, nil, { raw in
+        Unmanaged<Body>.fromOpaque(raw!).takeRetainedValue().run()
+        return nil
+    }, body.toOpaque()) == 0 else {
+        body.release()
+        return .made(try selection.makeSource(sink: sink, logger: logger))   // no thread to spare: create here, as before
     }
-    maker.start()
+    pthread_detach(maker)
     // Bounded by the create() budget: the watchdog ends the call after it, and the result comes.
     while true {
         if let result = outcome.lock.withLock({ outcome.result }) { return .made(try result.get()) }

@@ -283,19 +283,32 @@ public final class WhepEndpoint: @unchecked Sendable {
         guard let (peer, count) = removed else { return .text(404, "no such viewer session (it ended, or never was)") }
         let stats = peer.stats
         peer.close()
-        // Restarts said with their DTLS count: a restart must not have made a new handshake.
-        let restarts = stats.iceRestarts == 0 ? "" : " (\(stats.iceRestarts) ICE restart\(stats.iceRestarts == 1 ? "" : "s"), "
-            + "\(stats.dtlsHandshakes) DTLS handshake\(stats.dtlsHandshakes == 1 ? "" : "s"))"
-        onViewersChanged?(count, "viewer \(id.prefix(6))\(restarts) left")
+        onViewersChanged?(count, "viewer \(id.prefix(6))\(Self.restartsSaid(stats)) left")
         return .text(200, "the viewer session ended")
     }
 
+    /// Restarts said with their DTLS count (a restart must not have made a new handshake); empty
+    /// without restarts.
+    static func restartsSaid(_ stats: ViewerPeerStats) -> String {
+        stats.iceRestarts == 0 ? "" : " (\(stats.iceRestarts) ICE restart\(stats.iceRestarts == 1 ? "" : "s"), "
+            + "\(stats.dtlsHandshakes) DTLS handshake\(stats.dtlsHandshakes == 1 ? "" : "s"))"
+    }
+
+    /// The peer ended by itself. A page that closes its connection (DTLS close_notify or RTCP BYE:
+    /// state "closed") left, as with a DELETE, which often comes after the close and then finds no
+    /// session; anything else (consent expired, failed) dropped it.
     private func peerClosed(_ id: String, reason: String) {
-        let count: Int? = lock.withLock {
-            guard resources.removeValue(forKey: id) != nil else { return nil }
-            return resources.count
+        let ended: (ViewerPeer, Int)? = lock.withLock {
+            guard let resource = resources.removeValue(forKey: id) else { return nil }
+            return (resource.peer, resources.count)
         }
-        if let count { onViewersChanged?(count, "viewer \(id.prefix(6)) dropped: \(reason)") }
+        guard let (peer, count) = ended else { return }
+        let stats = peer.stats
+        if stats.state == "closed" {
+            onViewersChanged?(count, "viewer \(id.prefix(6))\(Self.restartsSaid(stats)) left")
+        } else {
+            onViewersChanged?(count, "viewer \(id.prefix(6))\(Self.restartsSaid(stats)) dropped: \(reason)")
+        }
     }
 
     // MARK: - Helpers
