@@ -433,15 +433,24 @@ final class RtcCallbackLog: @unchecked Sendable {
         let publisher = try Publisher(configuration: configuration)
         defer { publisher.close() }
         let start = MonotonicClock.nanoseconds()
-        for i in 0..<1000 {
-            publisher.send(frame: [UInt8](repeating: 1, count: 5000), keyframe: i % 100 == 0, captureNanoseconds: start, width: 640, height: 360)
+        // Inter frames only: with no keyframe before them none can start the chain a connection would
+        // send first (EarlyFrames), so every one is dropped.
+        for _ in 0..<1000 {
+            publisher.send(frame: [UInt8](repeating: 1, count: 5000), keyframe: false, captureNanoseconds: start, width: 640, height: 360)
         }
         let elapsedMs = Double(MonotonicClock.nanoseconds() - start) / 1e6
         #expect(elapsedMs < 2000, "1000 frames took \(elapsedMs) ms to hand over")
         // The network thread drains what it gets; nothing is sent without a connection.
-        let deadline = Date().addingTimeInterval(5)
+        var deadline = Date().addingTimeInterval(5)
         while publisher.stats.framesDropped < 1000, Date() < deadline { usleep(10_000) }
         #expect(publisher.stats.framesDropped == 1000)
+        // With keyframes among them, at most one chain of EarlyFrames' 60 frames is kept for the connection.
+        for i in 0..<1000 {
+            publisher.send(frame: [UInt8](repeating: 1, count: 5000), keyframe: i % 100 == 0, captureNanoseconds: start, width: 640, height: 360)
+        }
+        deadline = Date().addingTimeInterval(5)
+        while publisher.stats.framesDropped < 2000 - EarlyFrames().maximumFrames - 1, Date() < deadline { usleep(10_000) }
+        #expect(publisher.stats.framesDropped >= 2000 - EarlyFrames().maximumFrames - 1, "\(publisher.stats.framesDropped) dropped")
         #expect(publisher.stats.packetsSent == 0)
     }
 }
