@@ -66,6 +66,8 @@ final class HostContext: @unchecked Sendable {
     /// that calls from two threads at once must not corrupt the host's state.
     private let delivery = PThreadLock()
     private var lastError: String?
+    /// How many of the backend's log lines reach the terminal (under `lock`).
+    private var logLimit = LogRateLimit()
     private var _capturing = false
     private var _dead = false
 
@@ -110,11 +112,17 @@ final class HostContext: @unchecked Sendable {
     func retire() { slot.retire() }
 
     func log(_ level: LogLevel, _ message: String) {
-        let (captured, dead) = lock.withLock { () -> (Bool, Bool) in
+        let (captured, dead, admitted) = lock.withLock { () -> (Bool, Bool, (shown: Bool, notShownBefore: Int)) in
             if level == .error && !_dead { lastError = message }
-            return (level == .error && _capturing, _dead)
+            let captured = level == .error && _capturing
+            // Only lines that would be printed spend the budget (a captured create() error is the call's reason).
+            let admitted = captured || _dead ? (shown: false, notShownBefore: 0) : logLimit.admit(now: MonotonicClock.nanoseconds())
+            return (captured, _dead, admitted)
         }
-        if captured || dead { return }
+        if captured || dead || !admitted.shown { return }
+        if admitted.notShownBefore > 0 {
+            logger(backend, .warning, "\(admitted.notShownBefore) log lines from the backend were not shown (it logs more than \(Int(LogRateLimit.defaultPerSecond)) a second)")
+        }
         logger(backend, level, message)
     }
 

@@ -31,6 +31,7 @@
  *   deliver-in-create a frame and an event from inside create()
  *   flood            frames as fast as the thread can make them (no pacing)
  *   escape-log       log lines and event text full of terminal escape sequences
+ *   log-flood        5000 log lines every frame interval after after_ms
  *   error-event      an ERROR event after after_ms, delivery goes on
  *   end              SOURCE_ENDED after after_ms
  *   after-destroy    a thread left behind by destroy() calls host->log and host->frame
@@ -248,6 +249,8 @@ static void *run(void *arg) {
                 s->have_second = pthread_create(&s->second, NULL, second_thread, s) == 0;
             }
         }
+        if (is(s, "log-flood") && fired)
+            for (int i = 0; i < 5000; i++) s->host->log(s->host->host_data, KRAKL_LOG_WARNING, "the fixture logs in a loop");
         uint64_t stamp = next_stamp(s);
         if (is(s, "ts-ahead")) stamp += 30000000000ull;
         if (is(s, "ts-back") && fired == 1) {

@@ -531,6 +531,33 @@ struct HardeningOutputTests {
         }
     }
 
+    /// A backend that logs in a loop (5000 lines every frame interval, ~150,000 a second) reaches
+    /// the terminal at most at the host's rate: a burst of 200, then 50 a second, with a count of
+    /// what was not shown. An audit's backend wrote 160 MB to stderr in 12 s before.
+    @Test func aBackendThatLogsInALoopIsHeldToTheLogRate() throws {
+        let result = try agent("log-flood", options: ["after_ms=0"], ["--seconds", "2", "--no-record"])
+        #expect(result.status == 0, "exit \(result.status): \(result.stderr.suffix(300))")
+        let lines = result.stderr.split(separator: "\n")
+        let shown = lines.filter { $0.contains("the fixture logs in a loop") }.count
+        // 200 + 50 a second over a 2 s run (and its start and end): far below the ~300,000 logged.
+        #expect(shown >= 200 && shown <= 200 + 50 * 5, "\(shown) lines shown")
+        #expect(lines.contains { $0.contains("log lines from the backend were not shown (it logs more than 50 a second)") },
+                "\(result.stderr.suffix(300))")
+    }
+
+    @Test func logRateLimitHoldsABurstThenARate() {
+        var limit = LogRateLimit(perSecond: 10, burst: 3)
+        let second: UInt64 = 1_000_000_000
+        #expect((0..<5).map { _ in limit.admit(now: 5 * second).shown } == [true, true, true, false, false])
+        // 0.1 s later one token is back; the line that gets through says 2 were held back.
+        let next = limit.admit(now: 5 * second + second / 10)
+        #expect(next.shown && next.notShownBefore == 2)
+        #expect(!limit.admit(now: 5 * second + second / 10).shown)
+        // A clock that steps back gives nothing and takes nothing.
+        #expect(!limit.admit(now: 4 * second).shown)
+        #expect(limit.admit(now: 7 * second).shown, "2 s later the bucket is full again")
+    }
+
     /// Every frame invalid: the run exited 0 and named a recording that did not exist. Now exit
     /// 25, and the summary says no recording was made.
     @Test func aRunWithoutAUsableFrameFails() throws {
