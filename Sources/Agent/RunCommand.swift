@@ -182,11 +182,8 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
         // with the agent), with the outputs opened so far completed.
         print(String(format: "krakl-agent: stopped: %@ while backend %@ was still starting (its create() had not returned after %.1f s); nothing was captured",
                      signalReason(number), entry.name, seconds))
-        run.pipeline?.finish()
-        var failure: HostError?
-        if run.pipeline == nil {
-            do throws(EncoderError) { try frameLog?.close() } catch { failure = error.hostError }
-        }
+        completeEncoderOutputs(run, frameLog: frameLog)
+        var failure = run.encoderError?.hostError
         if let statsFile {
             do throws(EncoderError) {
                 try writeStatistics(statsFile, capture: run.statistics.snapshot(), encoder: run.pipeline?.statistics.summary(), steadyRSSKB: 0)
@@ -262,10 +259,7 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     do throws(HostError) { try source.stop() } catch { sourceFailure = error }
     do throws(HostError) { try source.destroy() } catch { if sourceFailure == nil { sourceFailure = error } }
     run.close()
-    run.pipeline?.finish()
-    if run.pipeline == nil {
-        do throws(EncoderError) { try frameLog?.close() } catch { run.encoderFailed(error) }
-    }
+    completeEncoderOutputs(run, frameLog: frameLog)
 
     let summary = run.statistics.snapshot()
     print("krakl-agent: stopped: \(reason)")
@@ -317,6 +311,15 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     for status in order where failures.contains(where: { $0.exitStatus == status }) { return status }
     if let first = failures.first { return first.exitStatus }
     return run.sourceError == nil ? 0 : 13
+}
+
+/// The recording (through the encoder pipeline) or, without one, the frame log, completed; a
+/// failure becomes the run's encoder error.
+func completeEncoderOutputs(_ run: CaptureRun, frameLog: FrameLog?) {
+    run.pipeline?.finish()
+    if run.pipeline == nil {
+        do throws(EncoderError) { try frameLog?.close() } catch { run.encoderFailed(error) }
+    }
 }
 
 enum SourceMaking {

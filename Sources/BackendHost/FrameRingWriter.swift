@@ -87,8 +87,8 @@ final class FrameRingWriter: @unchecked Sendable {
             return
         }
         let damageWrong = FrameCheck.damageProblem(info) != nil
-        // A count over the host's limit is judged before any rectangle is read: the backend's array
-        // may hold far fewer (measured: a count of 2^32 − 1 over 4 rectangles crashed this child).
+        // A count over the host's limit has no rectangles (FrameInfo.damage reads none): the agent
+        // gets the count alone, as for a NULL array, and judges it as in its process.
         let countTooLarge = info.raw.damage_count > FrameCheck.maximumDamageRects
         let frameDamage: Damage = damageWrong || info.damage.isEmpty ? .whole : .rects(info.damage)
         condition.lock()

@@ -14,9 +14,12 @@ public struct FrameInfo {
         raw = copyBySizeRule(pointer, declaredSize: Int(pointer.pointee.struct_size), as: krakl_frame.self)
     }
 
+    /// The damage rectangles; none when the count is over KRAKL_MAX_DAMAGE_RECTS (such a frame is
+    /// refused, and its array may hold far fewer: reading up to the limit from a count of 2^32 − 1
+    /// over 4 rectangles crashed the isolated child, and conformance counted them the same way).
     public var damage: [krakl_rect] {
-        guard raw.damage_count > 0, let rects = raw.damage else { return [] }
-        return Array(UnsafeBufferPointer(start: rects, count: Int(min(raw.damage_count, FrameCheck.maximumDamageRects))))
+        guard raw.damage_count > 0, raw.damage_count <= FrameCheck.maximumDamageRects, let rects = raw.damage else { return [] }
+        return Array(UnsafeBufferPointer(start: rects, count: Int(raw.damage_count)))
     }
 
     public var strides: [Int] { withUnsafeBytes(of: raw.stride) { Array($0.bindMemory(to: UInt32.self)).map(Int.init) } }

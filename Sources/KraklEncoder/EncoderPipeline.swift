@@ -347,7 +347,7 @@ public final class EncoderPipeline: @unchecked Sendable {
         condition.lock()
         defer { condition.unlock() }
         let keyframeSpacing = UInt64(settings.keyframeRequestSpacing * 1e9)
-        var keyframeNow = false
+        var keyframeNow = false, refreshDue = false, followUpDue = false
         while true {
             // Stopping drains the slot: the last captured picture is encoded too.
             if stopping && !pending { return nil }
@@ -355,8 +355,8 @@ public final class EncoderPipeline: @unchecked Sendable {
             let capOpen = cap.allows(now: now)
             let keyframeOpensAt = lastKeyframeNs.map { $0 &+ keyframeSpacing } ?? 0
             keyframeNow = keyframeRequested && now >= keyframeOpensAt
-            let refreshDue = picture != nil && refreshAt.map { now >= $0 } ?? false
-            let followUpDue = picture != nil && followUpAt.map { now >= $0 } ?? false
+            refreshDue = picture != nil && refreshAt.map { now >= $0 } ?? false
+            followUpDue = picture != nil && followUpAt.map { now >= $0 } ?? false
             if (pending && (capOpen || stopping)) || (keyframeNow && (pending || picture != nil) && capOpen) || refreshDue || followUpDue { break }
             // Sleep until the cap opens (something is pending), a held keyframe request may be
             // served, or a refresh is due. A keyframe request before the first capture has
@@ -394,7 +394,7 @@ public final class EncoderPipeline: @unchecked Sendable {
             work.timestampNs = pendingTimestamp
             pendingDamage.clear()
             pending = false
-        } else if !work.keyframe, !(refreshAt.map { MonotonicClock.nanoseconds() >= $0 } ?? false), followUpAt != nil {
+        } else if !work.keyframe, !refreshDue, followUpDue {
             // Nothing new after a keyframe: the frame of no blocks that lets a receiver show it.
             work.timestampNs = clock.stamp(hostNs: MonotonicClock.nanoseconds())
             work.followUp = true

@@ -17,8 +17,6 @@ public struct EarlyFrames: Sendable {
     public let maximumAge: UInt64
     private var chain: [OutgoingVideoFrame] = []
     private var bytes = 0
-    /// Frames given up (before the chain's keyframe, past a bound, or stale): counted as dropped.
-    public private(set) var discarded = 0
 
     public init(maximumFrames: Int = 60, maximumBytes: Int = 4 << 20, maximumAge: UInt64 = 1_000_000_000) {
         self.maximumFrames = maximumFrames
@@ -26,8 +24,11 @@ public struct EarlyFrames: Sendable {
         self.maximumAge = maximumAge
     }
 
-    /// Frames handed over before the transport connected, in encoding order.
-    public mutating func add(_ frames: [OutgoingVideoFrame]) {
+    /// Frames handed over before the transport connected, in encoding order. Returns how many frames
+    /// were given up (before the chain's keyframe, or past a bound): the publisher counts them dropped.
+    @discardableResult
+    public mutating func add(_ frames: [OutgoingVideoFrame]) -> Int {
+        var discarded = 0
         for frame in frames {
             if frame.keyframe {
                 discarded += chain.count
@@ -44,18 +45,23 @@ public struct EarlyFrames: Sendable {
                 bytes += frame.data.count
             }
         }
+        return discarded
     }
 
     /// At connect: the chain to send first, or nothing when there is none or its keyframe is older
-    /// than `maximumAge` at `now` (CLOCK_MONOTONIC ns, the clock of `captureNs`). Empties the store.
-    public mutating func take(now: UInt64) -> [OutgoingVideoFrame] {
-        defer { chain.removeAll(); bytes = 0 }
-        guard let keyframe = chain.first else { return [] }
-        if keyframe.captureNs < now, now - keyframe.captureNs > maximumAge {
-            discarded += chain.count
-            return []
-        }
-        return chain
+    /// than `maximumAge` at `now` (CLOCK_MONOTONIC ns, the clock of `captureNs`), and how many stale
+    /// frames were given up. Empties the store.
+    public mutating func take(now: UInt64) -> (chain: [OutgoingVideoFrame], discarded: Int) {
+        defer { clear() }
+        guard let keyframe = chain.first else { return ([], 0) }
+        if keyframe.captureNs < now, now - keyframe.captureNs > maximumAge { return ([], chain.count) }
+        return (chain, 0)
+    }
+
+    /// The transport ended: nothing kept will be sent.
+    public mutating func clear() {
+        chain.removeAll()
+        bytes = 0
     }
 
     public var isEmpty: Bool { chain.isEmpty }

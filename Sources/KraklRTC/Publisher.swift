@@ -541,7 +541,7 @@ public final class Publisher: @unchecked Sendable {
         mediaEnded = true
         stream?.stop()
         _ = takeQueuedFrames()
-        _ = early.take(now: 0)
+        early.clear()
         updateStats { if $0.state == "connected" || $0.state == "checking" || $0.state == "new" { $0.state = "closed" } }
     }
 
@@ -579,9 +579,8 @@ public final class Publisher: @unchecked Sendable {
 
     /// Before the transport is up, frames go to `early`; what it gives up counts as dropped.
     private func keepEarly(_ taken: [OutgoingVideoFrame]) {
-        let before = early.discarded
-        early.add(taken)
-        if early.discarded > before { updateStats { $0.framesDropped += early.discarded - before } }
+        let discarded = early.add(taken)
+        if discarded > 0 { updateStats { $0.framesDropped += discarded } }
     }
 
     private func takeFrames() {
@@ -615,9 +614,8 @@ extension Publisher: PeerTransportDelegate {
         // receiver needs a keyframe and the stream asks the encoder for it.
         keepEarly(takeQueuedFrames())
         let now = MonotonicClock.nanoseconds()
-        let before = early.discarded
-        let chain = early.take(now: now)
-        if early.discarded > before { updateStats { $0.framesDropped += early.discarded - before } }
+        let (chain, stale) = early.take(now: now)
+        if stale > 0 { updateStats { $0.framesDropped += stale } }
         stream?.start(now: now, keyframeReady: !chain.isEmpty)
         if !chain.isEmpty {
             updateStats { $0.earlyFramesSent += chain.count }
@@ -637,7 +635,7 @@ extension Publisher: PeerTransportDelegate {
     func transportEnded(_ event: PublisherEvent) {
         media = false
         mediaEnded = true
-        _ = early.take(now: 0)
+        early.clear()
         stream?.stop()
         emit(event)
         let reason: String
