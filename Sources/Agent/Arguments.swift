@@ -53,6 +53,8 @@ struct Arguments {
     /// End the process when the session ends, with its end reason's exit status.
     var once = false
     var connectTimeout = 15.0
+    /// `--twilio-url`: the signaling URL for Twilio codes that name none (a bare access token).
+    var twilioURL: URL?
     /// Host candidates only from these addresses (default: every interface that is up, no loopback).
     var addresses: [IPAddress] = []
     /// `--ice-server`: STUN/TURN servers besides those of the join code and the room server.
@@ -189,6 +191,11 @@ struct Arguments {
                 let text = try value(for: flag)
                 guard let s = Double(text), s >= 1, s <= 300 else { throw .usage("--connect-timeout \(text): give seconds from 1 to 300") }
                 connectTimeout = s
+            case "--twilio-url":
+                let text = try value(for: flag)
+                do throws(JoinCodeError) { twilioURL = try JoinCode.signalingURL(text) } catch {
+                    throw .usage("--twilio-url \(text): \(error.description)")
+                }
             case "--address":
                 let text = try value(for: flag)
                 guard let ip = IPAddress(text) else { throw .usage("--address \(text): give an IP address of this machine") }
@@ -327,7 +334,7 @@ COMMANDS
                   --once, --scan-only, -q or --log-format json).
   --join CODE     Share the screen into the room of a join code (docs/join-codes.md):
                   prepare the source (the sharing dialog, if any, comes first), join
-                  (WHIP or Janus VideoRoom), publish, and show live status until Ctrl-C,
+                  (Twilio Video, WHIP or Janus VideoRoom), publish, and show live status until Ctrl-C,
                   SIGTERM or the room ends; then leave and say why. Without --once the
                   agent then waits for the next code on stdin. CODE may be @FILE (read
                   the file), - (read one line from stdin) or come from $KRAKL_JOIN.
@@ -406,6 +413,10 @@ OPTIONS
       --ice-ca FILE       (--join) Check turns: servers' certificates against the CA certificates
                           in this PEM file only (default: the system store, /etc/ssl/certs).
       --ice-transport P   (--join) all (default) or relay: only relay candidates (TURN).
+      --twilio-url URL    (Twilio codes without u=, and bare Twilio access tokens) The signaling
+                          WebSocket to use instead of wss://global.vss.twilio.com/signaling: a
+                          region's (wss://sydney.vss.twilio.com/signaling) or a test server's
+                          (ws:// only to a loopback address). Also $KRAKL_TWILIO_URL.
       --connect-timeout S (--join) ICE and DTLS must be up S seconds after the room's
                           answer (default 15), else the session ends as connection lost.
       --listen ADDR[:PORT] (viewer) Listen on this IP address (default 127.0.0.1:8990).

@@ -56,6 +56,7 @@ extension EndReason {
         switch self {
         case .userStopped: return 0
         case .roomEnded: return 30
+        case .replaced: return 55
         case .sourceEnded: return 31
         case .connectionLost: return 32
         case .joinRefused(let error): return error.exitStatus
@@ -72,6 +73,7 @@ extension RoomError {
         case .unauthorized: return 33
         case .noSuchRoom: return 34
         case .refused, .restartUnsupported: return 35
+        case .roomFull: return 54
         case .serverError: return 36
         case .unreachable: return 37
         case .badReply: return 38

@@ -50,14 +50,29 @@ extension JoinCodeError {
 }
 
 /// The room driver a join code asks for.
-func makeDriver(_ invitation: Invitation) -> RoomDriver {
+func makeDriver(_ invitation: Invitation, arguments: Arguments) -> RoomDriver {
     switch invitation.code.service {
+    case .twilio:
+        return TwilioDriver(signalingURL: twilioSignalingURL(invitation, arguments: arguments), token: invitation.code.token,
+                            room: invitation.room)
     case .whip:
         return WhipDriver(endpoint: invitation.code.url, token: invitation.code.token,
                           allowTokenAcrossOrigins: invitation.code.tokenAcrossOrigins)
     case .janus:
         return JanusDriver(baseURL: invitation.code.url, room: invitation.room ?? "")
     }
+}
+
+/// Where a Twilio code's signaling goes: its own `u=`, else `--twilio-url`, else `$KRAKL_TWILIO_URL`
+/// (a malformed value is reported when the agent starts), else Twilio's global endpoint.
+func twilioSignalingURL(_ invitation: Invitation, arguments: Arguments) -> URL {
+    guard invitation.code.urlIsDefault else { return invitation.code.url }
+    if let url = arguments.twilioURL { return url }
+    if let text = ProcessInfo.processInfo.environment["KRAKL_TWILIO_URL"], !text.isEmpty,
+       let url = try? JoinCode.signalingURL(text) {
+        return url
+    }
+    return invitation.code.url
 }
 
 /// The session's settings from the command line and the join code.
@@ -77,7 +92,8 @@ func sharingConfiguration(_ arguments: Arguments, invitation: Invitation, logger
     configuration.connectTimeout = arguments.connectTimeout
     configuration.publisher.label = invitation.identity
     // A WHIP server may name STUN servers in its answer (Link headers): candidates may trickle then.
-    configuration.publisher.trickleLater = invitation.code.service == .whip
+    // Twilio's TURN servers (iced) reach ICE with the answer, and candidates trickle in updates.
+    configuration.publisher.trickleLater = invitation.code.service == .whip || invitation.code.service == .twilio
     configuration.publisher.relayOnly = arguments.relayOnly
     configuration.publisher.turnCAFile = arguments.iceCAFile
     // Resolved by the session when it joins (names, bounded in time), never here.

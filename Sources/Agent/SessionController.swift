@@ -101,7 +101,7 @@ final class SessionController {
             return Refusal(message: error.description, status: error.exitStatus)
         }
         text = ""
-        let driver = makeDriver(invitation)
+        let driver = makeDriver(invitation, arguments: arguments)
         let session = SharingSession(configuration: sharingConfiguration(arguments, invitation: invitation, logger: logger), driver: driver,
                                      identity: invitation.identity, room: invitation.room, logger: logger)
         session.alsoSendTo = alsoSendTo

@@ -10,10 +10,16 @@ import KraklCore
 /// drives libcurl through libdispatch sources, whose manager thread then
 /// stays for the life of the process, and an idle agent must hold no thread
 /// but its main one. `cancel()` from another thread ends a wait at once.
+///
+/// A WebSocket reads on one thread while others write: each OpenSSL call on the connection holds
+/// `io` (one SSL object must not be used by two threads at once), but the waits in poll(2) do not,
+/// so a reader waiting for the server never holds up a writer. Reads and writes may pass a
+/// deadline of their own; without one, the connection's deadline applies.
 final class HTTPConnection: @unchecked Sendable {
     private var fd: Int32 = -1
     private var ssl: OpaquePointer?
     private let deadline: UInt64
+    private let io = NSLock()
     /// "10 s": the time-out as the person set it, for messages.
     private let timeoutText: String
     /// A pipe whose write end `cancel()` closes: every poll also watches the read end.
@@ -40,7 +46,9 @@ final class HTTPConnection: @unchecked Sendable {
     /// handshake; all before the deadline. `what` names the request in errors. With a `proxy`, the
     /// TCP connection goes to the proxy instead; for TLS it is first made a tunnel to `host:port`
     /// (HTTP CONNECT), and the handshake runs inside it with `host`'s name. Call once.
-    func open(host: String, port: Int, tls: TLSContext?, what: String, proxy: HTTPProxy? = nil) throws(RoomError) {
+    /// `tunnel`: go through the proxy by CONNECT even without TLS (a `ws://` WebSocket: a forwarding
+    /// proxy would not pass the upgraded connection on).
+    func open(host: String, port: Int, tls: TLSContext?, what: String, proxy: HTTPProxy? = nil, tunnel alwaysTunnel: Bool = false) throws(RoomError) {
         var hints = addrinfo()
         hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
         hints.ai_family = AF_UNSPEC
@@ -84,7 +92,7 @@ final class HTTPConnection: @unchecked Sendable {
         lock.withLock { fd = connected }
         var one: Int32 = 1
         setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
-        if let proxy, tls != nil {
+        if let proxy, tls != nil || alwaysTunnel {
             do throws(RoomError) { try tunnel(through: proxy, to: host, port: port, what: what) } catch {
                 closeNow()
                 throw error
@@ -140,8 +148,8 @@ final class HTTPConnection: @unchecked Sendable {
         }
     }
 
-    private func waitFor(_ events: Int16, what: String) throws(RoomError) {
-        switch Self.wait(fd, events: events, deadline: deadline, wake: wake.read) {
+    private func waitFor(_ events: Int16, what: String, until: UInt64? = nil) throws(RoomError) {
+        switch Self.wait(fd, events: events, deadline: until ?? deadline, wake: wake.read) {
         case .ready: return
         case .timedOut: throw .unreachable("\(what): no reply within \(timeoutText)")
         case .cancelled: throw .unreachable("\(what): cancelled (leaving)")
@@ -241,47 +249,81 @@ final class HTTPConnection: @unchecked Sendable {
         return String(cString: buffer)
     }
 
-    /// Writes all of `bytes` before the deadline.
-    func write(_ bytes: [UInt8], what: String) throws(RoomError) {
+    /// Writes all of `bytes` before the deadline (`until`, else the connection's).
+    func write(_ bytes: [UInt8], what: String, until: UInt64? = nil) throws(RoomError) {
         var offset = 0
         while offset < bytes.count {
-            let n: Int = bytes[offset...].withUnsafeBytes { raw in
-                if let ssl { return Int(SSL_write(ssl, raw.baseAddress, Int32(raw.count))) }
-                return Glibc.send(fd, raw.baseAddress, raw.count, Int32(MSG_NOSIGNAL))
+            io.lock()
+            let (n, sslError, savedErrno): (Int, Int32, Int32) = bytes[offset...].withUnsafeBytes { raw in
+                if let ssl {
+                    ERR_clear_error()
+                    let n = Int(SSL_write(ssl, raw.baseAddress, Int32(raw.count)))
+                    return (n, n > 0 ? 0 : SSL_get_error(ssl, Int32(n)), 0)
+                }
+                let n = Glibc.send(fd, raw.baseAddress, raw.count, Int32(MSG_NOSIGNAL))
+                return (n, 0, n < 0 ? errno : 0)
             }
+            let failure = n > 0 || sslError == SSL_ERROR_WANT_WRITE || sslError == SSL_ERROR_WANT_READ ? "" : (ssl != nil ? Self.openSSLError() : String(cString: strerror(savedErrno)))
+            let hasSSL = ssl != nil
+            io.unlock()
             if n > 0 { offset += n; continue }
-            if let ssl {
-                let error = SSL_get_error(ssl, Int32(n))
-                if error == SSL_ERROR_WANT_WRITE { try waitFor(Int16(POLLOUT), what: what); continue }
-                if error == SSL_ERROR_WANT_READ { try waitFor(Int16(POLLIN), what: what); continue }
-                throw .unreachable("\(what): sending failed: \(Self.openSSLError())")
+            if hasSSL {
+                if sslError == SSL_ERROR_WANT_WRITE { try waitFor(Int16(POLLOUT), what: what, until: until); continue }
+                if sslError == SSL_ERROR_WANT_READ { try waitFor(Int16(POLLIN), what: what, until: until); continue }
+                throw .unreachable("\(what): sending failed: \(failure)")
             }
-            if errno == EAGAIN || errno == EINTR { try waitFor(Int16(POLLOUT), what: what); continue }
-            throw .unreachable("\(what): sending failed: \(String(cString: strerror(errno)))")
+            if savedErrno == EAGAIN || savedErrno == EINTR { try waitFor(Int16(POLLOUT), what: what, until: until); continue }
+            throw .unreachable("\(what): sending failed: \(failure)")
         }
     }
 
     /// Up to `maximum` bytes, waiting for some before the deadline; empty at the end of the stream.
     func read(maximum: Int, what: String) throws(RoomError) -> [UInt8] {
+        guard let bytes = try read(maximum: maximum, what: what, until: deadline) else {
+            throw .unreachable("\(what): no reply within \(timeoutText)")
+        }
+        return bytes
+    }
+
+    /// Up to `maximum` bytes, waiting for some until `until` (CLOCK_MONOTONIC ns): nil when that
+    /// passed first, empty at the end of the stream. A cancel throws.
+    func read(maximum: Int, what: String, until: UInt64) throws(RoomError) -> [UInt8]? {
         var buffer = [UInt8](repeating: 0, count: maximum)
         while true {
-            let n: Int = buffer.withUnsafeMutableBytes { raw in
-                if let ssl { return Int(SSL_read(ssl, raw.baseAddress, Int32(raw.count))) }
-                return Glibc.recv(fd, raw.baseAddress, raw.count, 0)
+            io.lock()
+            let (n, sslError, savedErrno, peek): (Int, Int32, Int32, UInt) = buffer.withUnsafeMutableBytes { raw in
+                if let ssl {
+                    ERR_clear_error()
+                    let n = Int(SSL_read(ssl, raw.baseAddress, Int32(raw.count)))
+                    return (n, n > 0 ? 0 : SSL_get_error(ssl, Int32(n)), errno, ERR_peek_error())
+                }
+                let n = Glibc.recv(fd, raw.baseAddress, raw.count, 0)
+                return (n, 0, n < 0 ? errno : 0, 0)
             }
+            let hasSSL = ssl != nil
+            let failure = hasSSL && n <= 0 && peek != 0 ? Self.openSSLError() : ""
+            io.unlock()
             if n > 0 { return Array(buffer[0..<n]) }
-            if let ssl {
-                let error = SSL_get_error(ssl, Int32(n))
-                if error == SSL_ERROR_ZERO_RETURN { return [] }
-                if error == SSL_ERROR_WANT_READ { try waitFor(Int16(POLLIN), what: what); continue }
-                if error == SSL_ERROR_WANT_WRITE { try waitFor(Int16(POLLOUT), what: what); continue }
-                // A server that closes without close_notify ends the stream as plain TCP would.
-                if error == SSL_ERROR_SYSCALL || error == SSL_ERROR_SSL, ERR_peek_error() == 0 { return [] }
-                throw .unreachable("\(what): reading failed: \(Self.openSSLError())")
+            let wanted: Int16
+            if hasSSL {
+                if sslError == SSL_ERROR_ZERO_RETURN { return [] }
+                if sslError == SSL_ERROR_WANT_READ { wanted = Int16(POLLIN) } else if sslError == SSL_ERROR_WANT_WRITE { wanted = Int16(POLLOUT) } else {
+                    // A server that closes without close_notify ends the stream as plain TCP would.
+                    if sslError == SSL_ERROR_SYSCALL || sslError == SSL_ERROR_SSL, peek == 0 { return [] }
+                    throw .unreachable("\(what): reading failed: \(failure)")
+                }
+            } else {
+                if n == 0 { return [] }
+                guard savedErrno == EAGAIN || savedErrno == EINTR else {
+                    throw .unreachable("\(what): reading failed: \(String(cString: strerror(savedErrno)))")
+                }
+                wanted = Int16(POLLIN)
             }
-            if n == 0 { return [] }
-            if errno == EAGAIN || errno == EINTR { try waitFor(Int16(POLLIN), what: what); continue }
-            throw .unreachable("\(what): reading failed: \(String(cString: strerror(errno)))")
+            switch Self.wait(fd, events: wanted, deadline: until, wake: wake.read) {
+            case .ready: continue
+            case .timedOut: return nil
+            case .cancelled: throw .unreachable("\(what): cancelled (leaving)")
+            }
         }
     }
 }

@@ -59,7 +59,7 @@ public struct Invitation: Equatable, Sendable, CustomStringConvertible, CustomRe
         var lines = [
             ("service", code.service.displayName),
             ("url", Self.withoutSecrets(code.url)),
-            ("room", room ?? "(set by the WHIP endpoint)"),
+            ("room", room ?? (code.service == .twilio ? "(none named: the server decides)" : "(set by the WHIP endpoint)")),
             ("identity", identity),
             ("expires", expiry),
         ]

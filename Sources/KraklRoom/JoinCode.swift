@@ -1,4 +1,5 @@
 import Foundation
+import KraklCore
 
 /// A join code: what a conference page shows as a QR code so the agent can
 /// join its room. docs/join-codes.md is the specification; in short:
@@ -20,9 +21,18 @@ public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomRefl
         case whip
         /// Janus VideoRoom over Janus's HTTP API: `url` is its base (`http://host:8088/janus`).
         case janus
+        /// Twilio Programmable Video: `url` is the signaling WebSocket (`wss://global.vss.twilio.com/signaling`
+        /// when the code gives none).
+        case twilio
 
         /// The name status lines use.
-        public var displayName: String { self == .whip ? "WHIP" : "Janus VideoRoom" }
+        public var displayName: String {
+            switch self {
+            case .whip: return "WHIP"
+            case .janus: return "Janus VideoRoom"
+            case .twilio: return "Twilio Video"
+            }
+        }
     }
 
     /// The only version this agent reads and writes.
@@ -45,6 +55,9 @@ public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomRefl
     /// `xo=1`: the token may follow a WHIP redirect to another origin (scheme, host, port). Off by
     /// default: a redirect must not hand the credential to a server the page did not name.
     public var tokenAcrossOrigins = false
+    /// The code named no URL (a Twilio code without `u=`, or a bare Twilio access token): `url` is
+    /// Twilio's global signaling endpoint, which `--twilio-url` may replace.
+    public var urlIsDefault = false
 
     /// A code to serialize with `text`. Values are not checked here; a code
     /// made from invalid values serializes to text that does not parse.
@@ -70,6 +83,12 @@ public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomRefl
         }
         // Case-insensitive like any URI scheme; some QR apps upper-case it.
         guard text.utf8.count >= Self.prefix.utf8.count, text.prefix(Self.prefix.count).lowercased() == Self.prefix else {
+            // A QR that holds just a Twilio access token (what a Twilio page shows): a Twilio code.
+            if Self.looksLikeJWT(text) {
+                self = JoinCode(service: .twilio, url: Self.twilioDefaultURL, token: text)
+                urlIsDefault = true
+                return
+            }
             throw fail(.notAJoinCode)
         }
         // Empty fields (a trailing ';') are harmless and skipped.
@@ -106,7 +125,18 @@ public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomRefl
         }
         let kind = try required("k")
         guard let service = Service(rawValue: kind.lowercased()) else { throw fail(.unknownService(JoinCodeError.clip(kind))) }
-        let url = try Self.serviceURL(try required("u"))
+        let url: URL
+        var defaulted = false
+        if service == .twilio {
+            if single["u"] == nil || single["u"]!.isEmpty {
+                url = Self.twilioDefaultURL
+                defaulted = true
+            } else {
+                url = try Self.signalingURL(try Self.decode(single["u"]!, field: "u"))
+            }
+        } else {
+            url = try Self.serviceURL(try required("u"))
+        }
         let token = try required("t")
         var room: String?
         if let raw = single["r"] {
@@ -131,6 +161,39 @@ public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomRefl
         self.room = room
         self.iceServers = servers
         self.tokenAcrossOrigins = acrossOrigins
+        self.urlIsDefault = defaulted
+    }
+
+    /// Twilio's global signaling endpoint (twilio-video.js's default).
+    public static let twilioDefaultURL = URL(string: "wss://global.vss.twilio.com/signaling")!
+
+    /// Three base64url parts whose header decodes to a JSON object: a JWT (judged in full by `AccessToken`).
+    static func looksLikeJWT(_ text: String) -> Bool {
+        let parts = text.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3, text.hasPrefix("eyJ"), let header = Base64URL.decode(parts[0]) else { return false }
+        return header.first == UInt8(ascii: "{")
+    }
+
+    /// A Twilio signaling URL: `wss://`, or `ws://` for a loopback address only (a test server):
+    /// the token must never cross a network in the clear.
+    public static func signalingURL(_ value: String) throws(JoinCodeError) -> URL {
+        func bad(_ reason: String) -> JoinCodeError { .malformedCode(.badURL(reason)) }
+        guard value.unicodeScalars.allSatisfy({ isCodeCharacter($0.value) }), let components = URLComponents(string: value),
+              let url = components.url else {
+            throw bad("\(JoinCodeError.quoted(value)) is not a URL")
+        }
+        guard let scheme = components.scheme?.lowercased(), scheme == "ws" || scheme == "wss" else {
+            throw bad("must be a wss:// URL for a Twilio code (ws:// only for a loopback test server)")
+        }
+        guard let host = components.host, !host.isEmpty else { throw bad("has no host") }
+        guard components.user == nil, components.password == nil else { throw bad("must not contain a user name or password") }
+        if scheme == "ws" {
+            let bare = host.hasPrefix("[") ? String(host.dropFirst().dropLast()) : host
+            guard bare == "localhost" || bare == "::1" || bare.hasPrefix("127.") && IPLiteral.bytes(bare) != nil else {
+                throw bad("is ws:// (unencrypted) to \(bare): only loopback addresses may be reached without TLS; use wss://")
+            }
+        }
+        return url
     }
 
     /// The code as text, fields in the order v, k, u, r, t, ice. Parsing it
@@ -141,7 +204,8 @@ public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomRefl
     /// shortened, no URL query, no ICE credentials.
     private func serialized(display: Bool) -> String {
         let shownURL = display ? Invitation.withoutSecrets(url) : url.absoluteString
-        var fields = ["v=\(version)", "k=\(service.rawValue)", "u=" + Self.encode(shownURL)]
+        var fields = ["v=\(version)", "k=\(service.rawValue)"]
+        if !urlIsDefault { fields.append("u=" + Self.encode(shownURL)) }
         if let room { fields.append("r=" + Self.encode(room)) }
         fields.append("t=" + (display ? String(token.prefix(8)) + "…" : Self.encode(token)))
         if tokenAcrossOrigins { fields.append("xo=1") }
@@ -170,7 +234,7 @@ public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomRefl
     /// What a required field is for, for the message that it is missing.
     static func fieldPurpose(_ name: String) -> String {
         switch name {
-        case "k": return "the service kind, whip or janus"
+        case "k": return "the service kind, whip, janus or twilio"
         case "u": return "the room server's URL"
         case "t": return "the access token"
         default: return "see docs/join-codes.md"

@@ -37,11 +37,21 @@ public protocol RoomDriver: AnyObject, Sendable {
     /// thread, makes that call throw at once instead of at its time-out (a silent server kept a
     /// Ctrl-C waiting 7 s). `leave` still works afterwards, so the server side is cleaned up.
     func abandonJoin()
+
+    /// No more local candidates will come (gathering ended): drivers that can say so tell the server
+    /// (Twilio `complete: true`). Best effort.
+    func endOfCandidates()
+
+    /// What the room server told us about the session, for status lines ("room RM…, participant
+    /// PA…"); nil when the service has nothing to show.
+    var roomDetails: String? { get }
 }
 
 extension RoomDriver {
     /// Drivers without a way to cut a request short wait for its time-out.
     public func abandonJoin() {}
+    public func endOfCandidates() {}
+    public var roomDetails: String? { nil }
 }
 
 /// What the server answered to `publish`.
@@ -66,6 +76,12 @@ public enum RoomEvent: Equatable, Sendable {
     /// The server dropped our media session (Janus `hangup`, `timeout`)
     /// without saying that the room ended.
     case connectionLost(reason: String)
+    /// Another participant with our identity joined, and the server removed us (Twilio 53205).
+    case replaced(reason: String)
+    /// The signaling connection was lost and is being resumed (media goes on meanwhile); not an end.
+    case reconnecting(reason: String)
+    /// The signaling connection was resumed after `reconnecting`.
+    case reconnected
 }
 
 /// Why a request to the room server did not give what was needed. The
@@ -76,9 +92,10 @@ public enum RoomError: Error, Equatable, Sendable, CustomStringConvertible {
     case unauthorized(status: Int, message: String)
     /// The server has no such room or endpoint: 404, Janus "no such room".
     case noSuchRoom(status: Int, message: String)
-    /// Any other refusal (4xx, or a Janus plugin error): the offer, the room
-    /// being full, a method the server does not allow.
+    /// Any other refusal (4xx, or a Janus plugin error): the offer, a method the server does not allow.
     case refused(status: Int, message: String)
+    /// The room has as many participants as it may (Twilio 53105).
+    case roomFull(message: String)
     /// The server is overloaded or failing (5xx, 429/503 after one bounded
     /// wait for Retry-After).
     case serverError(status: Int, message: String)
@@ -102,6 +119,8 @@ public enum RoomError: Error, Equatable, Sendable, CustomStringConvertible {
             return "refused by the room server: \(status) \(message) (no such room: has the meeting ended?)"
         case .refused(let status, let message):
             return "refused by the room server: \(status) \(message)"
+        case .roomFull(let message):
+            return "the room is full: \(message)"
         case .serverError(let status, let message):
             return "the room server failed: \(status) \(message); try again later"
         case .unreachable(let message):

@@ -304,7 +304,8 @@ extension RoomError {
         switch self {
         case .unauthorized(_, let message), .noSuchRoom(_, let message), .refused(_, let message), .serverError(_, let message):
             return message
-        case .unreachable(let message), .badReply(let message), .restartUnsupported(let message), .proxyFailed(_, let message):
+        case .unreachable(let message), .badReply(let message), .restartUnsupported(let message), .proxyFailed(_, let message),
+             .roomFull(let message):
             return message
         }
     }

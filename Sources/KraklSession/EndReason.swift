@@ -8,6 +8,8 @@ public enum EndReason: Equatable, Sendable, CustomStringConvertible {
     /// The room ended on the server's side (host ended the meeting, the backend destroyed the room,
     /// we were removed, the server closed our session). The server's words.
     case roomEnded(String)
+    /// Another participant with our identity joined the room and the server removed us (Twilio 53205).
+    case replaced(String)
     /// The capture source ended (portal session closed, X server gone, file ended).
     case sourceEnded(String)
     /// The network path died and could not be restored (ICE consent expired, restart failed).
@@ -27,6 +29,7 @@ public enum EndReason: Equatable, Sendable, CustomStringConvertible {
         switch self {
         case .userStopped: return "You stopped sharing."
         case .roomEnded(let words): return "Sharing was ended by the room: \(words)."
+        case .replaced(let words): return "Sharing was ended by the room: \(words)."
         case .sourceEnded(let words): return "The screen source was closed (\(words))."
         case .connectionLost(let words): return "Connection lost (\(words))."
         case .joinRefused(let error): return "Could not join the room: \(error)."
@@ -41,6 +44,7 @@ public enum EndReason: Equatable, Sendable, CustomStringConvertible {
         switch self {
         case .userStopped: return "user-stopped"
         case .roomEnded: return "room-ended"
+        case .replaced: return "replaced"
         case .sourceEnded: return "source-ended"
         case .connectionLost: return "connection-lost"
         case .joinRefused: return "join-refused"

@@ -55,6 +55,7 @@ public struct SharingLifecycle: Sendable {
         case tokenExpired(String)
         /// The room ended on the server's side (event, DTLS close_notify, RTCP BYE).
         case roomEnded(String)
+        case replaced(String)
         /// The capture source could not be made or started (no display, permission denied).
         case sourceUnavailable(HostError)
         /// The capture source ended.
@@ -137,6 +138,8 @@ public struct SharingLifecycle: Sendable {
             return end(.tokenExpired(words))
         case (_, .roomEnded(let words)):
             return end(.roomEnded(words))
+        case (_, .replaced(let words)):
+            return end(.replaced(words))
         case (_, .sourceUnavailable(let error)):
             return end(.sourceUnavailable(error))
         case (_, .sourceEnded(let words)):

@@ -49,6 +49,9 @@ public struct SharingStatus: Sendable {
     public var service: String
     public var identity: String
     public var room: String?
+    /// What the room server said of the session ("room RM…, participant PA…, track MT…"; "signaling
+    /// reconnecting" while it is resumed), when the service says anything.
+    public var roomDetails: String?
     public var backend: String?
     /// The publisher's numbers (nil before the publisher exists).
     public var rtc: RtcStats?
@@ -218,7 +221,7 @@ public final class SharingSession: @unchecked Sendable {
         lock.lock()
         let publisher = self.publisher, pipeline = self.pipeline, backend = selection?.entry.name, size = sink?.lastSize
         lock.unlock()
-        return SharingStatus(state: state, service: driver.service, identity: identity, room: room, backend: backend,
+        return SharingStatus(state: state, service: driver.service, identity: identity, room: room, roomDetails: driver.roomDetails, backend: backend,
                              rtc: publisher?.stats, encoder: pipeline?.statistics.summary(window: window),
                              timings: lock.withLock { timings }, width: size?.width, height: size?.height)
     }
@@ -403,6 +406,9 @@ public final class SharingSession: @unchecked Sendable {
             switch event {
             case .roomEnded(let reason): self?.post(.roomEnded(reason))
             case .connectionLost(let reason): self?.post(.connectionLost(reason))
+            case .replaced(let reason): self?.post(.replaced(reason))
+            case .reconnecting(let reason): self?.logger("session", .warning, "the room's signaling connection was lost (\(reason)); reconnecting")
+            case .reconnected: self?.logger("session", .info, "the room's signaling connection was resumed")
             }
         }
         let answer: RoomAnswer

@@ -258,7 +258,7 @@ func outcome(_ reason: EndReason) -> (status: Int32, result: String) {
     case .userStopped: return (0, "ran \(seconds) s")
     case .joinRefused(let error): return (2, "the answer is not usable: \(error)")
     case .connectionLost(let words): return (connected ? 4 : 3, words)
-    case .roomEnded(let words): return (0, words)
+    case .roomEnded(let words), .replaced(let words): return (0, words)
     case .sourceUnavailable(let error): return (5, "capture set-up failed: \(error)")
     case .sourceEnded(let words): return (5, "the source ended: \(words)")
     case .tokenExpired(let words), .failure(let words): return (5, words)

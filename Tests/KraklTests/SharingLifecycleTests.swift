@@ -29,6 +29,7 @@ import Testing
         case .joinFailed(let e): return .joinRefused(e)
         case .tokenExpired(let w): return .tokenExpired(w)
         case .roomEnded(let w): return .roomEnded(w)
+        case .replaced(let w): return .replaced(w)
         case .sourceUnavailable(let e): return .sourceUnavailable(e)
         case .sourceEnded(let w): return .sourceEnded(w)
         case .connectionLost(let w): return .connectionLost(w)
