@@ -1142,12 +1142,14 @@ async def heartbeat_loop(conn):
     while not conn.closed:
         await asyncio.sleep(min(0.05, timeout / 4))
         now = time.monotonic()
-        if conn.silent:
-            conn.last_rx = now  # no judgement while the server plays dead
-            continue
         if now - conn.last_tx >= timeout:
             if await send_frame(conn, {"type": "heartbeat"}):
                 conn.heartbeats_out += 1
+            else:
+                conn.last_tx = now  # dropped (silent): counted in silent_dropped_out
+        if conn.silent:
+            conn.last_rx = now  # no judgement while the server plays dead
+            continue
         if now - conn.last_rx >= 3 * timeout:
             emit({"event": "client-gone", "conn": conn.id, "silent_ms": round((now - conn.last_rx) * 1000, 1),
                   "negotiated_timeout": conn.negotiated_timeout,
@@ -1259,6 +1261,7 @@ async def signaling(request):
                 if conn.participant is not None:
                     conn.participant.bye_received = True
                 emit({"event": "bye", "conn": conn.id, "identity": conn.participant.identity if conn.participant else None})
+                conn.closed_by = conn.closed_by or "after-bye"
                 await close_conn(conn, 1000, "bye", "bye")
             else:
                 await send_frame(conn, {"type": "bad", "reason": f"unknown message type {kind!r}"})
@@ -1396,8 +1399,10 @@ async def finish_completion(participant, conn):
         await asyncio.wait_for(conn.closed_event.wait(), 2.0)
     except asyncio.TimeoutError:
         pass
-    result = {"disconnect": conn.disconnect, "bye": conn.bye, "client_closed": conn.closed and conn.closed_by == "client",
-              "close_code": conn.close_code, "waited_ms": round((time.monotonic() - started) * 1000, 1)}
+    result = {"disconnect": conn.disconnect, "bye": conn.bye,
+              "client_closed": conn.closed and conn.closed_by in ("client", "after-bye"),
+              "closed_by": conn.closed_by if conn.closed else None, "close_code": conn.close_code,
+              "waited_ms": round((time.monotonic() - started) * 1000, 1)}
     participant.completion = result
     emit(dict(result, event="completion", identity=participant.identity, participant=participant.sid))
     if not conn.closed:
