@@ -148,7 +148,7 @@ enum ControlText {
     static func sharing(_ status: ControlStatus?) -> String {
         guard let status else { return "sharing" }
         var text = "\(status.state) in \(status.room.map { "room \($0)" } ?? "the room") as \"\(status.identity ?? "?")\""
-        text += " (\(status.service ?? "?")\(status.backend.map { ", backend \($0)" } ?? ""))"
+        text += " (\(status.service ?? "?")\(status.roomDetails.map { ": \($0)" } ?? "")\(status.backend.map { ", backend \($0)" } ?? ""))"
         if let seconds = status.sharingSeconds { text += String(format: " for %.0f s", seconds) }
         if let connection = status.connection { text += " | \(connection)" + (status.path.map { " \($0)" } ?? "") }
         if let rtt = status.rttMs { text += String(format: " | rtt %.0f ms", rtt) }

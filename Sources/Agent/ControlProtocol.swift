@@ -60,6 +60,8 @@ struct ControlStatus: Codable, Equatable {
     var room: String?
     var identity: String?
     var service: String?
+    /// What the room server said of the session: "room RM…, participant PA…, track MT…" (Twilio).
+    var roomDetails: String?
     var backend: String?
     /// The backend option naming what is captured (`source` or `scene`), when one was given.
     var source: String?

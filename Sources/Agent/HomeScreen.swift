@@ -401,6 +401,7 @@ final class HomeScreen: @unchecked Sendable {
         }
         lines.append(screen.emphasis(screen.fit("State:     " + state), colour: now.state == "sharing" ? 32 : 33))
         lines.append(screen.fit("Room:      \(now.room ?? "-") (\(now.service ?? "-"))"))
+        if let details = now.roomDetails { lines.append(screen.fit("           \(details)")) }
         lines.append(screen.fit("Identity:  \(now.identity ?? "-")"))
         lines.append(screen.fit("Backend:   \(now.backend ?? "-")" + (now.source.map { ", \($0)" } ?? "")))
         let size = now.width.flatMap { w in now.height.map { "\(w)x\($0)" } } ?? "-"

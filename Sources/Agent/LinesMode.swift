@@ -231,8 +231,10 @@ final class LinesMode: @unchecked Sendable {
         case .preparing: words = "preparing the screen source…"
         case .joining: words = "joining \(current.place) on \(current.service) as \"\(identity)\" (token \(invitation.token.shortened))…"
         case .sharing:
-            let timings = controller.sessionStatus()?.timings.summary ?? ""
-            words = "sharing the screen in \(current.place) as \"\(identity)\" (\(timings)); Ctrl-C stops"
+            let status = controller.sessionStatus()
+            let timings = status?.timings.summary ?? ""
+            let details = status?.roomDetails.map { "; \($0)" } ?? ""
+            words = "sharing the screen in \(current.place) as \"\(identity)\" (\(timings)\(details)); Ctrl-C stops"
         case .reconnecting: words = "the connection dropped; restarting ICE through the room…"
         case .leaving: words = "leaving the room…"
         case .idle: return

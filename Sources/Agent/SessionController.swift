@@ -201,6 +201,7 @@ final class SessionController {
         result.room = now.room
         result.identity = now.identity
         result.service = now.service
+        result.roomDetails = now.roomDetails
         result.backend = now.backend
         result.source = arguments.options.first { $0.key == "source" || $0.key == "scene" }.map { "\($0.key) \($0.value.serialized)" }
         result.width = now.width

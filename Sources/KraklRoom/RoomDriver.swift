@@ -82,6 +82,8 @@ public enum RoomEvent: Equatable, Sendable {
     case reconnecting(reason: String)
     /// The signaling connection was resumed after `reconnecting`.
     case reconnected
+    /// Something the person may want to know that changes nothing (a message the driver skipped).
+    case notice(String)
 }
 
 /// Why a request to the room server did not give what was needed. The

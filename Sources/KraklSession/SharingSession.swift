@@ -409,6 +409,7 @@ public final class SharingSession: @unchecked Sendable {
             case .replaced(let reason): self?.post(.replaced(reason))
             case .reconnecting(let reason): self?.logger("session", .warning, "the room's signaling connection was lost (\(reason)); reconnecting")
             case .reconnected: self?.logger("session", .info, "the room's signaling connection was resumed")
+            case .notice(let words): self?.logger("session", .warning, words)
             }
         }
         let answer: RoomAnswer

@@ -22,6 +22,26 @@ Output: one JSON object per line on stdout, each with t_ms (CLOCK_MONOTONIC in m
 {"event": "ready", "ws_port": P, "rest_port": Q} first, then one line per event, and
 {"report": {...}} (the /test/state snapshot) when stdin reaches its end or --seconds pass; exit 0.
 
+Events (the "event" field): ws-open, hello, welcome, iced, client-heartbeat (the first), bad-sent,
+busy-cookie, connect, room-created, token-rejected, error-sent, duplicate-identity, track-mapping,
+connected, track, pc-state, first-frame, frames (each second while the count grows), track-ended,
+ice, participant-update, update-subscribe/-media-signaling/-bandwidth-profile, offer, answer,
+reoffer, sync, synced, sync-replaces-socket, sync-token-expired, disconnect, bye, ws-closing
+(the server closes), ws-close, client-gone (3 x negotiatedTimeout without a frame: closed 3001),
+participant-reconnecting, session-expired, participant-removed, room-completed, completion,
+rest, fault, rsp-unexpected, rsp-unknown, session-mismatch, unknown-pc.
+
+Choices where the protocol notes say nothing: a token without identity is 20101; a sync for an
+unknown or expired session (and --fault refuse-sync) gets 53002 (the SDK's "signaling session
+expires" error), a sync into a completed room 53118; a sync with an expired token still resumes
+(logged); `synced` names the session's pc as [{id}] (an SDK client closes the pcs a synced leaves
+out; --synced-without-pcs sends []); a connect without a room name or grant room makes a room
+named by its SID; after an `error` the server closes (1000) unless the client did within
+--error-close-delay; after `bye` the server closes 1000; unknown-type, huge-message,
+silent-after-connected and close-after-connected fire --fault-after seconds after connected (the
+first socket), bad-json, not-object, connected-without-participant and wrong-answer-revision
+replace or alter the answer to the first connect.
+
 Run with /opt/krakl-venv/bin/python (aiortc 1.16, aiohttp, pyjwt).
 """
 import argparse
@@ -38,7 +58,6 @@ import ssl
 import sys
 import time
 import urllib.parse
-import uuid
 
 import jwt
 from aiohttp import WSMsgType, web
@@ -596,7 +615,7 @@ def make_pc(participant):
         section = next((s for s in participant.offer_sections if s["mid"] == mid), None)
         entry = {"kind": track.kind, "mid": mid, "msid_track": section["msid_track"] if section else None}
         participant.tracks_received.append(entry)
-        emit(dict(entry, event="track", identity=participant.identity, participant=participant.sid))
+        emit({"event": "track", "identity": participant.identity, "participant": participant.sid, **entry})
         if track.kind == "video":
             asyncio.ensure_future(consume(participant, track, mid))
     return pc
@@ -1164,7 +1183,7 @@ async def handle_hello(conn, message):
     info = {"id": message.get("id"), "version": message.get("version"), "timeout": message.get("timeout"),
             "cookie": message.get("cookie"), "body_type": body.get("type") if isinstance(body, dict) else None}
     conn.hellos.append(info)
-    entry = dict(info, event="hello", conn=conn.id, n=WORLD.hello_count)
+    entry = {"event": "hello", "conn": conn.id, "n": WORLD.hello_count, **info}
     if isinstance(body, dict) and body.get("type") == "ice":
         entry["ice_body"] = {"version": body.get("version"), "edge": body.get("edge"), "token_present": "token" in body}
     emit(entry)
@@ -1326,7 +1345,7 @@ async def rest_middleware(request, handler):
     ok = authorized(request)
     entry["authorized"] = ok
     WORLD.rest_requests.append(entry)
-    emit(dict(entry, event="rest"))
+    emit({"event": "rest", **entry})
     if not ok:
         response = rest_error(401, 20003, "Authenticate")
         response.headers["WWW-Authenticate"] = 'Basic realm="Twilio API"'
@@ -1404,7 +1423,7 @@ async def finish_completion(participant, conn):
               "closed_by": conn.closed_by if conn.closed else None, "close_code": conn.close_code,
               "waited_ms": round((time.monotonic() - started) * 1000, 1)}
     participant.completion = result
-    emit(dict(result, event="completion", identity=participant.identity, participant=participant.sid))
+    emit({"event": "completion", "identity": participant.identity, "participant": participant.sid, **result})
     if not conn.closed:
         await close_conn(conn, 1000, "room completed", "room-completed")
     await remove_participant(participant, "room-completed")

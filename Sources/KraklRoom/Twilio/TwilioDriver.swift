@@ -143,9 +143,12 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
             throw .unreachable("Twilio: the join was cancelled")
         }
         self.socket = socket
+        // From here the attempt is done: cancelling it would cut the live socket.
+        self.attempt = nil
         state.unlock()
-        startReader()
+        // The hello before the reader: it times the welcome from the hello it finds sent.
         try sendHello(on: socket, body: nil)
+        startReader()
 
         // iced (or its time-out), then connect.
         try wait(until: min(deadline, MonotonicClock.nanoseconds() + UInt64((timeouts.welcome * Double(timeouts.hellos) + timeouts.iced) * 1e9))) {
@@ -189,6 +192,11 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
 
     public func abandonJoin() {
         state.lock()
+        // Once connected there is no join to abandon: `leave` says goodbye on the live socket.
+        guard phase == .idle || phase == .joining else {
+            state.unlock()
+            return
+        }
         abandoned = true
         let attempt = self.attempt
         state.broadcast()
@@ -328,7 +336,7 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
                     continue
                 }
                 wake = min(wake, beat, lastReceived + 3 * negotiated)
-            } else if phase == .joining || phase == .reconnecting {
+            } else if hellos > 0, phase == .joining || phase == .reconnecting {
                 let welcomeBy = helloSentAt + UInt64(timeouts.welcome * 1e9)
                 if now >= welcomeBy {
                     if hellos >= timeouts.hellos, phase == .reconnecting {
@@ -384,6 +392,14 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
             for text in flush { try? socket.send(text: text) }
         case .heartbeat, .bye:
             break
+        case .unknown(let type):
+            // While joining, nothing but the handshake's frames may come; afterwards it is news we skip.
+            if state.withLock({ phase == .joining }) {
+                failJoin(.badReply("Twilio 53003: the signaling server sent a frame of unknown type \"\(type)\""))
+                socket.close(code: 1002, reason: "invalid message")
+                return .stop
+            }
+            deliver(.notice("the Twilio signaling server sent a frame of unknown type \"\(type)\"; ignored"), final: false)
         case .bad(let reason):
             if state.withLock({ !welcomed }) {
                 failJoin(.refused(status: 53000, message: "Twilio 53000: the signaling server refused our hello (\(reason))"))
@@ -434,9 +450,13 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
             endFromServer(.roomEnded(reason: words), socket: socket)
             return .stop
         case .error(let code, let message):
-            let joining = state.withLock { phase == .joining }
+            let (joining, resuming) = state.withLock { (phase == .joining, phase == .reconnecting) }
             if joining {
                 failJoin(Self.joinError(code: code, message: message))
+            } else if resuming {
+                state.withLock { phase = .over }
+                deliver(.connectionLost(reason: "the room server refused to resume our session (Twilio \(code): \(message))"))
+                return .stop
             } else if code == 53205 {
                 endFromServer(.replaced(reason: "the same identity joined the room elsewhere (Twilio 53205: \(message))"), socket: socket)
             } else {
@@ -565,6 +585,7 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
                 let keep = state.withLock { () -> Bool in
                     guard self.phase == .reconnecting else { return false }
                     self.socket = fresh
+                    self.attempt = nil
                     return true
                 }
                 guard keep else { fresh.invalidate(); return }

@@ -94,6 +94,8 @@ public enum TwilioMessages {
         case bad(reason: String)
         case busy(retryAfter: Int, keepAlive: Bool, cookie: String?)
         case bye
+        /// A type this client does not know: the SDK only reports it (an error event) and goes on.
+        case unknown(type: String)
     }
 
     /// An RSP message from the server, with what the driver uses of it.
@@ -186,7 +188,7 @@ public enum TwilioMessages {
             guard let body = object["body"] as? [String: Any] else { throw Malformed("a msg without an object body") }
             return .message(try parseRsp(body))
         default:
-            throw Malformed("a frame of unknown type \"\(clip(type, 40))\"")
+            return .unknown(type: clip(type, 40))
         }
     }
 

@@ -1,0 +1,206 @@
+import Foundation
+import Glibc
+import KraklCore
+import Testing
+
+/// `krakl-agent --join` into a Twilio Video room: the agent's Twilio driver against the room
+/// emulator (Tests/Fixtures/twilio_room.py, built from twilio-video.js's behaviour), tokens made by
+/// Twilio's own helper library, aiortc decoding what the agent publishes. Every bound on time here
+/// guards against a hang (about ten times what is expected); the times themselves are measured by
+/// `krakl-bench room --service twilio` (docs/PERFORMANCE.md).
+@Suite(.serialized) struct TwilioRoomTests {
+    static let identity = "Ada's screen"
+
+    /// Shares until ≥ 30 frames are decoded; checks what the room saw of us.
+    func sharesTheScreenOnly(_ room: TwilioTestRoom, _ agent: DtlsTestProcess) throws {
+        #expect(agent.waitFor("sharing", timeout: 30), "the agent never shared: \(agent.log.suffix(1500))")
+        let seen = try room.waitForParticipant(Self.identity, timeout: 30) { (TwilioTestRoom.frames($0)["decoded"] as? Int ?? 0) >= 30 }
+        let frames = TwilioTestRoom.frames(seen)
+        #expect((frames["decoded"] as? Int ?? 0) >= 30, "frames decoded at the room: \(frames)")
+        #expect(frames["stamps_in_order"] as? Bool == true && frames["stamps_decreasing"] as? Int == 0, "frame stamps: \(frames)")
+        #expect((frames["stamps_read"] as? Int ?? 0) >= 27, "frame stamps unreadable: \(frames)")
+
+        // Twilio's REST view: the identity, one published video track named "screen", nothing else.
+        let (status, listed) = try room.restCall("GET", "/v1/Rooms/\(room.room)/Participants?Status=connected")
+        let participants = listed["participants"] as? [[String: Any]] ?? []
+        #expect(status == 200 && participants.count == 1 && participants.first?["identity"] as? String == Self.identity, "\(listed)")
+        let sid = participants.first?["sid"] as? String ?? "?"
+        let (_, published) = try room.restCall("GET", "/v1/Rooms/\(room.room)/Participants/\(sid)/PublishedTracks")
+        let tracks = published["published_tracks"] as? [[String: Any]] ?? []
+        #expect(tracks.count == 1 && tracks.first?["kind"] as? String == "video" && tracks.first?["name"] as? String == "screen", "\(published)")
+
+        // The connect itself: one sendonly video m-section whose msid track is the announced track, a
+        // subscription to nothing, no media-signaling channels, RSP's unified format.
+        let connect = try #require(room.events("connect").last, "the emulator saw no connect")
+        let sections = connect["m_sections"] as? [[String: Any]] ?? []
+        #expect(sections.count == 1 && sections.first?["kind"] as? String == "video" && sections.first?["direction"] as? String == "sendonly",
+                "offer m-sections: \(sections)")
+        #expect(seen?["track_mapping"].flatMap { ($0 as? [String: Any])?["ok"] as? Bool } == true, "track mapping: \(seen?["track_mapping"] ?? "none")")
+        let rules = (connect["subscribe"] as? [String: Any])?["rules"] as? [[String: Any]] ?? []
+        #expect(rules.count == 1 && rules.first?["type"] as? String == "exclude" && rules.first?["all"] as? Bool == true, "subscribe: \(connect["subscribe"] ?? "none")")
+        #expect((connect["media_signaling"] as? [String: Any])?.isEmpty == true)
+        #expect(connect["format"] as? String == "unified")
+        #expect(connect["token_present"] as? Bool == true)
+        // The status line names the room and our participant and track as Twilio gave them.
+        #expect(agent.waitFor("RM", timeout: 5) && agent.log.contains("MT"), "the status shows no room/track SIDs: \(agent.log.suffix(600))")
+    }
+
+    @Test(arguments: ["code", "bare token"])
+    func joinsSharesAndEndsWhenTheRoomIsCompleted(form: String) throws {
+        guard let room = try TwilioTestRoom() else { return }
+        let agent: DtlsTestProcess
+        let token = try room.token(identity: Self.identity)
+        if form == "code" {
+            agent = try room.agent(try room.code(identity: Self.identity))
+        } else {
+            // A QR holding only the JWT: the default URL, overridden for the test by --twilio-url.
+            agent = try room.agent(try room.file(token), arguments: ["--twilio-url", room.signalingURL])
+        }
+        defer { agent.stop() }
+        try sharesTheScreenOnly(room, agent)
+
+        let asked = try room.complete()
+        let status = TwilioTestRoom.waitExit(agent, seconds: 20)
+        let ms = (agent.exitedAtMs ?? .infinity) - asked
+        print(String(format: "twilio (%@): room completed → agent exited %.0f ms later", form, ms))
+        #expect(status == 30, "exit \(status.map(String.init) ?? "none") (30 = room ended): \(agent.log.suffix(800))")
+        #expect(agent.log.contains("Sharing was ended by the room: the meeting was ended (Twilio 53118)."), "\(agent.log.suffix(400))")
+        let after = try room.waitForParticipant(Self.identity, timeout: 5) { $0["disconnect_received"] as? Bool == true }
+        #expect(after?["disconnect_received"] as? Bool == true && after?["bye_received"] as? Bool == true, "goodbye after completion: \(after ?? [:])")
+        let signature = String(token.split(separator: ".").last ?? "")
+        #expect(signature.count > 20 && !agent.log.contains(signature), "the token's signature appeared in the agent's output")
+    }
+
+    @Test func sigtermSaysDisconnectAndByeAndClosesNormally() throws {
+        guard let room = try TwilioTestRoom() else { return }
+        let agent = try room.agent(try room.code(identity: Self.identity))
+        defer { agent.stop() }
+        #expect(agent.waitFor("sharing", timeout: 30), "the agent never shared: \(agent.log.suffix(1500))")
+        _ = try room.waitForParticipant(Self.identity) { (TwilioTestRoom.frames($0)["decoded"] as? Int ?? 0) >= 5 }
+        agent.signal(SIGTERM)
+        let status = TwilioTestRoom.waitExit(agent, seconds: 20)
+        #expect(status == 0, "exit \(status.map(String.init) ?? "none"): \(agent.log.suffix(600))")
+        #expect(agent.log.contains("You stopped sharing."))
+        let record = try room.waitForParticipant(Self.identity, timeout: 5) { $0["ws_close_code"] as? Int != nil }
+        #expect(record?["disconnect_received"] as? Bool == true, "no disconnect: \(record ?? [:])")
+        #expect(record?["bye_received"] as? Bool == true, "no bye: \(record ?? [:])")
+        #expect(record?["ws_close_code"] as? Int == 1000, "close code: \(record?["ws_close_code"] ?? "none")")
+        #expect(record?["syncs"] as? Int == 0, "a stop must not reconnect: \(record ?? [:])")
+    }
+
+    // MARK: Refusals
+
+    @Test func aForgedSignatureIsRefusedWithTwiliosCode() throws {
+        guard let room = try TwilioTestRoom() else { return }
+        let forged = try room.token(identity: Self.identity, secret: "not-the-room-secret")
+        let agent = try room.agent(try room.file("krakl:v=1;k=twilio;u=\(room.signalingURL);t=\(forged)"))
+        defer { agent.stop() }
+        let status = TwilioTestRoom.waitExit(agent, seconds: 30)
+        #expect(status == 33, "exit \(status.map(String.init) ?? "none") (33 = token refused): \(agent.log.suffix(600))")
+        #expect(agent.log.contains("20107"), "Twilio's code is not in the message: \(agent.log.suffix(400))")
+    }
+
+    @Test(arguments: [("--expired", "expired"), ("--nbf-offset", "not valid before")])
+    func expiredAndFutureTokensAreRefusedBeforeConnecting(flag: String, words: String) throws {
+        guard let room = try TwilioTestRoom() else { return }
+        let token = try room.token(identity: Self.identity, extra: flag == "--expired" ? [flag] : [flag, "3600"])
+        let agent = try room.agent(try room.file("krakl:v=1;k=twilio;u=\(room.signalingURL);t=\(token)"))
+        defer { agent.stop() }
+        let status = TwilioTestRoom.waitExit(agent, seconds: 30)
+        #expect(status == 39, "exit \(status.map(String.init) ?? "none") (39 = token expired): \(agent.log.suffix(600))")
+        #expect(agent.log.contains(words), "\(agent.log.suffix(400))")
+        _ = room.waitForEvent("\u{1}never", timeout: 0.5)   // anything the agent sent would be logged by now
+        #expect(room.events("ws-open").isEmpty, "the agent connected with a token it knew was unusable")
+    }
+
+    @Test func aCodeWhoseRoomDiffersFromTheTokensIsRefused() throws {
+        guard let room = try TwilioTestRoom() else { return }
+        let token = try room.token(identity: Self.identity)
+        let agent = try room.agent(try room.file("krakl:v=1;k=twilio;u=\(room.signalingURL);r=another-room;t=\(token)"))
+        defer { agent.stop() }
+        #expect(TwilioTestRoom.waitExit(agent, seconds: 30) == 43, "\(agent.log.suffix(400))")
+    }
+
+    @Test(arguments: [
+        (["--max-participants", "0"], Int32(54), "53105"),
+        (["--require-room-exists"], Int32(34), "53106"),
+        (["--error-code", "20106"], Int32(33), "20106"),
+        (["--error-code", "53999"], Int32(35), "53999"),
+    ])
+    func theRoomsRefusalsHaveTheirOwnStatus(arguments: [String], status expected: Int32, code: String) throws {
+        guard let room = try TwilioTestRoom(arguments) else { return }
+        let agent = try room.agent(try room.code(identity: Self.identity))
+        defer { agent.stop() }
+        let status = TwilioTestRoom.waitExit(agent, seconds: 30)
+        #expect(status == expected, "\(arguments): exit \(status.map(String.init) ?? "none"), wanted \(expected): \(agent.log.suffix(600))")
+        #expect(agent.log.contains(code), "\(arguments): Twilio's code \(code) is not in: \(agent.log.suffix(400))")
+    }
+
+    @Test func theSameIdentityJoiningElsewhereReplacesUs() throws {
+        guard let room = try TwilioTestRoom() else { return }
+        let first = try room.agent(try room.code(identity: Self.identity))
+        defer { first.stop() }
+        #expect(first.waitFor("sharing", timeout: 30), "the first agent never shared: \(first.log.suffix(800))")
+        let second = try room.agent(try room.code(identity: Self.identity))
+        defer { second.stop() }
+        let status = TwilioTestRoom.waitExit(first, seconds: 30)
+        #expect(status == 55, "the replaced agent exited \(status.map(String.init) ?? "none") (55 = replaced): \(first.log.suffix(600))")
+        #expect(first.log.contains("53205"))
+        #expect(second.waitFor("sharing", timeout: 30), "the second agent never shared: \(second.log.suffix(800))")
+    }
+
+    // MARK: A server that misbehaves
+
+    @Test(arguments: [
+        ("no-welcome", Int32(37)), ("no-connected", Int32(37)), ("bad-json", Int32(38)), ("not-object", Int32(38)),
+        ("connected-without-participant", Int32(38)), ("wrong-answer-revision", Int32(38)),
+    ])
+    func aBrokenJoinEndsWithAClearStatus(fault: String, expected: Int32) throws {
+        guard let room = try TwilioTestRoom(["--fault", fault]) else { return }
+        let agent = try room.agent(try room.code(identity: Self.identity))
+        defer { agent.stop() }
+        let status = TwilioTestRoom.waitExit(agent, seconds: 60)
+        #expect(status == expected, "\(fault): exit \(status.map(String.init) ?? "none"), wanted \(expected): \(agent.log.suffix(600))")
+        #expect(agent.log.contains("Could not join the room"), "\(fault): \(agent.log.suffix(400))")
+    }
+
+    @Test(arguments: ["silent-after-connected", "close-after-connected", "huge-message"])
+    func aLostSignalingSocketIsResumedWithSync(fault: String) throws {
+        guard let room = try TwilioTestRoom(["--fault", fault, "--fault-after", "1"]) else { return }
+        let agent = try room.agent(try room.code(identity: Self.identity))
+        defer { agent.stop() }
+        #expect(agent.waitFor("sharing", timeout: 30), "the agent never shared: \(agent.log.suffix(1500))")
+        #expect(room.waitForEvent("synced", timeout: 40) != nil, "\(fault): no sync/synced: \(agent.log.suffix(800))")
+        #expect(agent.log.contains("reconnecting"), "\(fault): the agent did not say it was reconnecting: \(agent.log.suffix(600))")
+        #expect(agent.isRunning, "\(fault): the agent ended: \(agent.log.suffix(600))")
+        // Media went on through the reconnect, and the room still ends it as usual.
+        let before = TwilioTestRoom.frames(try room.participant(Self.identity))["decoded"] as? Int ?? 0
+        let later = try room.waitForParticipant(Self.identity) { (TwilioTestRoom.frames($0)["decoded"] as? Int ?? 0) >= before + 30 }
+        #expect((TwilioTestRoom.frames(later)["decoded"] as? Int ?? 0) >= before + 30, "\(fault): frames stopped after the reconnect")
+        _ = try room.complete()
+        #expect(TwilioTestRoom.waitExit(agent, seconds: 20) == 30, "\(fault): \(agent.log.suffix(600))")
+    }
+
+    /// A frame of a type the client does not know, after joining: skipped (the SDK only reports it).
+    @Test func anUnknownFrameAfterJoiningIsSkipped() throws {
+        guard let room = try TwilioTestRoom(["--fault", "unknown-type", "--fault-after", "1"]) else { return }
+        let agent = try room.agent(try room.code(identity: Self.identity))
+        defer { agent.stop() }
+        #expect(agent.waitFor("unknown type \"weird\"", timeout: 30), "\(agent.log.suffix(800))")
+        #expect(agent.isRunning, "\(agent.log.suffix(600))")
+        _ = try room.complete()
+        #expect(TwilioTestRoom.waitExit(agent, seconds: 20) == 30, "\(agent.log.suffix(600))")
+    }
+
+    /// The signaling server dies: reconnects are refused until the server's 3 s window has passed.
+    @Test func aReconnectPastTheWindowIsConnectionLost() throws {
+        guard let room = try TwilioTestRoom(["--session-timeout", "3"]) else { return }
+        let agent = try room.agent(try room.code(identity: Self.identity))
+        defer { agent.stop() }
+        #expect(agent.waitFor("sharing", timeout: 30), "the agent never shared: \(agent.log.suffix(1500))")
+        room.process.send(signal: SIGKILL)
+        let status = TwilioTestRoom.waitExit(agent, seconds: 60)
+        #expect(status == 32, "exit \(status.map(String.init) ?? "none") (32 = connection lost): \(agent.log.suffix(800))")
+        #expect(agent.log.contains("not resumed within 3 s"), "\(agent.log.suffix(600))")
+    }
+}
