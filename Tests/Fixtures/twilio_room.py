@@ -629,10 +629,12 @@ async def answer_offer(participant, sdp):
 
 
 def check_track_mapping(participant):
-    sendonly = [s for s in participant.offer_sections if s["direction"] in ("sendonly", "sendrecv") and s["port"] != 0]
-    msids = [s["msid_track"] for s in sendonly]
+    # A sending m-section is sendonly or sendrecv: twilio-video.js offers its published tracks
+    # sendrecv (it offers to receive too), an agent that only publishes offers them sendonly.
+    sending = [s for s in participant.offer_sections if s["direction"] in ("sendonly", "sendrecv") and s["port"] != 0]
+    msids = [s["msid_track"] for s in sending]
     announced = [t.get("id") for t in participant.tracks]
-    missing = [i for i in announced if i not in [s["msid_track"] for s in sendonly if s["direction"] == "sendonly"]]
+    missing = [i for i in announced if i not in msids]
     unannounced = [m for m in msids if m not in announced]
     ok = not missing and not unannounced
     participant.track_mapping = {"ok": ok, "announced": announced, "offer_msid_tracks": msids,
@@ -983,13 +985,16 @@ async def handle_description(participant, description):
             entry["glare"] = True
             emit(entry)
             return None
+        # aiortc fires `track` inside setRemoteDescription: the new sections must be there by
+        # then, or a track added by this offer is logged without its msid.
+        previous_sections, participant.offer_sections = participant.offer_sections, sections
         try:
             answer = await answer_offer(participant, description["sdp"])
         except Exception as error:  # noqa: BLE001
+            participant.offer_sections = previous_sections
             entry["error"] = str(error)
             emit(entry)
             return None
-        participant.offer_sections = sections
         participant.offer_revision = revision
         participant.answer_revision = revision
         participant.description_revision = revision
