@@ -228,6 +228,112 @@ def numbering_kept(client_sections, server_sections):
     return not changes, changes
 
 
+def _sdp_blocks(sdp):
+    """[session lines, m-section lines...] of an SDP."""
+    blocks = [[]]
+    for line in (sdp or "").replace("\r\n", "\n").rstrip("\n").split("\n"):
+        if line.startswith("m="):
+            blocks.append([])
+        blocks[-1].append(line)
+    return blocks
+
+
+def _numbering(block):
+    mid, rtpmap, fmtp, extmap = None, {}, {}, {}
+    for line in block:
+        if line.startswith("a=mid:"):
+            mid = line[len("a=mid:"):]
+        elif line.startswith("a=rtpmap:"):
+            pt, _, codec = line[len("a=rtpmap:"):].partition(" ")
+            rtpmap[pt] = codec.strip().lower()
+        elif line.startswith("a=fmtp:"):
+            pt, _, params = line[len("a=fmtp:"):].partition(" ")
+            fmtp[pt] = {k.strip().lower(): v.strip().lower() for k, _, v in
+                        (kv.partition("=") for kv in params.split(";")) if k.strip()}
+        elif line.startswith("a=extmap:"):
+            ident, _, rest = line[len("a=extmap:"):].partition(" ")
+            if rest.split():
+                extmap[ident.split("/")[0]] = rest.split()[0]
+    return mid, rtpmap, fmtp, extmap
+
+
+def _codec_key(pt, rtpmap, fmtp):
+    codec = rtpmap.get(pt, "")
+    params = fmtp.get(pt, {})
+    name = codec.split("/")[0]
+    if name == "h264":
+        return codec, params.get("packetization-mode", "0"), params.get("profile-level-id", "")
+    if name == "vp9":
+        return codec, params.get("profile-id", "0")
+    return (codec,)
+
+
+def keep_client_numbering(sdp, client_sdp):
+    """A server re-offer made by aiortc, with each payload type and header-extension id put back to
+    the number the client's own SDP gave it for that mid. aiortc numbers its re-offers afresh, and
+    Chrome answers a renumbered re-offer without an error but then stops delivering the media
+    (twilio-video.js in Chromium 156, checked); the real service keeps the client's numbering.
+    Codecs or extensions the client's SDP lacks get numbers it does not use; aiortc takes the
+    numbering of the answer, so its receiver follows."""
+    client = {}
+    used_pts = set()
+    for block in _sdp_blocks(client_sdp)[1:]:
+        mid, rtpmap, fmtp, extmap = _numbering(block)
+        client[mid] = (rtpmap, fmtp, extmap)
+        used_pts.update(rtpmap)
+        if block and len(block[0].split()) > 3:
+            used_pts.update(block[0].split()[3:])
+    out = _sdp_blocks(sdp)[:1]
+    for block in _sdp_blocks(sdp)[1:]:
+        mid, rtpmap, fmtp, extmap = _numbering(block)
+        if mid not in client:
+            out.append(block)
+            continue
+        c_rtpmap, c_fmtp, c_extmap = client[mid]
+        by_key = {}
+        for pt in c_rtpmap:
+            if not c_rtpmap[pt].startswith("rtx/"):
+                by_key.setdefault(_codec_key(pt, c_rtpmap, c_fmtp), pt)
+        c_rtx = {c_fmtp.get(pt, {}).get("apt"): pt for pt in c_rtpmap if c_rtpmap[pt].startswith("rtx/")}
+        pt_map = {}
+        for pt in rtpmap:
+            if not rtpmap[pt].startswith("rtx/") and _codec_key(pt, rtpmap, fmtp) in by_key:
+                pt_map[pt] = by_key[_codec_key(pt, rtpmap, fmtp)]
+        for pt in rtpmap:
+            apt = fmtp.get(pt, {}).get("apt")
+            if rtpmap[pt].startswith("rtx/") and apt in pt_map and pt_map[apt] in c_rtx:
+                pt_map[pt] = c_rtx[pt_map[apt]]
+        fmts = block[0].split()[3:]
+        taken = used_pts | set(pt_map.values())
+        free = (str(n) for n in list(range(96, 128)) + list(range(35, 64)) if str(n) not in taken)
+        for pt in fmts:
+            if pt not in pt_map:
+                pt_map[pt] = pt if pt not in taken else next(free)
+        id_by_uri = {uri: ident for ident, uri in c_extmap.items()}
+        new = []
+        for line in block:
+            if line.startswith("m="):
+                head = line.split()[:3]
+                line = " ".join(head + [pt_map.get(pt, pt) for pt in fmts])
+            elif line.startswith(("a=rtpmap:", "a=fmtp:", "a=rtcp-fb:")):
+                prefix, _, rest = line.partition(":")
+                pt, _, tail = rest.partition(" ")
+                if line.startswith("a=fmtp:") and "apt=" in tail:
+                    tail = ";".join(f"apt={pt_map.get(kv.split('=', 1)[1], kv.split('=', 1)[1])}"
+                                    if kv.strip().startswith("apt=") else kv for kv in tail.split(";"))
+                line = f"{prefix}:{pt_map.get(pt, pt)} {tail}".rstrip()
+            elif line.startswith("a=extmap:"):
+                ident, _, rest = line[len("a=extmap:"):].partition(" ")
+                uri = rest.split()[0] if rest.split() else None
+                if uri not in id_by_uri:
+                    continue  # an extension the client never offered: left out, not renumbered
+                direction = ("/" + ident.split("/", 1)[1]) if "/" in ident else ""
+                line = f"a=extmap:{id_by_uri[uri]}{direction} {rest}"
+            new.append(line)
+        out.append(new)
+    return "\r\n".join(line for block in out for line in block) + "\r\n"
+
+
 # ---------------------------------------------------------------------------------------------
 # State
 
@@ -286,6 +392,7 @@ class Participant:
         self.pc_id = None
         self.pc_ids = []
         self.offer_sections = []
+        self.client_sdp = None  # the client's last offer, as sent: the numbering a re-offer keeps
         self.offer_revision = None
         self.answer_revision = None
         self.description_revision = None  # the last revision of an offer/answer exchange
@@ -768,6 +875,7 @@ async def handle_connect(conn, body):
     participant.pc_id = pc_state.get("id")
     participant.pc_ids = [p.get("id") for p in pcs if isinstance(p, dict)]
     participant.offer_revision = offer.get("revision")
+    participant.client_sdp = offer["sdp"]
     session_info, participant.offer_sections = parse_sdp(offer["sdp"])
     participant.offer_kinds = [s["kind"] for s in participant.offer_sections]
     participant.ice["ufrag"] = session_info["ufrag"] or next((s["ufrag"] for s in participant.offer_sections if s["ufrag"]), None)
@@ -875,7 +983,7 @@ async def reoffer_later(conn, participant, delay):
         emit({"event": "reoffer-failed", "identity": participant.identity, "error": str(error)})
         return
     revision = (participant.description_revision or 0) + 1
-    sdp = pc.localDescription.sdp
+    sdp = keep_client_numbering(pc.localDescription.sdp, participant.client_sdp)
     sections = parse_sdp(sdp)[1]
     kept, changes = numbering_kept(participant.offer_sections, sections)
     participant.server_offer = (revision, sections)
@@ -996,6 +1104,7 @@ async def handle_description(participant, description):
             emit(entry)
             return None
         participant.offer_revision = revision
+        participant.client_sdp = description["sdp"]
         participant.answer_revision = revision
         participant.description_revision = revision
         if entry["ice_restart"]:

@@ -203,4 +203,26 @@ import Testing
         #expect(status == 32, "exit \(status.map(String.init) ?? "none") (32 = connection lost): \(agent.log.suffix(800))")
         #expect(agent.log.contains("not resumed within 3 s"), "\(agent.log.suffix(600))")
     }
+
+    /// Twilio's TURN servers come in `iced`: with direct UDP between the agent and the room's media
+    /// blocked (nftables), the media goes through the coturn server the room named, and its
+    /// credential never appears in the agent's output.
+    @Test func theTurnServersFromIcedCarryTheMediaWhenDirectUdpIsBlocked() throws {
+        let credential = "iced-credential-\(UUID().uuidString.prefix(8))"
+        guard let room = try TwilioTestRoom(["--ice-server", "turn:127.0.0.2:3478?transport=udp,twilio,\(credential)"]) else { return }
+        guard let turn = try CoturnServer.start(in: room.namespace, extra: ["--user=twilio:\(credential)"]) else { return }
+        defer { withExtendedLifetime(turn) {} }
+        guard try CoturnServer.blockDirectUdp(in: room.namespace) else {
+            skipTest("nft missing (Debian package nftables): direct UDP cannot be blocked")
+            return
+        }
+        let agent = try room.agent(try room.code(identity: Self.identity))
+        defer { agent.stop() }
+        #expect(agent.waitFor("relay/udp", timeout: 40), "the media did not go through the relay: \(agent.log.suffix(1200))")
+        let seen = try room.waitForParticipant(Self.identity, timeout: 30) { (TwilioTestRoom.frames($0)["decoded"] as? Int ?? 0) >= 30 }
+        #expect((TwilioTestRoom.frames(seen)["decoded"] as? Int ?? 0) >= 30, "frames through the relay: \(TwilioTestRoom.frames(seen))")
+        #expect(!agent.log.contains(credential), "the TURN credential from iced appeared in the agent's output")
+        _ = try room.complete()
+        #expect(TwilioTestRoom.waitExit(agent, seconds: 20) == 30, "\(agent.log.suffix(600))")
+    }
 }
