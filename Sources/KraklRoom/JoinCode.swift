@@ -168,7 +168,7 @@ public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomRefl
     public static let twilioDefaultURL = URL(string: "wss://global.vss.twilio.com/signaling")!
 
     /// Three base64url parts whose header decodes to a JSON object: a JWT (judged in full by `AccessToken`).
-    static func looksLikeJWT(_ text: String) -> Bool {
+    public static func looksLikeJWT(_ text: String) -> Bool {
         let parts = text.split(separator: ".", omittingEmptySubsequences: false)
         guard parts.count == 3, text.hasPrefix("eyJ"), let header = Base64URL.decode(parts[0]) else { return false }
         return header.first == UInt8(ascii: "{")

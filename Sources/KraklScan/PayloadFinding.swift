@@ -11,7 +11,7 @@ public enum PayloadFinding: Equatable, Sendable, CustomStringConvertible {
     /// A well-formed join code whose token has expired (a fresh code may
     /// appear: a scan goes on).
     case expired(JoinCodeError)
-    /// Starts with `krakl:` but cannot be used: malformed, a bad token, a
+    /// Starts with `krakl:` (or is a JWT) but cannot be used: malformed, a bad token, a
     /// token not valid yet, a room mismatch.
     case unusableJoinCode(JoinCodeError)
     /// Printable text that is not a join code (a URL, say): `preview` is its
@@ -35,7 +35,8 @@ public enum PayloadFinding: Equatable, Sendable, CustomStringConvertible {
         if let index = bytes.firstIndex(where: { $0 >= 0x80 }) { return .rejected(.notASCII(position: index - start + 1)) }
         if let index = bytes.firstIndex(where: { $0 < 0x20 || $0 == 0x7F }) { return .rejected(.controlCharacter(position: index - start + 1)) }
         let text = String(decoding: bytes, as: UTF8.self)
-        guard text.lowercased().hasPrefix("krakl:") else {
+        // A QR holding only a Twilio access token (what a Twilio conference page shows) is a Twilio code.
+        guard text.lowercased().hasPrefix("krakl:") || JoinCode.looksLikeJWT(text) else {
             return .notAJoinCode(preview: text.count > previewLength ? String(text.prefix(previewLength)) + "…" : text)
         }
         do throws(JoinCodeError) {
