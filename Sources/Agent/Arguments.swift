@@ -78,6 +78,12 @@ struct Arguments {
     /// --log-format: the non-interactive lifecycle's lines.
     var logFormat = LogFormat.text
 
+    /// A signaling URL's problem in words for an option (not "not a valid join code: u= …").
+    static func urlProblem(_ error: JoinCodeError) -> String {
+        if case .malformedCode(.badURL(let reason)) = error { return "it " + reason }
+        return error.description
+    }
+
     init(_ words: [String], environment: [String: String] = ProcessInfo.processInfo.environment) throws(HostError) {
         var rest = words[...]
         func value(for flag: String) throws(HostError) -> String {
@@ -194,7 +200,7 @@ struct Arguments {
             case "--twilio-url":
                 let text = try value(for: flag)
                 do throws(JoinCodeError) { twilioURL = try JoinCode.signalingURL(text) } catch {
-                    throw .usage("--twilio-url \(text): \(error.description)")
+                    throw .usage("--twilio-url \(text.prefix(200)): \(Self.urlProblem(error))")
                 }
             case "--address":
                 let text = try value(for: flag)
@@ -225,6 +231,12 @@ struct Arguments {
             default:
                 if flag.hasPrefix("-") && flag != "-" { throw .usage("unknown flag \(flag)") }
                 positional.append(word)
+            }
+        }
+        // A malformed $KRAKL_TWILIO_URL is a usage error now, not a silent fall-back to Twilio's endpoint.
+        if twilioURL == nil, let text = environment["KRAKL_TWILIO_URL"], !text.isEmpty {
+            do throws(JoinCodeError) { twilioURL = try JoinCode.signalingURL(text) } catch {
+                throw .usage("KRAKL_TWILIO_URL=\(text.prefix(200)): \(Self.urlProblem(error))")
             }
         }
         switch positional.first {
@@ -415,7 +427,7 @@ OPTIONS
       --ice-transport P   (--join) all (default) or relay: only relay candidates (TURN).
       --twilio-url URL    (Twilio codes without u=, and bare Twilio access tokens) The signaling
                           WebSocket to use instead of wss://global.vss.twilio.com/signaling: a
-                          region's (wss://sydney.vss.twilio.com/signaling) or a test server's
+                          region's (wss://au1.vss.twilio.com/signaling) or a test server's
                           (ws:// only to a loopback address). Also $KRAKL_TWILIO_URL.
       --connect-timeout S (--join) ICE and DTLS must be up S seconds after the room's
                           answer (default 15), else the session ends as connection lost.

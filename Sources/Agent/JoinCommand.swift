@@ -63,16 +63,11 @@ func makeDriver(_ invitation: Invitation, arguments: Arguments) -> RoomDriver {
     }
 }
 
-/// Where a Twilio code's signaling goes: its own `u=`, else `--twilio-url`, else `$KRAKL_TWILIO_URL`
-/// (a malformed value is reported when the agent starts), else Twilio's global endpoint.
+/// Where a Twilio code's signaling goes: its own `u=`, else `--twilio-url` or `$KRAKL_TWILIO_URL`
+/// (read, and a malformed value refused, when the command line is parsed), else Twilio's global endpoint.
 func twilioSignalingURL(_ invitation: Invitation, arguments: Arguments) -> URL {
     guard invitation.code.urlIsDefault else { return invitation.code.url }
-    if let url = arguments.twilioURL { return url }
-    if let text = ProcessInfo.processInfo.environment["KRAKL_TWILIO_URL"], !text.isEmpty,
-       let url = try? JoinCode.signalingURL(text) {
-        return url
-    }
-    return invitation.code.url
+    return arguments.twilioURL ?? invitation.code.url
 }
 
 /// The session's settings from the command line and the join code.

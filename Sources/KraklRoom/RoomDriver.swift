@@ -21,7 +21,8 @@ public protocol RoomDriver: AnyObject, Sendable {
 
     /// ICE restart: sends a restarted offer (new ice-ufrag/pwd) and returns
     /// the answer SDP. Throws `.restartUnsupported` when the server cannot
-    /// restart in place; the session then leaves and publishes afresh.
+    /// restart in place; the session then keeps the old path until ICE
+    /// consent expires (30 s without an answer), when it ends as connection lost.
     func restart(offer: String) throws(RoomError) -> String
 
     /// A local ICE candidate learned after the offer (an `a=candidate` value

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """An emulator of Twilio Programmable Video's room signaling (the server side), for krakl's tests.
 
-It speaks what twilio-video.js expects of the real service (/work/shared/TWILIO-SIGNALING.md):
+It speaks what twilio-video.js expects of the real service (docs/rooms.md, "Twilio Video"):
 TCMP over a WebSocket (hello/welcome, heartbeats, msg, bye, busy, bad) carrying RSP v2
 messages (connect/connected, update, sync/synced, disconnect/disconnected, error), and a
 Twilio-shaped REST API (/v1/Rooms...) with HTTP Basic auth. aiortc answers the client's offer
