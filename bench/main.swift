@@ -32,6 +32,8 @@ var pipewireMode = false
 var rtcMode = false
 var turnMode = false
 var roomMode = false
+/// `room --service twilio`: the Twilio room emulator instead of Janus.
+var roomService = "janus"
 var roomShareMode = false
 var smapsPrefix: String?
 var viewerMode = false
@@ -56,6 +58,7 @@ while let word = words.popFirst() {
     case "rtc": rtcMode = true
     case "turn": turnMode = true
     case "room": roomMode = true
+    case "--service": roomService = words.popFirst() ?? roomService
     case "roomshare": roomShareMode = true
     case "--smaps": smapsPrefix = words.popFirst()
     case "viewer": viewerMode = true
@@ -76,7 +79,7 @@ while let word = words.popFirst() {
         let parts = (words.popFirst() ?? "").split(separator: "x").compactMap { Int($0) }
         if parts.count == 2 { (width, height) = (parts[0], parts[1]) }
     default:
-        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT'] [--probe-arg ARG]...|turn [--rounds N] [--seconds S (1080p media sessions; 0: connect only)]|room [--joins N]|roomshare [--rounds N] [--seconds S] [--scenes a,b] [--smaps PREFIX]|viewer [--rounds N] [--seconds S] [--no-loss]|scan [--rounds N]|soak [--minutes N] [--isolate]|isolate [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
+        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT'] [--probe-arg ARG]...|turn [--rounds N] [--seconds S (1080p media sessions; 0: connect only)]|room [--service janus|twilio] [--joins N]|roomshare [--rounds N] [--seconds S] [--scenes a,b] [--smaps PREFIX]|viewer [--rounds N] [--seconds S] [--no-loss]|scan [--rounds N]|soak [--minutes N] [--isolate]|isolate [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
         exit(2)
     }
 }
@@ -194,7 +197,7 @@ if roomShareMode {
     exit(0)
 }
 if roomMode {
-    try runRoomBench(joins: joins)
+    if roomService == "twilio" { try runTwilioRoomBench(joins: joins) } else { try runRoomBench(joins: joins) }
     exit(0)
 }
 if viewerMode {
