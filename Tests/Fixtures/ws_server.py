@@ -4,7 +4,7 @@
 The well-behaved paths are served by the `websockets` library (an independent
 implementation, PyPI); the misbehaving ones by raw asyncio sockets that write
 exactly the bytes a broken or hostile server would. One process serves every
-path on 127.0.0.1:PORT; the first stdout line is {"event":"ready","port":P},
+path on 127.0.0.1:PORT (with `--tls CERT KEY`, over TLS: wss://); the first stdout line is {"event":"ready","port":P},
 then a JSON line per thing a path saw ({"path":…, "event":…}).
 
 Paths (the request path picks the behaviour):
@@ -25,10 +25,12 @@ and raw (the library would refuse to misbehave):
   /raw/control-fragment upgrades, sends a ping without FIN
   /raw/no-close         upgrades, sends "hi", then closes TCP without a close frame
 """
+import argparse
 import asyncio
 import base64
 import hashlib
 import json
+import ssl
 import sys
 import time
 
@@ -192,13 +194,21 @@ async def dispatch(reader, writer, library_port):
 
 
 async def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("seconds", nargs="?", type=float, default=120)
+    parser.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
+    args = parser.parse_args()
+    context = None
+    if args.tls:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(args.tls[0], args.tls[1])
     async with serve(library_handler, "127.0.0.1", 0, max_size=4 << 20, ping_interval=None) as library:
         library_port = library.sockets[0].getsockname()[1]
-        front = await asyncio.start_server(lambda r, w: dispatch(r, w, library_port), "127.0.0.1", 0)
+        front = await asyncio.start_server(lambda r, w: dispatch(r, w, library_port), "127.0.0.1", 0, ssl=context)
         emit({"event": "ready", "port": front.sockets[0].getsockname()[1]})
         loop = asyncio.get_running_loop()
         done = loop.run_in_executor(None, sys.stdin.read)
-        await asyncio.wait([done], timeout=float(sys.argv[1]) if len(sys.argv) > 1 else 120)
+        await asyncio.wait([done], timeout=args.seconds)
 
 
 if __name__ == "__main__":

@@ -12,20 +12,24 @@ import Testing
         let process: DtlsTestProcess
         let port: Int
 
-        init?() throws {
+        let secure: Bool
+
+        init?(tls: (cert: String, key: String)? = nil) throws {
+            secure = tls != nil
             guard WhipTestServer.prerequisites() else { return nil }
             guard (try? Harness.run(WhipTestServer.python, ["-c", "import websockets"], timeout: 20).status) == 0 else {
                 skipTest("the websockets package is missing from \(WhipTestServer.python) (scripts/setup installs it)")
                 return nil
             }
-            process = try DtlsTestProcess(WhipTestServer.python, [Harness.repoRoot + "/Tests/Fixtures/ws_server.py", "120"])
+            process = try DtlsTestProcess(WhipTestServer.python, [Harness.repoRoot + "/Tests/Fixtures/ws_server.py", "120"]
+                                          + (tls.map { ["--tls", $0.cert, $0.key] } ?? []))
             guard let ready = process.value(after: "{\"event\": \"ready\", \"port\": ", timeout: 20), let port = Int(ready.prefix { $0.isNumber }) else {
                 throw WhipNamespaceThread.Failed(description: "ws_server.py did not start: \(process.log)")
             }
             self.port = port
         }
 
-        func url(_ path: String) -> URL { URL(string: "ws://127.0.0.1:\(port)\(path)")! }
+        func url(_ path: String) -> URL { URL(string: secure ? "wss://localhost:\(port)\(path)" : "ws://127.0.0.1:\(port)\(path)")! }
 
         /// Waits (bounded) for a line of the server's with all of `parts`.
         func saw(_ parts: String..., timeout: Double = 5) -> Bool {
@@ -184,6 +188,45 @@ import Testing
         guard case .unauthorized(403, _)? = failure("/raw/status-403").0 else { Issue.record("403 was not a refusal"); return }
         guard case .badReply(let huge)? = failure("/raw/huge-head").0 else { Issue.record("a 64 KB head was taken"); return }
         #expect(huge.contains("16 KB"))
+    }
+
+    /// wss:// with the certificate checked against a CA and the host name; then ws:// and wss://
+    /// through a real HTTP proxy (tinyproxy) by CONNECT, and NO_PROXY going around it.
+    @Test func wssChecksTheCertificateAndBothGoThroughAnHttpProxy() throws {
+        let folder = try Harness.temporaryDirectory()
+        guard let made = try HTTPClientTests.certificates(in: folder), let secure = try Server(tls: (made.cert, made.key)),
+              let plain = try Server(), let proxy = try Tinyproxy() else { return }
+        var options = Self.options()
+        options.caFile = made.ca
+        let direct = try WebSocket.connect(to: secure.url("/echo"), options: options)
+        try direct.send(text: "over TLS")
+        #expect(direct.receive(until: Self.deadline(5)) == .text("over TLS"))
+        direct.invalidate()
+        // Not trusted without the test CA: refused with the reason.
+        do {
+            _ = try WebSocket.connect(to: secure.url("/echo"), options: Self.options())
+            Issue.record("a certificate from an unknown CA was accepted")
+        } catch {
+            #expect("\(error)".contains("not trusted"), "\(error)")
+        }
+
+        options.proxies = ProxySettings(https: proxy.address, http: proxy.address)
+        for (server, words) in [(secure, "through the proxy, TLS inside"), (plain, "through the proxy, plain")] {
+            let socket = try WebSocket.connect(to: server.url("/echo"), options: options)
+            try socket.send(text: words)
+            #expect(socket.receive(until: Self.deadline(5)) == .text(words))
+            socket.close()
+            _ = socket.receive(until: Self.deadline(5))
+        }
+        #expect(proxy.waitForLog("CONNECT localhost:\(secure.port) HTTP/1.1"), "no CONNECT for wss in the proxy's log: \(proxy.log)")
+        #expect(proxy.waitForLog("CONNECT 127.0.0.1:\(plain.port) HTTP/1.1"), "no CONNECT for ws in the proxy's log: \(proxy.log)")
+        let seen = proxy.requests
+        options.proxies?.noProxy = NoProxyList("localhost,127.0.0.1")
+        let bypass = try WebSocket.connect(to: plain.url("/echo"), options: options)
+        try bypass.send(text: "direct")
+        #expect(bypass.receive(until: Self.deadline(5)) == .text("direct"))
+        bypass.invalidate()
+        #expect(proxy.requests == seen, "NO_PROXY hosts went through the proxy: \(proxy.log)")
     }
 
     @Test func invalidateEndsAWaitingReadAtOnce() throws {
