@@ -978,6 +978,9 @@ async def reoffer_later(conn, participant, delay):
         emit({"event": "reoffer-skipped", "identity": participant.identity, "signaling_state": pc.signalingState})
         return
     try:
+        if ARGS.reoffer_add:
+            # A new m-section the client never asked for (as a subscription would add): it must be rejected.
+            pc.addTransceiver(ARGS.reoffer_add, direction="sendonly")
         await pc.setLocalDescription(await pc.createOffer())
     except Exception as error:  # noqa: BLE001
         emit({"event": "reoffer-failed", "identity": participant.identity, "error": str(error)})
@@ -1065,6 +1068,8 @@ async def handle_description(participant, description):
         ok = expected is not None and revision == expected
         entry = {"event": "answer", "identity": participant.identity, "participant": participant.sid,
                  "revision": revision, "expected_revision": expected, "ok": ok}
+        if isinstance(description.get("sdp"), str):
+            entry["m_sections"] = public_sections(parse_sdp(description["sdp"])[1])
         if ok and isinstance(description.get("sdp"), str):
             try:
                 await pc.setRemoteDescription(RTCSessionDescription(sdp=description["sdp"], type="answer"))
@@ -1634,6 +1639,7 @@ def parse_args():
                         help="connect only to rooms made by POST /v1/Rooms (else 53106)")
     parser.add_argument("--max-participants", type=int, help="more participants in a room get 53105")
     parser.add_argument("--reoffer-after", type=float, help="seconds after connected: a server re-offer (aiortc)")
+    parser.add_argument("--reoffer-add", choices=["audio", "video"], help="the re-offer also adds a new m-section of this kind")
     parser.add_argument("--fault", choices=FAULTS, help="misbehave this way (once per run)")
     parser.add_argument("--fault-after", type=float, default=2, help="delay of the timed faults, s (default 2)")
     parser.add_argument("--error-code", type=int, help="answer every connect with this RSP error code")

@@ -225,4 +225,29 @@ import Testing
         _ = try room.complete()
         #expect(TwilioTestRoom.waitExit(agent, seconds: 20) == 30, "\(agent.log.suffix(600))")
     }
+
+    /// The server renegotiates mid-share (aiortc re-offers, once with an audio m-section added as a
+    /// subscription would): the agent answers on the same transport with its video as negotiated
+    /// and the new section rejected, the room applies it, and the frames keep coming.
+    @Test(arguments: [[], ["--reoffer-add", "audio"]])
+    func aServerReofferIsAnsweredAndTheShareGoesOn(extra: [String]) throws {
+        guard let room = try TwilioTestRoom(["--reoffer-after", "1.5"] + extra) else { return }
+        let agent = try room.agent(try room.code(identity: Self.identity))
+        defer { agent.stop() }
+        #expect(agent.waitFor("sharing", timeout: 30), "the agent never shared: \(agent.log.suffix(1500))")
+        let answer = try #require(room.waitForEvent("answer", timeout: 30), "no answer to the re-offer: \(agent.log.suffix(800))")
+        #expect(answer["ok"] as? Bool == true && answer["applied"] as? Bool == true, "\(extra): \(answer)")
+        let sections = answer["m_sections"] as? [[String: Any]] ?? []
+        let video = sections.first { $0["kind"] as? String == "video" }
+        #expect(video?["direction"] as? String == "sendonly" && video?["msid_track"] as? String == "screen", "\(sections)")
+        if !extra.isEmpty {
+            let audio = sections.first { $0["kind"] as? String == "audio" }
+            #expect(audio?["port"] as? Int == 0 && audio?["direction"] as? String == "inactive", "the new audio section was not rejected: \(sections)")
+        }
+        let before = TwilioTestRoom.frames(try room.participant(Self.identity))["decoded"] as? Int ?? 0
+        let later = try room.waitForParticipant(Self.identity) { (TwilioTestRoom.frames($0)["decoded"] as? Int ?? 0) >= before + 30 }
+        #expect((TwilioTestRoom.frames(later)["decoded"] as? Int ?? 0) >= before + 30, "frames stopped after the re-offer: \(TwilioTestRoom.frames(later))")
+        #expect(TwilioTestRoom.frames(later)["stamps_in_order"] as? Bool == true)
+        #expect(agent.isRunning)
+    }
 }

@@ -86,6 +86,11 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
     private var candidates: [(candidate: String, mid: String)] = []
     private var iceRevision = 0
     private var gatheringComplete = false
+    /// Our offer and the server's first answer (what a re-offer is answered from), the revision of
+    /// the last finished negotiation, and the `o=` version of our last description.
+    private var ourOffer = ""
+    private var stableRevision = 1
+    private var sdpVersion = 2
 
     /// - Parameters:
     ///   - signalingURL: `wss://global.vss.twilio.com/signaling` or a region's or a test server's.
@@ -130,6 +135,7 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
         }
         phase = .joining
         if let track = Self.msidTrackID(offer) { trackID = track }
+        ourOffer = offer
         ufrag = Self.attribute("ice-ufrag", in: offer) ?? ""
         let attempt = WebSocket.Attempt()
         self.attempt = attempt
@@ -445,6 +451,9 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
             state.withLock {
                 for track in room.publishedTracks where track.id == trackID { trackSid = track.sid ?? trackSid }
             }
+            if let pc = room.peerConnections.first(where: { $0.id == peerConnectionID }), let description = pc.description {
+                renegotiate(description)
+            }
         case .disconnected(let status):
             let words = status == "completed" ? "the meeting was ended (Twilio 53118)" : "the room server disconnected us (Twilio \(status ?? "no status"))"
             endFromServer(.roomEnded(reason: words), socket: socket)
@@ -467,6 +476,56 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
             break
         }
         return .go
+    }
+
+    /// The server's side of a renegotiation (`lib/signaling/v2/peerconnection.js` in the SDK): an
+    /// offer newer than the last finished negotiation is answered on the same transport (our video
+    /// as it is, anything new rejected); `create-offer` gets our offer again with its revision; a
+    /// late or repeated description is ignored. Nothing here ends the session: an offer we cannot
+    /// answer is reported and skipped, and the media goes on as negotiated.
+    private func renegotiate(_ description: TwilioMessages.Description) {
+        state.lock()
+        guard phase == .connected, let session, let firstAnswer = answer, description.revision > stableRevision else {
+            state.unlock()
+            return
+        }
+        let (offer, version, track) = (ourOffer, sdpVersion, trackID)
+        state.unlock()
+        let reply: [String: Any]
+        switch description.type {
+        case "offer":
+            guard let sdp = description.sdp else {
+                deliver(.notice("the Twilio server sent an offer without SDP (revision \(description.revision)); ignored"), final: false)
+                return
+            }
+            do throws(TwilioRenegotiation.Failure) {
+                let answerSDP = try TwilioRenegotiation.answer(toServerOffer: sdp, ourOffer: offer, firstAnswer: firstAnswer, version: version)
+                reply = ["type": "answer", "revision": description.revision, "sdp": answerSDP]
+            } catch {
+                deliver(.notice("cannot answer the Twilio server's offer (revision \(description.revision)): \(error); the media goes on as negotiated"), final: false)
+                return
+            }
+        case "create-offer":
+            // Our offer as it is (same ICE credentials, no restart), newly versioned.
+            reply = ["type": "offer", "revision": description.revision, "sdp": Self.reversioned(offer, version: version)]
+        default:
+            return
+        }
+        state.withLock {
+            stableRevision = description.revision
+            sdpVersion += 1
+        }
+        let update = TwilioMessages.update(session: session, trackID: track, peerConnection: ["id": peerConnectionID, "description": reply])
+        send(TwilioMessages.msg(update))
+    }
+
+    /// `sdp` with its `o=` session version set to `version`.
+    static func reversioned(_ sdp: String, version: Int) -> String {
+        sdp.split(separator: "\r\n", omittingEmptySubsequences: false).map { line -> String in
+            let parts = line.split(separator: " ")
+            guard line.hasPrefix("o="), parts.count >= 6 else { return String(line) }
+            return ([String(parts[0]), String(parts[1]), "\(version)"] + parts.dropFirst(3).map(String.init)).joined(separator: " ")
+        }.joined(separator: "\r\n")
     }
 
     /// Takes a connected/synced message; returns what is wrong with it, or nil.
