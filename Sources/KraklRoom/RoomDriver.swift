@@ -85,6 +85,9 @@ public enum RoomEvent: Equatable, Sendable {
     case reconnected
     /// Something the person may want to know that changes nothing (a message the driver skipped).
     case notice(String)
+    /// A candidate the room's media server trickled (a `candidate:` value), for the current ICE
+    /// credentials of our one m-section.
+    case remoteCandidate(String)
 }
 
 /// Why a request to the room server did not give what was needed. The

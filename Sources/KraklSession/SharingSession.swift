@@ -410,6 +410,7 @@ public final class SharingSession: @unchecked Sendable {
             case .reconnecting(let reason): self?.logger("session", .warning, "the room's signaling connection was lost (\(reason)); reconnecting")
             case .reconnected: self?.logger("session", .info, "the room's signaling connection was resumed")
             case .notice(let words): self?.logger("session", .warning, words)
+            case .remoteCandidate(let text): self?.addRemoteCandidate(text)
             }
         }
         let answer: RoomAnswer
@@ -444,6 +445,16 @@ public final class SharingSession: @unchecked Sendable {
             return
         }
         onLoop { [self] in armConnectTimer(attempt: attempt) }
+    }
+
+    /// A candidate the room trickled: to ICE, or a note when it cannot be read.
+    private func addRemoteCandidate(_ text: String) {
+        guard let publisher = lock.withLock({ self.publisher }) else { return }
+        do {
+            publisher.addRemoteCandidate(try IceCandidate(parsing: text))
+        } catch {
+            logger("session", .warning, "the room trickled a candidate that cannot be used (\(error)); ignored")
+        }
     }
 
     /// The connect budget, on the control loop; cancelled as soon as the session is no longer joining

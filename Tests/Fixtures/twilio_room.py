@@ -893,6 +893,24 @@ async def handle_connect(conn, body):
         await remove_participant(participant, "offer-rejected")
         await send_error_and_close(conn, 53403, why=f"aiortc: {error}")
         return
+    trickled = []
+    if ARGS.trickle_answer_candidates:
+        # The answer goes out without its candidates; they follow in an update, as a trickling server's would.
+        lines = answer.split("\r\n")
+        trickled = [line[2:] for line in lines if line.startswith("a=candidate:")]
+        kept = []
+        for line in lines:
+            if line.startswith("a=candidate:") or line == "a=end-of-candidates" or line.startswith("a=rtcp:"):
+                continue
+            # No default candidate either (RFC 8839 §5.1: port 9 and 0.0.0.0 say "candidates follow").
+            if line.startswith("m="):
+                parts = line.split(" ")
+                parts[1] = "9"
+                line = " ".join(parts)
+            elif line.startswith("c=IN IP4 "):
+                line = "c=IN IP4 0.0.0.0"
+            kept.append(line)
+        answer = "\r\n".join(kept)
     revision = offer.get("revision")
     participant.answer_revision = revision
     participant.description_revision = revision
@@ -930,6 +948,15 @@ async def handle_connect(conn, body):
           "answer_revision": participant.answer_revision,
           "published": participant.published()["tracks"], "others": len(connected["participants"]),
           "answer_m_sections": public_sections(parse_sdp(answer)[1])})
+    if trickled:
+        ufrag = next((line.split(":", 1)[1] for line in answer.split("\r\n") if line.startswith("a=ice-ufrag:")), "")
+        # First a candidate for another ufrag (a stale generation: to be ignored), then the real ones.
+        await send_msg(conn, {"type": "update", "peer_connections": [{"id": participant.pc_id, "ice": {
+            "ufrag": "stale" + ufrag, "revision": 1, "candidates": [{"candidate": "candidate:9 1 udp 1 127.0.0.2 9 typ host", "sdpMid": "0"}]}}]})
+        await send_msg(conn, {"type": "update", "peer_connections": [{"id": participant.pc_id, "ice": {
+            "ufrag": ufrag, "revision": 2, "complete": True,
+            "candidates": [{"candidate": c, "sdpMid": "0", "sdpMLineIndex": 0} for c in trickled]}}]})
+        emit({"event": "server-trickled", "identity": identity, "candidates": len(trickled)})
     await notify_others(participant)
     schedule_after_connected(conn, participant)
 
@@ -1639,6 +1666,8 @@ def parse_args():
                         help="connect only to rooms made by POST /v1/Rooms (else 53106)")
     parser.add_argument("--max-participants", type=int, help="more participants in a room get 53105")
     parser.add_argument("--reoffer-after", type=float, help="seconds after connected: a server re-offer (aiortc)")
+    parser.add_argument("--trickle-answer-candidates", action="store_true",
+                        help="send the answer without candidates and trickle them in an update (plus one for a stale ufrag)")
     parser.add_argument("--reoffer-add", choices=["audio", "video"], help="the re-offer also adds a new m-section of this kind")
     parser.add_argument("--fault", choices=FAULTS, help="misbehave this way (once per run)")
     parser.add_argument("--fault-after", type=float, default=2, help="delay of the timed faults, s (default 2)")

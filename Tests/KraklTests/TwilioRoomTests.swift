@@ -250,4 +250,17 @@ import Testing
         #expect(TwilioTestRoom.frames(later)["stamps_in_order"] as? Bool == true)
         #expect(agent.isRunning)
     }
+
+    /// The room's media server trickles its candidates after the answer (and one for a stale ufrag):
+    /// the agent pairs with the signalled host candidate, not a peer-reflexive one learned from checks.
+    @Test func theServersTrickledCandidatesAreUsed() throws {
+        guard let room = try TwilioTestRoom(["--trickle-answer-candidates"]) else { return }
+        let agent = try room.agent(try room.code(identity: Self.identity))
+        defer { agent.stop() }
+        #expect(room.waitForEvent("server-trickled", timeout: 30) != nil, "the emulator did not trickle")
+        #expect(agent.waitFor("host/udp -> host", timeout: 30), "not paired with the trickled host candidate: \(agent.log.suffix(800))")
+        let seen = try room.waitForParticipant(Self.identity, timeout: 30) { (TwilioTestRoom.frames($0)["decoded"] as? Int ?? 0) >= 30 }
+        #expect((TwilioTestRoom.frames(seen)["decoded"] as? Int ?? 0) >= 30)
+        #expect(!agent.log.contains("127.0.0.2:9"), "the stale ufrag's candidate was used")
+    }
 }

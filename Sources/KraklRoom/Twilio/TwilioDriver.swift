@@ -91,6 +91,9 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
     private var ourOffer = ""
     private var stableRevision = 1
     private var sdpVersion = 2
+    /// The server's trickled candidates already passed on, and the revision of its last ICE state.
+    private var remoteCandidatesSeen: Set<String> = []
+    private var remoteIceRevision = 0
 
     /// - Parameters:
     ///   - signalingURL: `wss://global.vss.twilio.com/signaling` or a region's or a test server's.
@@ -451,8 +454,9 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
             state.withLock {
                 for track in room.publishedTracks where track.id == trackID { trackSid = track.sid ?? trackSid }
             }
-            if let pc = room.peerConnections.first(where: { $0.id == peerConnectionID }), let description = pc.description {
-                renegotiate(description)
+            if let pc = room.peerConnections.first(where: { $0.id == peerConnectionID }) {
+                if let description = pc.description { renegotiate(description) }
+                if let ice = pc.ice { takeRemoteIce(ice) }
             }
         case .disconnected(let status):
             let words = status == "completed" ? "the meeting was ended (Twilio 53118)" : "the room server disconnected us (Twilio \(status ?? "no status"))"
@@ -517,6 +521,20 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
         }
         let update = TwilioMessages.update(session: session, trackID: track, peerConnection: ["id": peerConnectionID, "description": reply])
         send(TwilioMessages.msg(update))
+    }
+
+    /// The server's ICE state (cumulative, as ours): the candidates not seen yet go to ICE, but only
+    /// for the ufrag of the answer in use and only from a newer revision (`lib/signaling/v2/icebox.js`).
+    private func takeRemoteIce(_ ice: TwilioMessages.Ice) {
+        let fresh = state.withLock { () -> [String] in
+            guard let answer, ice.revision > remoteIceRevision, let ufrag = ice.ufrag, ufrag == Self.attribute("ice-ufrag", in: answer) else { return [] }
+            remoteIceRevision = ice.revision
+            // Bounded: a server that trickles without end cannot grow this past a few hundred.
+            let new = ice.candidates.filter { !remoteCandidatesSeen.contains($0) }.prefix(max(0, 512 - remoteCandidatesSeen.count)).map { $0 }
+            remoteCandidatesSeen.formUnion(new)
+            return new
+        }
+        for candidate in fresh { deliver(.remoteCandidate(candidate), final: false) }
     }
 
     /// `sdp` with its `o=` session version set to `version`.

@@ -72,7 +72,7 @@ public enum TwilioMessages {
     /// that grows with each change, and `complete` once gathering ended.
     static func ice(ufrag: String, revision: Int, candidates: [(candidate: String, mid: String)], complete: Bool) -> [String: Any] {
         var ice: [String: Any] = ["ufrag": ufrag, "revision": revision,
-                                  "candidates": candidates.map { ["candidate": "candidate:" + $0.candidate.dropFirst("candidate:".count),
+                                  "candidates": candidates.map { ["candidate": $0.candidate.hasPrefix("candidate:") ? $0.candidate : "candidate:" + $0.candidate,
                                                                   "sdpMid": $0.mid, "sdpMLineIndex": 0, "usernameFragment": ufrag] }]
         if complete { ice["complete"] = true }
         return ice
