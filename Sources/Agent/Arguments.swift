@@ -525,6 +525,7 @@ EXIT STATUS
   43 room mismatch or no room         44 sharing failed on our side
   53 the HTTP proxy (HTTPS_PROXY, HTTP_PROXY) refused, did not answer or is
      malformed (docs/rooms.md: "Through an HTTP proxy")
+  54 the room is full (Twilio 53105)  55 the same identity joined elsewhere (Twilio 53205)
   reading a join code from a picture (--qr):
   45 no QR code found                 46 the image is unreadable (missing, empty, damaged)
   47 the image is too large (refused before decoding)
@@ -539,7 +540,7 @@ EXIT STATUS
   60 another daemon already runs for this user   61 no daemon is running
   62 the control socket cannot be made or used (no XDG_RUNTIME_DIR, not yours)
   63 the daemon refused the request (already sharing: stop first; malformed)
-  64 the daemon's reply is unusable     connect: 30-49 as for --join and --qr
+  64 the daemon's reply is unusable     connect: 30-55 as for --join and --qr
 """
 
 extension Arguments {
