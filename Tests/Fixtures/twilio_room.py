@@ -48,7 +48,6 @@ import argparse
 import asyncio
 import base64
 import collections
-import ctypes
 import ipaddress
 import json
 import os
@@ -67,8 +66,8 @@ from aiortc.sdp import candidate_from_sdp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from aiortc_receiver import read_stamp  # noqa: E402
+from whip_server import enter_netns  # noqa: E402  (setns into the test's namespace, as the WHIP server does)
 
-CLONE_NEWNET = 0x40000000
 CTY = "twilio-fpa;v=1"
 
 # Messages as twilio-video.js names them (lib/util/twilio-video-errors.js), except where the
@@ -122,16 +121,6 @@ def sid(prefix):
 
 def iso_now():
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def enter_netns(name):
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
-    try:
-        if libc.setns(fd, CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), f"setns {name}")
-    finally:
-        os.close(fd)
 
 
 def restrict_ice_to_loopback():
