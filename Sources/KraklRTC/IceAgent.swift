@@ -188,6 +188,18 @@ public final class IceAgent {
         }
     }
 
+    /// Whether a candidate may still come: a STUN request for a server-reflexive candidate, or a
+    /// TURN allocation, is still waiting for its answer (or its last retransmission's time-out).
+    public var isGathering: Bool {
+        transactions.values.contains { if case .serverReflexive = $0.kind { return true } else { return false } }
+            || relays.contains { relay in
+                switch relay.client.state {
+                case .idle, .allocating: return true
+                default: return false
+                }
+            }
+    }
+
     /// Starts gathering server-reflexive candidates (nothing to do without STUN servers).
     public func startGathering(now: UInt64) {
         lastNow = now

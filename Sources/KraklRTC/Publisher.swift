@@ -231,6 +231,8 @@ public final class Publisher: @unchecked Sendable {
     private var early = EarlyFrames()
     /// The transport ended: frames from now on go nowhere.
     private var mediaEnded = false
+    /// Called once gathering has ended (network thread only): `whenGatheringEnds`.
+    private var gatheringWaiters: [@Sendable () -> Void] = []
 
     /// Sockets, certificate, SSRCs and the loop; no network activity yet.
     private init(role: PeerRole, configuration: PublisherConfiguration, loop: EventLoop?) throws {
@@ -407,6 +409,17 @@ public final class Publisher: @unchecked Sendable {
         guard !servers.isEmpty else { return }
         loop.post { [self] in
             transport.ice.addStunServers(servers, now: MonotonicClock.nanoseconds())
+            transport.service()
+        }
+    }
+
+    /// Calls `handler` once, on the network thread, when no candidate is being gathered any more
+    /// (every STUN request for a server-reflexive candidate and every TURN allocation answered or
+    /// given up), at once when none is: the moment to tell the room "no more candidates". Call it
+    /// after `addStunServers`/`addTurnServers`, so their gathering counts.
+    public func whenGatheringEnds(_ handler: @escaping @Sendable () -> Void) {
+        loop.post { [self] in
+            gatheringWaiters.append(handler)
             transport.service()
         }
     }
@@ -601,6 +614,11 @@ public final class Publisher: @unchecked Sendable {
 
 extension Publisher: PeerTransportDelegate {
     func transportService(now: UInt64) {
+        if !gatheringWaiters.isEmpty, !transport.ice.isGathering {
+            let waiters = gatheringWaiters
+            gatheringWaiters.removeAll()
+            for waiter in waiters { waiter() }
+        }
         stream?.poll(now: now, pathReady: transport.pathReady, clock: MonotonicClock.nanoseconds, unixNanoseconds: Publisher.unixNanoseconds,
                      transmit: { [transport] plain, rtcp in transport.transmit(plain, rtcp: rtcp) })
     }

@@ -436,6 +436,9 @@ public final class SharingSession: @unchecked Sendable {
             try makePipeline(codec: parsed.codec, publisher: publisher)
             publisher.addStunServers(stun)
             publisher.addTurnServers(turn)
+            // After the answer's servers, so their candidates come first: then "no more candidates".
+            let driver = self.driver
+            publisher.whenGatheringEnds { driver.endOfCandidates() }
             if configuration.mediaStartsAtAnswer { post(.answered) }
         } catch let error as SdpError {
             post(.joinFailed(.badReply("the answer SDP is not usable: \(error)")))

@@ -41,6 +41,9 @@ import Testing
         #expect((connect["media_signaling"] as? [String: Any])?.isEmpty == true)
         #expect(connect["format"] as? String == "unified")
         #expect(connect["token_present"] as? Bool == true)
+        // Gathering over (no STUN or TURN here): the ICE state said so, `complete: true`.
+        let done = try room.waitForParticipant(Self.identity, timeout: 10) { ($0["ice"] as? [String: Any])?["complete"] as? Bool == true }
+        #expect((done?["ice"] as? [String: Any])?["complete"] as? Bool == true, "no end of candidates: \(done?["ice"] ?? "none")")
         // The status line names the room and our participant and track as Twilio gave them.
         #expect(agent.waitFor("RM", timeout: 5) && agent.log.contains("MT"), "the status shows no room/track SIDs: \(agent.log.suffix(600))")
     }
@@ -222,6 +225,11 @@ import Testing
         let seen = try room.waitForParticipant(Self.identity, timeout: 30) { (TwilioTestRoom.frames($0)["decoded"] as? Int ?? 0) >= 30 }
         #expect((TwilioTestRoom.frames(seen)["decoded"] as? Int ?? 0) >= 30, "frames through the relay: \(TwilioTestRoom.frames(seen))")
         #expect(!agent.log.contains(credential), "the TURN credential from iced appeared in the agent's output")
+        // The relay candidate trickled, then the end of candidates once the allocation was answered.
+        let ice = try room.waitForParticipant(Self.identity, timeout: 10) { ($0["ice"] as? [String: Any])?["complete"] as? Bool == true }?["ice"] as? [String: Any]
+        let trickled = ice?["candidates"] as? [[String: Any]] ?? []
+        #expect(trickled.contains { ($0["candidate"] as? String)?.contains("typ relay") == true }, "no relay candidate trickled: \(ice ?? [:])")
+        #expect(ice?["complete"] as? Bool == true, "no end of candidates after the relay: \(ice ?? [:])")
         _ = try room.complete()
         #expect(TwilioTestRoom.waitExit(agent, seconds: 20) == 30, "\(agent.log.suffix(600))")
     }
