@@ -184,6 +184,17 @@ import Testing
         #expect(TwilioTestRoom.waitExit(agent, seconds: 20) == 30, "\(fault): \(agent.log.suffix(600))")
     }
 
+    /// A busy signaling server (`busy` with `retryAfter` and a cookie): the agent waits, says hello
+    /// again with the cookie, and joins.
+    @Test func aBusyServerIsAskedAgainWithItsCookie() throws {
+        guard let room = try TwilioTestRoom(["--fault", "busy-once"]) else { return }
+        let agent = try room.agent(try room.code(identity: Self.identity))
+        defer { agent.stop() }
+        #expect(agent.waitFor("sharing", timeout: 30), "the agent never shared after busy: \(agent.log.suffix(1500))")
+        let cookie = try #require(room.waitForEvent("busy-cookie", timeout: 5), "the second hello was not seen")
+        #expect(cookie["echoed"] as? Bool == true, "the cookie was not echoed: \(cookie)")
+    }
+
     /// A frame of a type the client does not know, after joining: skipped (the SDK only reports it).
     @Test func anUnknownFrameAfterJoiningIsSkipped() throws {
         guard let room = try TwilioTestRoom(["--fault", "unknown-type", "--fault-after", "1"]) else { return }
