@@ -347,8 +347,8 @@ COMMANDS
   --join CODE     Share the screen into the room of a join code (docs/join-codes.md):
                   prepare the source (the sharing dialog, if any, comes first), join
                   (Twilio Video, WHIP or Janus VideoRoom), publish, and show live
-                  status until Ctrl-C, SIGTERM or the room ends; then leave and say why. Without --once the
-                  agent then waits for the next code on stdin. CODE may be @FILE (read
+                  status until Ctrl-C, SIGTERM or the room ends; then leave and say
+                  why. Without --once the agent then waits for the next code on stdin. CODE may be @FILE (read
                   the file), - (read one line from stdin) or come from $KRAKL_JOIN. A
                   bare Twilio access token (the JWT a Twilio page shows) is a Twilio
                   code for wss://global.vss.twilio.com/signaling (--twilio-url: another).
