@@ -348,10 +348,11 @@ COMMANDS
                   prepare the source (the sharing dialog, if any, comes first), join
                   (Twilio Video, WHIP or Janus VideoRoom), publish, and show live
                   status until Ctrl-C, SIGTERM or the room ends; then leave and say
-                  why. Without --once the agent then waits for the next code on stdin. CODE may be @FILE (read
-                  the file), - (read one line from stdin) or come from $KRAKL_JOIN. A
-                  bare Twilio access token (the JWT a Twilio page shows) is a Twilio
-                  code for wss://global.vss.twilio.com/signaling (--twilio-url: another).
+                  why. Without --once the agent then waits for the next code on
+                  stdin. CODE may be @FILE (read the file), - (read one line from
+                  stdin) or come from $KRAKL_JOIN. A bare Twilio access token (the
+                  JWT a Twilio page shows) is a Twilio code for Twilio's global
+                  signaling endpoint (--twilio-url names another).
                   A code given as a plain argument is visible to every local user in
                   ps: prefer @FILE, - or KRAKL_JOIN (a warning says so).
                   Signalling honours HTTPS_PROXY, HTTP_PROXY and NO_PROXY (an http://
