@@ -78,18 +78,20 @@ public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomRefl
         let text = input.trimmingCharacters(in: .whitespacesAndNewlines)
         guard !text.isEmpty else { throw fail(.empty) }
         guard text.utf8.count <= Self.maximumLength else { throw fail(.tooLong(bytes: text.utf8.count)) }
-        if let bad = text.unicodeScalars.firstIndex(where: { !Self.isCodeCharacter($0.value) }) {
-            throw fail(.notPrintableASCII(position: text.unicodeScalars.distance(from: text.unicodeScalars.startIndex, to: bad) + 1))
-        }
-        // Case-insensitive like any URI scheme; some QR apps upper-case it.
+        let firstOdd = text.unicodeScalars.firstIndex { !Self.isCodeCharacter($0.value) }
+        // Case-insensitive like any URI scheme; some QR apps upper-case it. Judged before the
+        // characters: text that is no code at all ("hello world") is told so, not where its space is.
         guard text.utf8.count >= Self.prefix.utf8.count, text.prefix(Self.prefix.count).lowercased() == Self.prefix else {
             // A QR that holds just a Twilio access token (what a Twilio page shows): a Twilio code.
-            if Self.looksLikeJWT(text) {
+            if firstOdd == nil, Self.looksLikeJWT(text) {
                 self = JoinCode(service: .twilio, url: Self.twilioDefaultURL, token: text)
                 urlIsDefault = true
                 return
             }
             throw fail(.notAJoinCode)
+        }
+        if let bad = firstOdd {
+            throw fail(.notPrintableASCII(position: text.unicodeScalars.distance(from: text.unicodeScalars.startIndex, to: bad) + 1))
         }
         // Empty fields (a trailing ';') are harmless and skipped.
         let fields = text.dropFirst(Self.prefix.count).split(separator: ";")

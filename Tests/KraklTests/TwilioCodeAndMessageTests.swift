@@ -57,6 +57,15 @@ import Testing
         }
     }
 
+    /// Text that is no code at all is told so, not where its first space is (issue 23, item 4.6).
+    @Test func plainTextIsNotAJoinCodeRatherThanABadCharacter() {
+        for text in ["hello world", "héllo", "https://example.org/a b"] {
+            #expect(throws: JoinCodeError.malformedCode(.notAJoinCode), "\(text)") { try JoinCode(parsing: text) }
+        }
+        // Inside a code, the character's position is still what is said.
+        #expect(throws: JoinCodeError.malformedCode(.notPrintableASCII(position: 15))) { try JoinCode(parsing: "krakl:v=1;k=wh\u{ED}p;u=https://h/;t=x") }
+    }
+
     // MARK: Server frames
 
     @Test func theServersFramesParseIntoWhatTheDriverUses() throws {
