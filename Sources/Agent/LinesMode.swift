@@ -236,7 +236,11 @@ final class LinesMode: @unchecked Sendable {
             let details = status?.roomDetails.map { "; \($0)" } ?? ""
             words = "sharing the screen in \(current.place) as \"\(identity)\" (\(timings)\(details)); Ctrl-C stops"
         case .reconnecting: words = "the connection dropped; restarting ICE through the room…"
-        case .leaving: words = "leaving the room…"
+        case .leaving(let reason):
+            // A join the room refused left nothing to leave worth a line: the reason follows at once.
+            if case .joinRefused = reason { return }
+            if case .tokenExpired = reason { return }
+            words = "leaving the room…"
         case .idle: return
         }
         log.event("state", state: state, words, room: room, identity: identity)

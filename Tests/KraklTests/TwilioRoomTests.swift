@@ -101,6 +101,8 @@ import Testing
         let status = TwilioTestRoom.waitExit(agent, seconds: 30)
         #expect(status == 33, "exit \(status.map(String.init) ?? "none") (33 = token refused): \(agent.log.suffix(600))")
         #expect(agent.log.contains("20107"), "Twilio's code is not in the message: \(agent.log.suffix(400))")
+        // A refused join has nothing to leave: no "leaving the room…" line (issue 23, item 4.12).
+        #expect(!agent.log.contains("leaving the room"), "\(agent.log.suffix(400))")
     }
 
     @Test(arguments: [("--expired", "expired"), ("--nbf-offset", "not valid before")])
