@@ -173,8 +173,10 @@ enum ControlSocket {
         let fallback = "/run/user/\(getuid())"
         var info = stat()
         if stat(fallback, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR, info.st_uid == getuid() { return fallback + "/krakl" }
-        throw .socket("XDG_RUNTIME_DIR is not set and \(fallback) does not exist: set XDG_RUNTIME_DIR to a folder only you can use "
-                      + "(a login session sets it; e.g. export XDG_RUNTIME_DIR=/run/user/$(id -u))")
+        // The hint names a folder that can work here: /run/user/UID does not exist on this machine.
+        throw .socket("XDG_RUNTIME_DIR is not set and \(fallback) does not exist (no login session made it): set XDG_RUNTIME_DIR "
+                      + "to a folder only you can use, e.g. mkdir -m 700 -p /tmp/krakl-$(id -u) && export XDG_RUNTIME_DIR=/tmp/krakl-$(id -u), "
+                      + "and use the same value for the daemon and its clients")
     }
 
     static func path(environment: [String: String] = ProcessInfo.processInfo.environment) throws(ControlError) -> String {
@@ -214,7 +216,8 @@ enum ControlSocket {
         switch error {
         case ENOENT, ECONNREFUSED:
             throw .noDaemon("no krakl-agent daemon is running for this user (nothing answers on \(path)): "
-                            + "start one with `krakl-agent daemon &` or `systemctl --user start krakl-agent`")
+                            + "start one with `systemctl --user start krakl-agent` (the user unit) or "
+                            + "`systemd-run --user krakl-agent daemon`; a `krakl-agent daemon &` ends with this terminal")
         case EACCES, EPERM:
             throw .socket("not allowed to use \(path): the control socket belongs to another user")
         default:
