@@ -388,9 +388,8 @@ COMMANDS
                   latency; encoded kbit/s, encode time, active blocks; viewers) until
                   Ctrl-C, --frames, --seconds or the source's end, then a summary. With
                   --record FILE the encoded screen goes to FILE instead; --no-record
-                  captures only. Without --backend the viewer shows the real screen:
-                  pipewire on a Wayland session ($WAYLAND_DISPLAY), x11 when $DISPLAY is
-                  set, else the registry's default (the test pattern); the choice is printed.
+                  captures only. Without --backend the viewer shows the real screen, as
+                  rooms and scans do (see --backend); a recording records the default.
   backends        List the backends in plugins.json and whether each one loads.
   sources         List what a backend can capture (X11: the screen and each XRandR
                   monitor), with the option value that selects it.
@@ -401,7 +400,10 @@ COMMANDS
                   the first line says the run's time bound.
 
 OPTIONS
-  -b, --backend NAME      Backend to use (default: the registry's "default").
+  -b, --backend NAME      Backend to use. Default: plugins.json's "default" if it names one,
+                          else the screen's: pipewire on a Wayland session ($WAYLAND_DISPLAY),
+                          x11 when $DISPLAY is set, else file (a test pattern, said so);
+                          the same for --join, home, connect, --scan and the viewer.
       --plugins FILE      Backend registry (default: $KRAKL_PLUGINS, ./plugins.json,
                           or plugins.json next to the executable or up to 4 folders above).
   -o, --option KEY=VALUE  Override a backend option; VALUE is read as JSON when it is

@@ -74,7 +74,10 @@ func twilioSignalingURL(_ invitation: Invitation, arguments: Arguments) -> URL {
 func sharingConfiguration(_ arguments: Arguments, invitation: Invitation, logger: BackendLogger) -> SharingConfiguration {
     var configuration = SharingConfiguration()
     configuration.registryPath = arguments.plugins
-    configuration.backendName = arguments.backend
+    // The screen's backend, as for every entry point: never a test pattern by surprise.
+    let choice = chooseScreenBackend(registryPath: arguments.plugins, given: arguments.backend)
+    configuration.backendName = choice.name ?? arguments.backend
+    configuration.backendLabel = choice.label
     configuration.backendOptions = arguments.options
     configuration.backendIsolation = arguments.isolate
     configuration.encoder = arguments.encoder

@@ -228,7 +228,10 @@ final class LinesMode: @unchecked Sendable {
         }
         let words: String
         switch state {
-        case .preparing: words = "preparing the screen source…"
+        case .preparing:
+            // Which screen, and why: a room must never get the test pattern without being told.
+            let choice = chooseScreenBackend(registryPath: arguments.plugins, given: arguments.backend)
+            words = "preparing the screen source" + (choice.name.map { " (backend \($0): \(choice.why))" } ?? "") + "…"
         case .joining: words = "joining \(current.place) on \(current.service) as \"\(identity)\" (token \(invitation.token.shortened))…"
         case .sharing:
             let status = controller.sessionStatus()

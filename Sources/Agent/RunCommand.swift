@@ -91,10 +91,13 @@ func signalReason(_ number: Int32) -> String {
     }
 }
 
-/// The backend the command line names (or the registry's default), its
-/// plugins.json options with every --option applied, isolated or loaded.
+/// The backend the command line names, else the screen's (`chooseScreenBackend`: plugins.json's
+/// `default` when it names one, the portal, X11, else the test pattern), its plugins.json options
+/// with every --option applied, isolated or loaded.
 func selectedBackend(_ arguments: Arguments) throws(HostError) -> BackendSelection {
-    try BackendSelection(registryPath: arguments.plugins, name: arguments.backend, overrides: arguments.options, isolate: arguments.isolate)
+    let choice = chooseScreenBackend(registryPath: arguments.plugins, given: arguments.backend)
+    return try BackendSelection(registryPath: arguments.plugins, name: choice.name ?? arguments.backend, overrides: arguments.options,
+                                isolate: arguments.isolate)
 }
 
 extension EncoderError {
@@ -129,7 +132,8 @@ func checkRecordingPath(_ path: String) throws(HostError) {
 /// ends the run the same way, since nobody reads the status any more; the summary is then not
 /// printed (there is nowhere to print it) but the recording is complete.
 func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(HostError) -> Int32 {
-    // Sharing to the viewer shows the real screen when there is one; a recording keeps the registry's default.
+    // Sharing to the viewer shows the real screen when there is one (the same choice as a room's); a
+    // recording keeps the registry's default (a file of the test pattern is what tests and benches record).
     let choice = arguments.sharesToViewer ? chooseScreenBackend(registryPath: arguments.plugins, given: arguments.backend) : nil
     let selection = try BackendSelection(registryPath: arguments.plugins, name: choice?.name ?? arguments.backend,
                                          overrides: arguments.options, isolate: arguments.isolate)

@@ -109,7 +109,12 @@ func scanScreen(_ arguments: Arguments, logger: @escaping BackendLogger, host: S
     var looked = 0
     var changeSeenAt: Double?
     var reported = Set<String>()
-    host.say("scanning the \(selection.entry.name) screen for a join code (at most \(Int(arguments.scanTimeout)) s; Ctrl-C stops)…")
+    let choice = chooseScreenBackend(registryPath: arguments.plugins, given: arguments.backend)
+    let what = choice.name == selection.entry.name ? (choice.label ?? selection.entry.name) : selection.entry.name
+    if arguments.backend == nil, !choice.why.isEmpty {
+        host.say("backend \(selection.entry.name): " + choice.why.replacingOccurrences(of: "sharing a test pattern", with: "a test pattern"))
+    }
+    host.say("scanning the \(what) screen for a join code (at most \(Int(arguments.scanTimeout)) s; Ctrl-C stops)…")
     while true {
         let now = MonotonicClock.milliseconds()
         if now - started >= arguments.scanTimeout * 1000 {

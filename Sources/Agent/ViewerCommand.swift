@@ -44,32 +44,6 @@ final class ViewerFeedSink: EncodedFrameSink {
     func finish() throws(EncoderError) {}
 }
 
-/// The backend that shows "the screen" when none is named, and why it was chosen: the PipeWire
-/// portal on a Wayland session, X11 when there is an X display, else the registry's default
-/// (the file backend's test pattern in the repository's plugins.json).
-struct BackendChoice {
-    var name: String?
-    var why: String
-}
-
-func chooseScreenBackend(registryPath: String?, given: String?, environment: [String: String] = ProcessInfo.processInfo.environment) -> BackendChoice {
-    if let given { return BackendChoice(name: given, why: "as asked (--backend)") }
-    // An unreadable registry is reported by the selection that follows, with its own status.
-    guard let registry = try? PluginRegistry.load(path: registryPath ?? PluginRegistry.defaultPath()) else { return BackendChoice(name: nil, why: "") }
-    func usable(_ name: String) -> Bool {
-        guard let entry = try? registry.entry(named: name) else { return false }
-        return FileManager.default.fileExists(atPath: entry.library)
-    }
-    if let wayland = environment["WAYLAND_DISPLAY"], !wayland.isEmpty, usable("pipewire") {
-        return BackendChoice(name: "pipewire", why: "a Wayland session (WAYLAND_DISPLAY=\(wayland)): the screen through the ScreenCast portal")
-    }
-    if let display = environment["DISPLAY"], !display.isEmpty, usable("x11") {
-        return BackendChoice(name: "x11", why: "an X display (DISPLAY=\(display)): the X11 screen")
-    }
-    return BackendChoice(name: registry.defaultBackend,
-                         why: "no Wayland session or X display with its backend: the registry's default (\(registry.defaultBackend))")
-}
-
 /// The viewer for one run: bound before the backend is made (a taken port ends the run before
 /// any sharing dialog), serving from `start` until `stop`.
 final class ViewerRun {

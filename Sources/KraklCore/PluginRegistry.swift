@@ -27,9 +27,15 @@ public struct BackendEntry: Equatable, Sendable {
 ///
 ///     { "version": 1, "default": "file",
 ///       "backends": { "file": { "library": "...so", "description": "...", "options": {...} } } }
+///
+/// `default` is optional: without it the screen decides (the agent's `ScreenBackendChoice`: the
+/// portal on a Wayland session, X11 with an X display, else `defaultBackend`, the test pattern).
 public struct PluginRegistry: Sendable {
     public let path: String
+    /// The backend named by `default`, or without one `file` when it is listed, else the first.
     public let defaultBackend: String
+    /// Whether plugins.json names its `default` (then it wins over the screen's choice).
+    public let defaultIsExplicit: Bool
     public let backends: [BackendEntry]
 
     public func entry(named name: String) throws(HostError) -> BackendEntry {
@@ -151,11 +157,15 @@ public struct PluginRegistry: Sendable {
             backends.append(BackendEntry(name: name, library: resolved, description: description, options: options, isolate: isolate))
         }
         guard !backends.isEmpty else { throw fail("backends", "\"backends\" lists no backend") }
-        guard case .string(let defaultName)? = top["default"] else { throw fail(top["default"] == nil ? "" : "default", "\"default\" must name one of the backends") }
+        guard let given = top["default"] else {
+            let fallback = backends.contains { $0.name == "file" } ? "file" : backends[0].name
+            return PluginRegistry(path: path, defaultBackend: fallback, defaultIsExplicit: false, backends: backends)
+        }
+        guard case .string(let defaultName) = given else { throw fail("default", "\"default\" must name one of the backends") }
         guard backends.contains(where: { $0.name == defaultName }) else {
             throw fail("default", "\"default\" names \"\(defaultName)\", which is not among the backends (\(backends.map(\.name).joined(separator: ", ")))")
         }
-        return PluginRegistry(path: path, defaultBackend: defaultName, backends: backends)
+        return PluginRegistry(path: path, defaultBackend: defaultName, defaultIsExplicit: true, backends: backends)
     }
 
     /// Where plugins.json is when --plugins is not given: $KRAKL_PLUGINS,

@@ -10,6 +10,8 @@ public struct SharingConfiguration: Sendable {
     /// plugins.json (nil: the usual search) and the backend in it (nil: its default).
     public var registryPath: String?
     public var backendName: String?
+    /// How status lines show the backend ("x11 (display :0)", "file (test pattern)"); nil: its name.
+    public var backendLabel: String?
     public var backendOptions: [(key: String, value: JSON)] = []
     /// Run the backend in a child process (true), in this process (false), or as plugins.json says (nil).
     public var backendIsolation: Bool?
@@ -219,7 +221,8 @@ public final class SharingSession: @unchecked Sendable {
     public func status(window: Bool = true) -> SharingStatus {
         let state = self.state
         lock.lock()
-        let publisher = self.publisher, pipeline = self.pipeline, backend = selection?.entry.name, size = sink?.lastSize
+        let publisher = self.publisher, pipeline = self.pipeline, size = sink?.lastSize
+        let backend = selection.map { configuration.backendName == $0.entry.name ? configuration.backendLabel ?? $0.entry.name : $0.entry.name }
         lock.unlock()
         return SharingStatus(state: state, service: driver.service, identity: identity, room: room, roomDetails: driver.roomDetails, backend: backend,
                              rtc: publisher?.stats, encoder: pipeline?.statistics.summary(window: window),

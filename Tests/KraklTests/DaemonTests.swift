@@ -387,9 +387,9 @@ import Testing
         #expect(connect.status == 0 && connect.stdout.contains("krakl-agent: sharing in ") && connect.stdout.contains("as \"Dee's screen\""), "connect: \(connect)")
         let status = try daemon.status()
         #expect(status["state"] as? String == "sharing" && status["identity"] as? String == "Dee's screen", "\(status)")
-        #expect(status["service"] as? String == "WHIP" && status["backend"] as? String == "file", "\(status)")
+        #expect(status["service"] as? String == "WHIP" && status["backend"] as? String == "file (test pattern)", "\(status)")
         let text = try daemon.client(["status"])
-        #expect(text.stdout.contains("as \"Dee's screen\" (WHIP, backend file)"), "\(text.stdout)")
+        #expect(text.stdout.contains("as \"Dee's screen\" (WHIP, backend file (test pattern))"), "\(text.stdout)")
 
         // Live numbers once a second while sharing.
         let deadline = Date().addingTimeInterval(15)
@@ -508,7 +508,7 @@ import Testing
         let connect = try daemon.client(["connect", "--scan"], timeout: 30)
         #expect(connect.status == 50, "connect --scan on a screen without a code: \(connect)")
         #expect(connect.stderr.contains("no join code found within 2 s"), "\(connect.stderr)")
-        #expect(connect.stdout.contains("krakl-agent: scanning: scanning the file screen"), "\(connect.stdout)")
+        #expect(connect.stdout.contains("krakl-agent: scanning: scanning the file (test pattern) screen"), "\(connect.stdout)")
         #expect(try daemon.status()["state"] as? String == "idle")
 
         // A stop while scanning: the waiting connect ends (63) and the stop says so.

@@ -151,7 +151,7 @@ import Testing
         print("home screen while sharing:\n\(sharing.screen)")
         #expect(sharing.ok, "no live numbers: \(sharing.screen) \(procText(folder + "/agent.stderr"))")
         #expect(sharing.screen.contains("Identity:  Hal's screen") && sharing.screen.contains("Room:      \(room.server.room) (WHIP)")
-                && sharing.screen.contains("Backend:   file, scene \"typing\""), "\(sharing.screen)")
+                && sharing.screen.contains("Backend:   file (test pattern), scene \"typing\""), "\(sharing.screen)")
         // The selected candidate pair: on the namespace's loopback, host to host over UDP, direct.
         #expect(sharing.screen.range(of: #"Path:      host/udp -> (host|prflx) \(direct\)"#, options: .regularExpression) != nil, "\(sharing.screen)")
         let first = sharing.screen.components(separatedBy: "\n").first { $0.hasPrefix("Shared:") } ?? ""

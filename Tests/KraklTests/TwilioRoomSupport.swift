@@ -73,9 +73,10 @@ final class TwilioTestRoom {
     }
 
     /// `krakl-agent --join @file --once` in the namespace, sharing the typing scene at 640x360.
-    func agent(_ file: String, arguments: [String] = [], environment: [String: String] = [:]) throws -> DtlsTestProcess {
-        var argv = ["--join", "@" + file, "--once", "--address", "127.0.0.2", "--plugins", registry,
-                    "--option", "scene=typing", "--option", "width=640", "--option", "height=360"] + arguments
+    /// `source`: the backend's options (nil: none, the screen's backend chooses).
+    func agent(_ file: String, arguments: [String] = [], environment: [String: String] = [:],
+               source: [String]? = ["--option", "scene=typing", "--option", "width=640", "--option", "height=360"]) throws -> DtlsTestProcess {
+        var argv = ["--join", "@" + file, "--once", "--address", "127.0.0.2", "--plugins", registry] + (source ?? []) + arguments
         var program = Harness.agent
         if !environment.isEmpty {
             argv = environment.map { "\($0.key)=\($0.value)" } + [Harness.agent] + argv
