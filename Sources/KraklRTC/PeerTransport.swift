@@ -76,7 +76,8 @@ final class PeerTransport {
         let addresses = IceHostAddresses.gather(configuration.addresses)
         guard !addresses.isEmpty else {
             throw NetworkError.noAddresses(configuration.addresses.allowed.map { "none of \($0.map { "\($0)" }.joined(separator: ", ")) is on an interface that is up" }
-                                           ?? "no interface that is up has an address the policy admits (loopback needs includeLoopback)")
+                                           ?? "no network interface that is up has an address to send media from (loopback addresses are "
+                                              + "left out: give one with --address IP, e.g. --address 127.0.0.2 in a test namespace)")
         }
         // Error reports on: an ICMP port unreachable from a TURN server is how its death shows at once.
         sockets = try addresses.map { try UdpSocket(bindTo: $0, reportsErrors: true) }

@@ -284,4 +284,17 @@ import Testing
         #expect((TwilioTestRoom.frames(seen)["decoded"] as? Int ?? 0) >= 30)
         #expect(!agent.log.contains("127.0.0.2:9"), "the stale ufrag's candidate was used")
     }
+
+    /// Only loopback addresses in the namespace and no `--address`: the failure says what to give
+    /// (issue 23, item 4.3), in the person's words.
+    @Test func withoutAnAddressToSendFromTheMessageSaysWhatToGive() throws {
+        guard let room = try TwilioTestRoom() else { return }
+        let code = try room.code(identity: Self.identity)
+        let (program, argv) = room.namespace.command(Harness.agent, ["--join", "@" + code, "--once", "--plugins", room.registry, "--backend", "file"])
+        let agent = try DtlsTestProcess(program, argv)
+        defer { agent.stop() }
+        #expect(TwilioTestRoom.waitExit(agent, seconds: 30) == 44, "\(agent.log.suffix(600))")
+        #expect(agent.log.contains("give one with --address IP"), "\(agent.log.suffix(600))")
+        #expect(!agent.log.contains("includeLoopback"), "\(agent.log.suffix(600))")
+    }
 }
