@@ -96,7 +96,9 @@ public struct PluginRegistry: Sendable {
         guard count <= maximumFileBytes else {
             throw refuse("it is more than \(maximumFileBytes / 1024) KiB; a registry may be at most that")
         }
-        guard let text = String(validating: bytes[0..<count], as: UTF8.self) else {
+        // A UTF-8 byte-order mark (editors on some systems write one) is not part of the JSON.
+        let start = count >= 3 && bytes[0] == 0xEF && bytes[1] == 0xBB && bytes[2] == 0xBF ? 3 : 0
+        guard let text = String(validating: bytes[start..<count], as: UTF8.self) else {
             throw refuse("it is not UTF-8 text")
         }
         return text

@@ -31,6 +31,21 @@ struct AgentCommandTests {
         #expect(result.stdout.range(of: "ghost\\s+FAILS", options: .regularExpression) != nil && result.stdout.contains("nowhere/libghost.so does not exist"), "\(result.stdout)")
     }
 
+    /// A plugins.json that starts with a UTF-8 byte-order mark (some editors write one) is read
+    /// (issue 23, item 4.16); one without "default" lets the screen choose, and says so.
+    @Test func aByteOrderMarkAndNoDefaultAreFine() throws {
+        try Harness.requireBuild()
+        let dir = try Harness.temporaryDirectory()
+        let text = "\u{FEFF}" + """
+        {"version": 1, "backends": {"file": {"library": "\(Harness.library("BackendFile"))"}}}
+        """
+        try text.write(toFile: dir + "/plugins.json", atomically: true, encoding: .utf8)
+        #expect(try Data(contentsOf: URL(fileURLWithPath: dir + "/plugins.json")).prefix(3) == Data([0xEF, 0xBB, 0xBF]))
+        let result = try Harness.agent(["backends", "--plugins", dir + "/plugins.json"], environment: ["DISPLAY": "", "WAYLAND_DISPLAY": ""])
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(result.stdout.contains("(default: the screen's: file here, no screen found"), "\(result.stdout)")
+    }
+
     @Test func captureRunPrintsStatusAndSummary() throws {
         try Harness.requireBuild()
         let registry = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
