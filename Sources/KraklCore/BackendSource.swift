@@ -160,6 +160,9 @@ public final class BackendSource: CaptureSource {
         context.drainDeliveries()
         if status > 0 || status < -4095 {
             context.contract?.note(.undefinedReturnValue, "stop() returned \(status), which the ABI does not define (0 or a negative errno)")
+        } else if status < 0 {
+            // The source is stopped either way (the host delivers nothing more), but the person is told.
+            context.logger(backendName, .warning, "stop() reported an error: \(errnoName(status)) (\(String(cString: strerror(-status))))")
         }
     }
 

@@ -20,6 +20,7 @@
  *   create-positive  create() returns 5 (and stores no source)
  *   start-positive   start() returns 7
  *   stop-positive    stop() returns 3
+ *   stop-eio         stop() returns -EIO
  *   crash-create / crash-start / crash-thread   SIGSEGV there
  *   abort-thread     abort() on the capture thread
  *   exit-thread      exit(3) on the capture thread
@@ -383,6 +384,7 @@ static int fixture_stop(krakl_source *s) {
         pthread_t late;
         if (pthread_create(&late, NULL, after_stop_thread, s) == 0) pthread_detach(late);
     }
+    if (is(s, "stop-eio")) return -EIO;
     return is(s, "stop-positive") ? 3 : 0;
 }
 

@@ -165,6 +165,14 @@ struct BackendContractTests {
         try stopped.start()
         try stopped.stop()
         #expect(stopped.violations.contains { $0.kind == .undefinedReturnValue && $0.first.contains("stop() returned 3") })
+
+        // A defined error from stop() is no breach, but it is said (issue 23, item 4.15).
+        let said = LogLines()
+        let failing = try BackendSource(library: library, backendName: "misbehaving", options: Self.options("stop-eio"), sink: nil,
+                                        logger: said.logger)
+        try failing.start()
+        try failing.stop()
+        #expect(!said.matching("stop() reported an error: EIO").isEmpty, "\(said.all)")
     }
 
     @Test func errnoNamesAreTotalOverInt32() {
