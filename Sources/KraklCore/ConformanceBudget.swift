@@ -64,7 +64,7 @@ public enum ConformanceGroup: String, CaseIterable, Sendable {
         case .list: return ["list-sources"]
         case .delivery: return ["delivers-frames", "frames-valid", "first-frame-whole", "damage-inside-frame", "size-changes-announced",
                                 "timestamps-near-clock", "stop-within-1s", "no-frame-after-stop", "restart", "timestamps-monotonic",
-                                "callbacks-serial", "callbacks-one-thread", "return-values", "nothing-after-destroy"]
+                                "callbacks-serial", "callbacks-one-thread", "callbacks-well-formed", "return-values", "nothing-after-destroy"]
         case .leaks: return ["no-leaks"]
         case .end: return ["source-ended"]
         }

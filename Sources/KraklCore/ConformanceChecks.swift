@@ -248,6 +248,7 @@ final class GroupRunner {
         judge("timestamps-monotonic", all.order, "strictly increasing over \(total) frames, across restart")
         judge("callbacks-serial", all.overlap, "frame and event callbacks never overlapped")
         judge("callbacks-one-thread", all.threads, "each start()'s frames and events came from one thread")
+        judge("callbacks-well-formed", all.malformed, "no NULL frame or event, no event of an undefined type")
         let bad = statuses.compactMap { ReturnValue.problem($0.1, of: $0.0) }
         report(bad.isEmpty ? .pass : .fail, "return-values",
                bad.first ?? "create, start, stop returned \(statuses.map { ReturnValue.name($0.1) }.joined(separator: ", ")): 0 or a negative errno")

@@ -22,6 +22,8 @@ struct CallbackProblems {
     var afterStop: String?
     var afterDestroy: String?
     var afterEnd: String?
+    /// host->frame(NULL), host->event(NULL), an event type the header does not define.
+    var malformed: String?
 }
 
 /// The suite's own `krakl_host` for one source, and the record of every
@@ -229,9 +231,18 @@ final class CallbackRecorder: @unchecked Sendable {
         case .formatChanged:
             announced = (event.format, event.width, event.height)
             expectWhole = true
+        case .unknown(let type):
+            if problemsFound.malformed == nil { problemsFound.malformed = "an event of type \(type), which krakl_backend.h does not define" }
         default:
             break
         }
+    }
+
+    /// A callback the header does not allow in any phase (a NULL frame or event).
+    func malformed(_ what: String) {
+        condition.lock()
+        defer { condition.broadcast(); condition.unlock() }
+        if problemsFound.malformed == nil { problemsFound.malformed = "\(what): a frame or event must be given" }
     }
 
     func log(_ level: LogLevel, _ message: String) {
@@ -325,12 +336,18 @@ private let recorderLog: @convention(c) (UnsafeMutableRawPointer?, Int32, Unsafe
 }
 
 private let recorderFrame: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<krakl_frame>?) -> Void = { data, frame in
-    guard let frame else { return }
+    guard let frame else {
+        CallbackRecorder.from(data).malformed("host->frame(NULL)")
+        return
+    }
     CallbackRecorder.from(data).frame(frame)
 }
 
 private let recorderEvent: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<krakl_event>?) -> Void = { data, raw in
-    guard let raw else { return }
+    guard let raw else {
+        CallbackRecorder.from(data).malformed("host->event(NULL)")
+        return
+    }
     let event = copyBySizeRule(raw, declaredSize: Int(raw.pointee.struct_size), as: krakl_event.self)
     CallbackRecorder.from(data).event(SourceEvent(kind: .init(eventType: event.type), error: event.error, message: event.message.map { String(cString: $0) },
                                                   format: event.format, width: Int(event.width), height: Int(event.height)))

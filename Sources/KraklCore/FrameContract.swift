@@ -14,6 +14,8 @@ public enum ContractViolation: String, CaseIterable, Sendable {
     case announcedFormatNeverCame = "announced-format-never-came"
     case timestamps = "timestamps"
     case undefinedReturnValue = "undefined-return-value"
+    /// `host->frame(NULL)`, `host->event(NULL)`, an event of a type the header does not define.
+    case malformedCallback = "malformed-callback"
 }
 
 /// The host's side of the frame contract, for one source: frames only between start() and the
@@ -116,6 +118,10 @@ public final class FrameContract: @unchecked Sendable {
         let phase = currentPhase
         guard phase == .delivering else {
             note(.eventOutsideDelivery, "dropped an event delivered \(Self.placeName(phase)) (events may come only between start() and the return of stop())")
+            return false
+        }
+        if case .unknown(let type) = event.kind {
+            note(.malformedCallback, "ignored an event of type \(type), which krakl_backend.h does not define")
             return false
         }
         if event.kind == .formatChanged {

@@ -207,12 +207,20 @@ private let hostLog: @convention(c) (UnsafeMutableRawPointer?, Int32, UnsafePoin
 }
 
 private let hostFrame: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<krakl_frame>?) -> Void = { data, frame in
-    guard let frame, let context = HostSlot.from(data)?.current else { return }
+    guard let context = HostSlot.from(data)?.current else { return }
+    guard let frame else {
+        context.contract?.note(.malformedCallback, "ignored host->frame(NULL)")
+        return
+    }
     context.frame(frame)
 }
 
 private let hostEvent: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<krakl_event>?) -> Void = { data, raw in
-    guard let raw, let context = HostSlot.from(data)?.current else { return }
+    guard let context = HostSlot.from(data)?.current else { return }
+    guard let raw else {
+        context.contract?.note(.malformedCallback, "ignored host->event(NULL)")
+        return
+    }
     // Size rule: read only what the backend wrote.
     let event = copyBySizeRule(raw, declaredSize: Int(raw.pointee.struct_size), as: krakl_event.self)
     context.event(SourceEvent(kind: .init(eventType: event.type), error: event.error, message: BackendText.read(event.message),

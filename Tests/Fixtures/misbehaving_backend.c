@@ -21,6 +21,9 @@
  *   start-positive   start() returns 7
  *   stop-positive    stop() returns 3
  *   stop-eio         stop() returns -EIO
+ *   null-frame       host->frame(NULL) before each real frame
+ *   null-event       host->event(NULL) once after start
+ *   unknown-event    an event of type 42 once after start
  *   crash-create / crash-start / crash-thread   SIGSEGV there
  *   abort-thread     abort() on the capture thread
  *   exit-thread      exit(3) on the capture thread
@@ -172,6 +175,7 @@ static void send_frame(struct krakl_source *s, int width, int height, uint64_t s
         f.damage = damage;
     }
     if (is(s, "damage-count-huge") && !first) f.damage_count = UINT32_MAX;   /* two rectangles behind it */
+    if (is(s, "null-frame")) s->host->frame(s->host->host_data, NULL);
     s->host->frame(s->host->host_data, &f);
     s->frames_since_start++;
 }
@@ -239,6 +243,8 @@ static void *run(void *arg) {
                 break;
             }
             if (is(s, "error-event")) send_event(s, KRAKL_EVENT_ERROR, -EIO, "the fixture reports a read error", 0, 0);
+            if (is(s, "null-event")) s->host->event(s->host->host_data, NULL);
+            if (is(s, "unknown-event")) send_event(s, 42, 0, "an event of a type no header defines", 0, 0);
             if (is(s, "format-no-frame")) {
                 send_event(s, KRAKL_EVENT_FORMAT_CHANGED, 0, NULL, (uint32_t)s->width * 2, (uint32_t)s->height * 2);
             }

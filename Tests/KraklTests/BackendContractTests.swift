@@ -173,6 +173,20 @@ struct BackendContractTests {
         try failing.start()
         try failing.stop()
         #expect(!said.matching("stop() reported an error: EIO").isEmpty, "\(said.all)")
+
+        // A NULL frame or event, an event of an undefined type: ignored, said once, counted (item 4.14).
+        for (behaviour, words) in [("null-frame", "ignored host->frame(NULL)"), ("null-event", "ignored host->event(NULL)"),
+                                   ("unknown-event", "ignored an event of type 42")] {
+            let lines = LogLines()
+            let sink = ContractSink()
+            let source = try BackendSource(library: library, backendName: "misbehaving", options: Self.options(behaviour), sink: sink, logger: lines.logger)
+            try source.start()
+            sink.observe(for: 0.5)
+            try source.stop()
+            try source.destroy()
+            #expect(lines.matching(words).count == 1, "\(behaviour): \(lines.all)")
+            #expect(source.violations.contains { $0.kind == .malformedCallback && $0.count >= 1 }, "\(behaviour): \(source.violations)")
+        }
     }
 
     @Test func errnoNamesAreTotalOverInt32() {

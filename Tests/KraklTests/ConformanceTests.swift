@@ -13,8 +13,8 @@ struct ConformanceTests {
     func expectAllPass(_ result: Harness.Result, sourceLocation: SourceLocation = #_sourceLocation) {
         #expect(result.status == 0, "exit \(result.status)\n\(result.stdout)\(result.stderr)", sourceLocation: sourceLocation)
         let lines = result.stdout.split(separator: "\n")
-        #expect(lines.filter { $0.hasPrefix("PASS") }.count == 24, "\(result.stdout)", sourceLocation: sourceLocation)
-        #expect(result.stdout.contains("conformance: 24 passed, 0 failed, 0 skipped"), "\(result.stdout)", sourceLocation: sourceLocation)
+        #expect(lines.filter { $0.hasPrefix("PASS") }.count == 25, "\(result.stdout)", sourceLocation: sourceLocation)
+        #expect(result.stdout.contains("conformance: 25 passed, 0 failed, 0 skipped"), "\(result.stdout)", sourceLocation: sourceLocation)
         #expect(!lines.contains { $0.hasPrefix("FAIL") || $0.hasPrefix("SKIP") }, "\(result.stdout)", sourceLocation: sourceLocation)
     }
 
@@ -119,7 +119,7 @@ struct ConformanceTests {
         #expect(bound != nil && elapsed <= bound! + 5, "took \(elapsed) s, bound \(bound ?? -1) s\n\(result.stdout)", sourceLocation: sourceLocation)
         let lines = result.stdout.split(separator: "\n").filter { $0.hasPrefix("PASS") || $0.hasPrefix("FAIL") || $0.hasPrefix("SKIP") }
         let names = lines.map { $0.dropFirst(6).prefix { $0 != ":" } }
-        #expect(names.count == 24 && Set(names).count == 24, "each check once:\n\(result.stdout)", sourceLocation: sourceLocation)
+        #expect(names.count == 25 && Set(names).count == 25, "each check once:\n\(result.stdout)", sourceLocation: sourceLocation)
         #expect(try result.stdout.contains(Regex(#"conformance: \d+ passed, \d+ failed, \d+ skipped\n"#)), "\(result.stdout)", sourceLocation: sourceLocation)
         return result
     }
@@ -127,15 +127,19 @@ struct ConformanceTests {
     @Test func aWellBehavedFixturePasses() throws {
         let result = try judge("none")
         #expect(result.status == 0, "\(result.stdout)\(result.stderr)")
-        #expect(result.stdout.contains("conformance: 23 passed, 0 failed, 1 skipped"), "\(result.stdout)")
+        #expect(result.stdout.contains("conformance: 24 passed, 0 failed, 1 skipped"), "\(result.stdout)")
         let ending = try judge("end", ["after_ms=500"], expectEnd: true)
-        #expect(ending.status == 0 && ending.stdout.contains("conformance: 24 passed, 0 failed, 0 skipped"), "\(ending.stdout)\(ending.stderr)")
+        #expect(ending.status == 0 && ending.stdout.contains("conformance: 25 passed, 0 failed, 0 skipped"), "\(ending.stdout)\(ending.stderr)")
     }
 
     /// Each behaviour breaks the contract one way; the FAIL line names the check and
     /// says what happened (the call that crashed or hung, the value returned).
     @Test(arguments: [
         ("two-threads", "FAIL  callbacks-one-thread: after start() #1, host->frame/event came from two different threads"),
+        // Issue 23, item 4.14: silently ignored before, now reported and failed.
+        ("null-frame", "FAIL  callbacks-well-formed: host->frame(NULL)"),
+        ("null-event", "FAIL  callbacks-well-formed: host->event(NULL)"),
+        ("unknown-event", "FAIL  callbacks-well-formed: an event of type 42"),
         ("two-threads", "FAIL  callbacks-serial: host->frame was called while another frame or event callback"),
         ("deliver-in-create", "FAIL  nothing-before-start: host->frame was called from inside create()"),
         ("partial-first", "FAIL  first-frame-whole: frame 1 after start() #1 names 2 damage rectangle(s)"),
