@@ -15,6 +15,8 @@ HTTP API (http://127.0.0.1:8088/janus inside the test's namespace):
                                           every 50 ms; reports when it saw it)
 
 Each prints one JSON line. Run with /opt/krakl-venv/bin/python (aiortc).
+A request Janus refuses (room exists: 427, wrong secret: 433, no such room:
+426, …) ends it with exit status 1 and Janus's error in the line.
 """
 import argparse
 import asyncio
@@ -42,6 +44,13 @@ def wait_for(predicate, seconds):
     return None
 
 
+def refused(reply):
+    """Janus's error of a plugin reply (`error_code`, `error`), or None."""
+    if isinstance(reply, dict) and "error_code" in reply:
+        return {"error_code": reply["error_code"], "error": reply.get("error", "")}
+    return None
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("command", choices=["create", "watch", "end", "gone"])
@@ -57,6 +66,7 @@ def main():
         created = handle.request({"request": "create", "room": args.room, "secret": args.secret, "bitrate": 2_500_000,
                                   "publishers": 6, "videocodec": "vp8"})
         report["created"] = created.get("videoroom")
+        report["refused"] = refused(created)
     elif args.command == "watch":
         listed = wait_for(lambda: [p for p in participants(handle, args.room)
                                    if p.get("display") == args.display and p.get("publisher")], 20)
@@ -71,11 +81,18 @@ def main():
     elif args.command == "end":
         report["t_ms"] = time.monotonic() * 1000
         if args.how == "destroy":
-            report["result"] = handle.request({"request": "destroy", "room": args.room, "secret": args.secret}).get("videoroom")
+            reply = handle.request({"request": "destroy", "room": args.room, "secret": args.secret})
+            report["result"] = reply.get("videoroom")
+            report["refused"] = refused(reply)
         else:
             target = [p for p in participants(handle, args.room) if p.get("display") == args.display]
-            report["result"] = handle.request({"request": "kick", "room": args.room, "secret": args.secret,
-                                               "id": target[0]["id"]}).get("videoroom") if target else "no such participant"
+            if target:
+                reply = handle.request({"request": "kick", "room": args.room, "secret": args.secret, "id": target[0]["id"]})
+                report["result"] = reply.get("videoroom")
+                report["refused"] = refused(reply)
+            else:
+                report["result"] = "no such participant"
+                report["refused"] = {"error_code": None, "error": f"no participant named {args.display!r} in room {args.room}"}
     elif args.command == "gone":
         # Polling starts now (a line says so, for a caller that times the leave from a signal it sends next).
         print(json.dumps({"polling": True}), flush=True)
@@ -84,6 +101,10 @@ def main():
         report["gone_ms"] = time.monotonic() * 1000
         report["participants"] = participants(handle, args.room)
     print(json.dumps(report), flush=True)
+    if report.get("refused"):
+        print(f"janus_host.py {args.command}: refused by Janus: {report['refused']['error']} ({report['refused']['error_code']})",
+              file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -110,6 +110,26 @@ import Testing
         #expect(signature.count > 20 && !agent.log.contains(signature), "the token's signature appeared in the agent's output")
     }
 
+    /// The host script a README example relies on fails loudly on Janus's refusals (issue 23, item
+    /// 4.1): Janus's stock room 1234 exists (427), a wrong secret (433), a participant not there.
+    @Test func theHostScriptExitsNonZeroOnJanusRefusals() throws {
+        guard let room = try JanusRoom() else { return }
+        func host(_ arguments: [String]) throws -> Harness.Result {
+            let (program, argv) = room.namespace.command(RtcPublisherSession.python, [RoomSessionTests.hostScript] + arguments)
+            return try Harness.run(program, argv, timeout: 60)
+        }
+        let stock = try host(["create", "--room", "1234", "--secret", "s"])
+        #expect(stock.status == 1 && stock.stderr.contains("427"), "creating the stock room 1234: \(stock)")
+        let again = try host(["create", "--room", "\(room.room)", "--secret", room.secret])
+        #expect(again.status == 1 && again.stderr.contains("427"), "creating a room twice: \(again)")
+        let wrong = try host(["end", "--room", "\(room.room)", "--secret", "not-the-secret"])
+        #expect(wrong.status == 1 && wrong.stderr.contains("433"), "ending with a wrong secret: \(wrong)")
+        let nobody = try host(["end", "--how", "kick", "--room", "\(room.room)", "--secret", room.secret, "--display", "nobody"])
+        #expect(nobody.status == 1 && nobody.stderr.contains("no participant named"), "kicking nobody: \(nobody)")
+        let ended = try host(["end", "--room", "\(room.room)", "--secret", room.secret])
+        #expect(ended.status == 0 && ended.stdout.contains("\"destroyed\""), "ending the room: \(ended)")
+    }
+
     @Test func stoppingLeavesTheRoom() throws {
         guard let room = try JanusRoom() else { return }
         let (code, _) = try room.codeFile(identity: "Bo")
