@@ -23,7 +23,7 @@ test to hand to the agent (never printed there: the token is a credential).
 
 Options: --url (the page), --headed (a real window on $DISPLAY, for --scan
 tests; default headless), --window WxH. Run inside the namespace that holds
-Janus (TESTBED.md), with /opt/krakl-venv/bin/python (selenium).
+Janus (docs/testing.md, "Janus"), with /opt/krakl-venv/bin/python (selenium).
 """
 import argparse
 import json

@@ -12,7 +12,7 @@ access token (Twilio's format: Tests/Fixtures/twilio_token.py makes them), aiort
 Sockets. The REST socket is bound first, on 127.0.0.1:0 in the namespace the process starts in
 (the host's). With --netns NAME the process then enters that network namespace (setns on
 /var/run/netns/NAME) and binds the signaling socket on 127.0.0.1:0 there, so aiortc's ICE
-sockets are there too (aioice drops 127.0.0.1; the namespace's 127.0.0.2 works, TESTBED.md).
+sockets are there too (aioice drops 127.0.0.1; the namespace's 127.0.0.2 works, docs/testing.md, "aiortc").
 Without --netns both are on 127.0.0.1 where it started. One aiohttp app serves both sockets
 (every path on either port); the signaling path is /signaling (ws://127.0.0.1:WS_PORT/signaling,
 wss with --tls). ICE host candidates are limited to 127.0.0.0/8 (never the machine's other

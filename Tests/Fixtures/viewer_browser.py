@@ -31,7 +31,7 @@ requestVideoFrameCallback: for each presented frame, its presentationTime (ms on
 performance.now() clock, whose origin is the navigation's start) and the frame stamp read from
 the frame's top rows (docs/frame-stamp.md's reader, CLOCK_MONOTONIC ms of the capture). The
 clocks are put together by a few selenium round trips (the shortest one's midpoint), the way
-TESTBED.md's /clock endpoint does it, so latency = presentation - capture on one clock.
+the /clock endpoint of docs/testing.md ("Chromium") does it, so latency = presentation - capture on one clock.
 """
 import argparse
 import json

@@ -12,7 +12,7 @@ Prints one line: {"report": {...}}. Exit 0 when the session ran (the test judges
 1 when the POST was refused (the status and body are in the report).
 
 Run it with /opt/krakl-venv/bin/python inside a network namespace with 127.0.0.2 (aioice drops
-127.0.0.1 from its host candidates; TESTBED.md).
+127.0.0.1 from its host candidates; docs/testing.md, "aiortc").
 """
 import argparse
 import asyncio

@@ -9,7 +9,7 @@ with --secret, `grants.video.room` checked against --room; an empty
 HTTP listens on 127.0.0.1 (loopback) in the namespace the script starts in;
 with --netns NAME the main thread then enters that network namespace
 (setns), so aiortc's ICE sockets live there (aioice drops 127.0.0.1 from
-its host candidates; the namespace carries 127.0.0.2, TESTBED.md).
+its host candidates; the namespace carries 127.0.0.2, docs/testing.md, "aiortc").
 
 Paths: POST {--path} (the endpoint; default /whip/endpoint/ROOM), POST
 /whip/final/ROOM (where redirects lead, on either port), PATCH and DELETE

@@ -2,7 +2,7 @@ import Foundation
 import Glibc
 import Testing
 
-/// Runs a test inside a network namespace of its own (TESTBED.md), for
+/// Runs a test inside a network namespace of its own (docs/testing.md, "Network namespaces"), for
 /// in-process code that must reach a server living there: Janus's HTTP API
 /// listens on 127.0.0.1 *inside* the namespace, and a test runner cannot
 /// move itself into one. So the test runs twice:

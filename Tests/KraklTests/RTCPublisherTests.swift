@@ -4,7 +4,7 @@ import Glibc
 import KraklRTC
 import Testing
 
-/// A network namespace of the test's own (TESTBED.md): lo up and a veth
+/// A network namespace of the test's own (docs/testing.md, "Network namespaces"): lo up and a veth
 /// pair carrying 127.0.0.2, because aiortc drops 127.0.0.1 from its host
 /// candidates. Every packet of a session stays inside it. Deleted on deinit.
 final class RtcTestNamespace {

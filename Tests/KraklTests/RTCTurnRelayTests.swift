@@ -2,7 +2,7 @@ import Foundation
 import Testing
 import KraklRTC
 
-/// coturn (TESTBED.md ## TURN) in the test's namespace, relaying on ports 20000-20100 so that
+/// coturn (docs/testing.md, "TURN") in the test's namespace, relaying on ports 20000-20100 so that
 /// nftables can tell relayed traffic from direct traffic between the publisher and aiortc.
 final class CoturnServer {
     static let program = "/usr/bin/turnserver"

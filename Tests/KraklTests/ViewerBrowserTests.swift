@@ -9,7 +9,7 @@ import Testing
 ///
 /// Chromium runs on plain loopback: without a media permission it signals no candidates and sends
 /// its checks from a socket bound to 0.0.0.0, so they reach the agent's 127.0.0.1 candidate from
-/// 127.0.0.1 and ICE connects on a peer-reflexive pair (TESTBED.md); nothing leaves `lo`. aiortc
+/// 127.0.0.1 and ICE connects on a peer-reflexive pair (docs/testing.md, "Chromium"); nothing leaves `lo`. aiortc
 /// drops 127.0.0.1 from its candidates, so the WHEP player test runs in a namespace of its own.
 @Suite(.serialized) struct ViewerBrowserTests {
     static let python = "/opt/krakl-venv/bin/python"

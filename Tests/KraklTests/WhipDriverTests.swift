@@ -10,7 +10,7 @@ import Testing
 
 /// The WHIP driver against Tests/Fixtures/whip_server.py: Python's HTTP
 /// server, pyjwt checking our Bearer token and aiortc answering as the
-/// receiving peer (TESTBED.md), with a real KraklRTC publisher offering.
+/// receiving peer (docs/testing.md, "aiortc"), with a real KraklRTC publisher offering.
 @Suite(.serialized) struct WhipDriverTests {
     /// A namespace, a server in it and a publisher whose offer is real; nil after SKIP.
     struct Rig {

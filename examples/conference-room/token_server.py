@@ -111,7 +111,7 @@ class Room:
         with self.lock:
             if self.janus.videoroom({"request": "exists", "room": self.room}).get("exists"):
                 return
-            # A realistic bitrate: Janus's stock rooms cap publishers at 128 kbit/s (TESTBED.md).
+            # A realistic bitrate: Janus's stock rooms cap publishers at 128 kbit/s (docs/testing.md, "Traps").
             self.janus.videoroom({"request": "create", "room": self.room, "secret": self.room_secret,
                                   "description": "krakl development room", "bitrate": 2_500_000,
                                   "publishers": 12, "videocodec": "vp8,vp9", "is_private": False})
