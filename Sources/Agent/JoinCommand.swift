@@ -23,12 +23,13 @@ enum JoinCodeSource: Equatable {
         case .argument(let text), .environment(let text), .scanned(let text):
             return text
         case .file(let path):
-            // A join code is at most 4 KB; a bigger file is not one (and is not read whole).
+            // A join code is at most 4 KB; a bigger file is read up to 1 MiB, so the refusal names its
+            // real size (a cut at 4 KB + 64 made every long file "4160 bytes").
             guard let handle = FileHandle(forReadingAtPath: path) else {
                 throw .usage("--join @\(path): cannot read that file")
             }
             defer { try? handle.close() }
-            let data = (try? handle.read(upToCount: JoinCode.maximumLength + 64)) ?? Data()
+            let data = (try? handle.read(upToCount: 1 << 20)) ?? Data()
             return String(decoding: data, as: UTF8.self)
         case .standardInput:
             return StandardInputLine.read(limit: JoinCode.maximumLength + 64)

@@ -66,6 +66,17 @@ import Testing
         #expect(throws: JoinCodeError.malformedCode(.notPrintableASCII(position: 15))) { try JoinCode(parsing: "krakl:v=1;k=wh\u{ED}p;u=https://h/;t=x") }
     }
 
+    /// A join code file that is too long is refused with its real size (issue 23, item 4.5).
+    @Test(arguments: [4257, 10057])
+    func aTooLongCodeFileSaysItsRealSize(bytes: Int) throws {
+        try Harness.requireBuild()
+        let path = try Harness.temporaryDirectory() + "/long-code"
+        try ("krakl:v=1;k=twilio;t=" + String(repeating: "a", count: bytes - 21)).write(toFile: path, atomically: true, encoding: .utf8)
+        let result = try Harness.agent(["code", "@" + path])
+        #expect(result.status == 40, "\(result)")
+        #expect(result.stderr.contains("\(bytes) bytes"), "\(result.stderr)")
+    }
+
     // MARK: Server frames
 
     @Test func theServersFramesParseIntoWhatTheDriverUses() throws {
