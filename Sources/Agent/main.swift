@@ -1,6 +1,8 @@
 import Foundation
 import KraklCore
+import KraklEncoder
 import KraklRoom
+import KraklScan
 
 // Line-buffered stdout even into a pipe, so status and check lines appear
 // as they happen.
@@ -32,6 +34,8 @@ do throws(HostError) {
         print(helpText)
     case .version:
         print("krakl-agent 0.1.0 (backend ABI \(BackendLibrary.hostVersion.major).\(BackendLibrary.hostVersion.minor))")
+        // The libraries it runs with (the loaded ones, not the headers it was built against): what a bug report needs.
+        print("libvpx \(EncoderLibraryVersion.libvpx), \(TLSLibraryVersion.openSSL), zbar \(ScanLibraryVersion.zbar)")
     case .sources:
         let selection = try selectedBackend(arguments)
         guard let sources = try selection.listSources(logger: logger) else {

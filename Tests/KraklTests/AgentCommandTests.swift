@@ -46,6 +46,20 @@ struct AgentCommandTests {
         #expect(result.stdout.contains("(default: the screen's: file here, no screen found"), "\(result.stdout)")
     }
 
+    /// `--version` names the libraries the agent runs with, as loaded (issue 23, item 3): the
+    /// versions are compared with what Debian's own tools say of the installed packages.
+    @Test func versionNamesTheLibrariesItRunsWith() throws {
+        try Harness.requireBuild()
+        let result = try Harness.agent(["--version"])
+        #expect(result.status == 0 && result.stdout.hasPrefix("krakl-agent "), "\(result)")
+        let openssl = try Harness.run("/usr/bin/openssl", ["version"]).stdout.split(separator: " ").dropFirst().first.map(String.init) ?? "?"
+        #expect(result.stdout.contains("OpenSSL \(openssl)"), "openssl version says \(openssl): \(result.stdout)")
+        let vpx = try Harness.run("/usr/bin/dpkg-query", ["-W", "-f=${Version}", "libvpx7"]).stdout   // e.g. 1.12.0-1+deb12u4
+        #expect(result.stdout.contains("libvpx v\(vpx.prefix { $0 != "-" })"), "libvpx7 is \(vpx): \(result.stdout)")
+        let zbar = try Harness.run("/usr/bin/dpkg-query", ["-W", "-f=${Version}", "libzbar0"]).stdout  // e.g. 0.23.92-7+deb12u1
+        #expect(result.stdout.contains("zbar \(zbar.prefix { $0 != "-" })"), "libzbar0 is \(zbar): \(result.stdout)")
+    }
+
     @Test func captureRunPrintsStatusAndSummary() throws {
         try Harness.requireBuild()
         let registry = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
