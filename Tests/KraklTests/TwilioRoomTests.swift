@@ -13,7 +13,7 @@ import Testing
 
     /// Shares until ≥ 30 frames are decoded; checks what the room saw of us.
     func sharesTheScreenOnly(_ room: TwilioTestRoom, _ agent: DtlsTestProcess) throws {
-        #expect(agent.waitFor("sharing", timeout: 30), "the agent never shared: \(agent.log.suffix(1500))")
+        #expect(agent.waitFor("sharing the screen", timeout: 30), "the agent never shared: \(agent.log.suffix(1500))")
         let seen = try room.waitForParticipant(Self.identity, timeout: 30) { (TwilioTestRoom.frames($0)["decoded"] as? Int ?? 0) >= 30 }
         let frames = TwilioTestRoom.frames(seen)
         #expect((frames["decoded"] as? Int ?? 0) >= 30, "frames decoded at the room: \(frames)")
@@ -78,7 +78,7 @@ import Testing
         guard let room = try TwilioTestRoom() else { return }
         let agent = try room.agent(try room.code(identity: Self.identity))
         defer { agent.stop() }
-        #expect(agent.waitFor("sharing", timeout: 30), "the agent never shared: \(agent.log.suffix(1500))")
+        #expect(agent.waitFor("sharing the screen", timeout: 30), "the agent never shared: \(agent.log.suffix(1500))")
         _ = try room.waitForParticipant(Self.identity) { (TwilioTestRoom.frames($0)["decoded"] as? Int ?? 0) >= 5 }
         agent.signal(SIGTERM)
         let status = TwilioTestRoom.waitExit(agent, seconds: 20)
@@ -145,13 +145,13 @@ import Testing
         guard let room = try TwilioTestRoom() else { return }
         let first = try room.agent(try room.code(identity: Self.identity))
         defer { first.stop() }
-        #expect(first.waitFor("sharing", timeout: 30), "the first agent never shared: \(first.log.suffix(800))")
+        #expect(first.waitFor("sharing the screen", timeout: 30), "the first agent never shared: \(first.log.suffix(800))")
         let second = try room.agent(try room.code(identity: Self.identity))
         defer { second.stop() }
         let status = TwilioTestRoom.waitExit(first, seconds: 30)
         #expect(status == 55, "the replaced agent exited \(status.map(String.init) ?? "none") (55 = replaced): \(first.log.suffix(600))")
         #expect(first.log.contains("53205"))
-        #expect(second.waitFor("sharing", timeout: 30), "the second agent never shared: \(second.log.suffix(800))")
+        #expect(second.waitFor("sharing the screen", timeout: 30), "the second agent never shared: \(second.log.suffix(800))")
     }
 
     // MARK: A server that misbehaves
@@ -174,7 +174,7 @@ import Testing
         guard let room = try TwilioTestRoom(["--fault", fault, "--fault-after", "1"]) else { return }
         let agent = try room.agent(try room.code(identity: Self.identity))
         defer { agent.stop() }
-        #expect(agent.waitFor("sharing", timeout: 30), "the agent never shared: \(agent.log.suffix(1500))")
+        #expect(agent.waitFor("sharing the screen", timeout: 30), "the agent never shared: \(agent.log.suffix(1500))")
         #expect(room.waitForEvent("synced", timeout: 40) != nil, "\(fault): no sync/synced: \(agent.log.suffix(800))")
         #expect(agent.log.contains("reconnecting"), "\(fault): the agent did not say it was reconnecting: \(agent.log.suffix(600))")
         #expect(agent.isRunning, "\(fault): the agent ended: \(agent.log.suffix(600))")
@@ -192,7 +192,7 @@ import Testing
         guard let room = try TwilioTestRoom(["--fault", "busy-once"]) else { return }
         let agent = try room.agent(try room.code(identity: Self.identity))
         defer { agent.stop() }
-        #expect(agent.waitFor("sharing", timeout: 30), "the agent never shared after busy: \(agent.log.suffix(1500))")
+        #expect(agent.waitFor("sharing the screen", timeout: 30), "the agent never shared after busy: \(agent.log.suffix(1500))")
         let cookie = try #require(room.waitForEvent("busy-cookie", timeout: 5), "the second hello was not seen")
         #expect(cookie["echoed"] as? Bool == true, "the cookie was not echoed: \(cookie)")
     }
@@ -213,7 +213,7 @@ import Testing
         guard let room = try TwilioTestRoom(["--session-timeout", "3"]) else { return }
         let agent = try room.agent(try room.code(identity: Self.identity))
         defer { agent.stop() }
-        #expect(agent.waitFor("sharing", timeout: 30), "the agent never shared: \(agent.log.suffix(1500))")
+        #expect(agent.waitFor("sharing the screen", timeout: 30), "the agent never shared: \(agent.log.suffix(1500))")
         room.process.send(signal: SIGKILL)
         let status = TwilioTestRoom.waitExit(agent, seconds: 60)
         #expect(status == 32, "exit \(status.map(String.init) ?? "none") (32 = connection lost): \(agent.log.suffix(800))")
@@ -255,7 +255,7 @@ import Testing
         guard let room = try TwilioTestRoom(["--reoffer-after", "1.5"] + extra) else { return }
         let agent = try room.agent(try room.code(identity: Self.identity))
         defer { agent.stop() }
-        #expect(agent.waitFor("sharing", timeout: 30), "the agent never shared: \(agent.log.suffix(1500))")
+        #expect(agent.waitFor("sharing the screen", timeout: 30), "the agent never shared: \(agent.log.suffix(1500))")
         let answer = try #require(room.waitForEvent("answer", timeout: 30), "no answer to the re-offer: \(agent.log.suffix(800))")
         #expect(answer["ok"] as? Bool == true && answer["applied"] as? Bool == true, "\(extra): \(answer)")
         let sections = answer["m_sections"] as? [[String: Any]] ?? []
