@@ -152,6 +152,14 @@ final class TwilioTestRoom {
 
     static func frames(_ participant: [String: Any]?) -> [String: Any] { participant?["frames"] as? [String: Any] ?? [:] }
 
+    /// Waits (bounded) until `count` more frames than now were decoded from `identity`: whether they
+    /// were, and the frame record then (media going on through a reconnect or a renegotiation).
+    func framesKeepComing(_ identity: String, count: Int = 30) throws -> (ok: Bool, frames: [String: Any]) {
+        let before = Self.frames(try participant(identity))["decoded"] as? Int ?? 0
+        let later = Self.frames(try waitForParticipant(identity) { (Self.frames($0)["decoded"] as? Int ?? 0) >= before + count })
+        return ((later["decoded"] as? Int ?? 0) >= before + count, later)
+    }
+
     static func waitExit(_ process: DtlsTestProcess, seconds: Double) -> Int32? {
         _ = process.waitForExit(seconds: seconds)
         return process.exitStatus
