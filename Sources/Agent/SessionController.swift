@@ -137,6 +137,10 @@ final class SessionController {
 
     private func sessionMoved(_ number: Int, to state: SharingLifecycle.State) {
         guard number == sessionNumber, session != nil else { return }
+        // Idle again: `sessionEnded` comes next and tells it with this session's end; a status now
+        // would still carry the previous session's (`watch` printed "last session: You stopped
+        // sharing." when a room ended).
+        if state == .idle { return }
         stateSince = MonotonicClock.milliseconds()
         var firstShare = false
         if state == .sharing && sharingSince == nil {

@@ -52,6 +52,26 @@ import Testing
                 "after stop: \(second ?? [:])")
     }
 
+    /// `watch` after a stopped session, then one the room ends: no line in between repeats the
+    /// first session's end as if it were the second's (issue 23, item 4.4).
+    @Test func watchTellsEachSessionsOwnEnd() throws {
+        guard let room = try TwilioTestRoom() else { return }
+        let daemon = try Self.daemon(room)
+        let watch = try DtlsTestProcess("/usr/bin/env", ["XDG_RUNTIME_DIR=\(daemon.runtime)", Harness.agent, "watch"])
+        defer { watch.stop() }
+        let code = try room.code(identity: "Wes")
+        try #require(try daemon.client(["connect", "@" + code]).status == 0)
+        try #require(try daemon.client(["stop"]).status == 0)
+        #expect(watch.waitFor("You stopped sharing.", timeout: 10), "\(watch.log)")
+        let before = watch.log.count
+        try #require(try daemon.client(["connect", "@" + code]).status == 0)
+        _ = try room.complete()
+        #expect(watch.waitFor("Twilio 53118", timeout: 20), "\(watch.log)")
+        _ = watch.waitFor("\u{1}never", timeout: 0.5)
+        let second = String(watch.log.dropFirst(before))
+        #expect(!second.contains("You stopped sharing."), "the first session's end was told again:\n\(second)")
+    }
+
     @Test func joinCompleteCyclesKeepTheDaemonFlat() throws {
         guard let room = try TwilioTestRoom(["--seconds", "900"]) else { return }
         let daemon = try Self.daemon(room)
