@@ -7,9 +7,9 @@ import KraklCore
 /// loaded in a child process (BackendProbe), so one whose constructor
 /// exits or crashes is reported and the list goes on.
 func listBackends(_ registry: PluginRegistry) {
-    let choice = chooseScreenBackend(registryPath: registry.path, given: nil)
-    print("Backends in \(registry.path) (default: " + (registry.defaultIsExplicit ? registry.defaultBackend
-        : "the screen's: \(choice.name ?? registry.defaultBackend) here, \(choice.why)") + ")")
+    let choice = registry.defaultIsExplicit ? nil : chooseScreenBackend(registryPath: registry.path, given: nil)
+    print("Backends in \(registry.path) (default: " + (choice.map { "the screen's: \($0.name ?? registry.defaultBackend) here, \($0.why)" }
+        ?? registry.defaultBackend) + ")")
     let width = registry.backends.map(\.name.count).max() ?? 4
     for entry in registry.backends {
         let name = entry.name.padding(toLength: width, withPad: " ", startingAt: 0)

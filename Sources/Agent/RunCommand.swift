@@ -93,11 +93,13 @@ func signalReason(_ number: Int32) -> String {
 
 /// The backend the command line names, else the screen's (`chooseScreenBackend`: plugins.json's
 /// `default` when it names one, the portal, X11, else the test pattern), its plugins.json options
-/// with every --option applied, isolated or loaded.
-func selectedBackend(_ arguments: Arguments) throws(HostError) -> BackendSelection {
-    let choice = chooseScreenBackend(registryPath: arguments.plugins, given: arguments.backend)
-    return try BackendSelection(registryPath: arguments.plugins, name: choice.name ?? arguments.backend, overrides: arguments.options,
-                                isolate: arguments.isolate)
+/// with every --option applied, isolated or loaded; and the choice, for the words about it
+/// (`scanning`: worded for reading a join code, not sharing).
+func selectedBackend(_ arguments: Arguments, scanning: Bool = false) throws(HostError) -> (selection: BackendSelection, choice: BackendChoice) {
+    let choice = chooseScreenBackend(registryPath: arguments.plugins, given: arguments.backend, scanning: scanning)
+    let selection = try BackendSelection(registryPath: arguments.plugins, name: choice.name ?? arguments.backend, overrides: arguments.options,
+                                         isolate: arguments.isolate)
+    return (selection, choice)
 }
 
 extension EncoderError {

@@ -98,7 +98,7 @@ protocol ScanHost: AnyObject {
 /// The scan itself: the first usable join code on the screen, or nil and the exit status
 /// (50 nothing within --scan-timeout, 51 the source ended first, 0 stopped).
 func scanScreen(_ arguments: Arguments, logger: @escaping BackendLogger, host: ScanHost) throws(HostError) -> (Invitation?, Int32) {
-    let selection = try selectedBackend(arguments)
+    let (selection, choice) = try selectedBackend(arguments, scanning: true)
     let capture = LumaCapture(backend: selection.entry.name, logger: logger, onChange: { [weak host] in host?.wake() })
     let source: any CaptureSource = try selection.makeSource(sink: capture, logger: logger)
     try source.start()
@@ -109,11 +109,8 @@ func scanScreen(_ arguments: Arguments, logger: @escaping BackendLogger, host: S
     var looked = 0
     var changeSeenAt: Double?
     var reported = Set<String>()
-    let choice = chooseScreenBackend(registryPath: arguments.plugins, given: arguments.backend)
     let what = choice.name == selection.entry.name ? (choice.label ?? selection.entry.name) : selection.entry.name
-    if arguments.backend == nil, !choice.why.isEmpty {
-        host.say("backend \(selection.entry.name): " + choice.why.replacingOccurrences(of: "sharing a test pattern", with: "a test pattern"))
-    }
+    if arguments.backend == nil, !choice.why.isEmpty { host.say("backend \(selection.entry.name): \(choice.why)") }
     host.say("scanning the \(what) screen for a join code (at most \(Int(arguments.scanTimeout)) s; Ctrl-C stops)…")
     while true {
         let now = MonotonicClock.milliseconds()

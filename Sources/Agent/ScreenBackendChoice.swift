@@ -15,7 +15,10 @@ struct BackendChoice: Equatable {
     var label: String?
 }
 
-func chooseScreenBackend(registryPath: String?, given: String?, environment: [String: String] = ProcessInfo.processInfo.environment) -> BackendChoice {
+/// `scanning`: the choice is for reading a join code, not for sharing: the words for the test
+/// pattern say so.
+func chooseScreenBackend(registryPath: String?, given: String?, scanning: Bool = false,
+                         environment: [String: String] = ProcessInfo.processInfo.environment) -> BackendChoice {
     func label(_ name: String) -> String {
         switch name {
         case "x11": return "x11 (display \(environment["DISPLAY"].flatMap { $0.isEmpty ? nil : $0 } ?? "?"))"
@@ -43,7 +46,7 @@ func chooseScreenBackend(registryPath: String?, given: String?, environment: [St
         return BackendChoice(name: "x11", why: "an X display (DISPLAY=\(display)): the X11 screen", label: label("x11"))
     }
     let fallback = registry.defaultBackend
-    let words = fallback == "file" ? "no screen found (no Wayland session or X display with its backend): sharing a test pattern (file backend)"
+    let words = fallback == "file" ? "no screen found (no Wayland session or X display with its backend): \(scanning ? "" : "sharing ")a test pattern (file backend)"
         : "no screen found (no Wayland session or X display with its backend): backend \(fallback)"
     return BackendChoice(name: fallback, why: words, label: label(fallback))
 }

@@ -37,7 +37,7 @@ do throws(HostError) {
         // The libraries it runs with (the loaded ones, not the headers it was built against): what a bug report needs.
         print("libvpx \(EncoderLibraryVersion.libvpx), \(TLSLibraryVersion.openSSL), zbar \(ScanLibraryVersion.zbar)")
     case .sources:
-        let selection = try selectedBackend(arguments)
+        let selection = try selectedBackend(arguments).selection
         guard let sources = try selection.listSources(logger: logger) else {
             print("backend \(selection.entry.name) does not list sources (it has no list_sources)")
             break

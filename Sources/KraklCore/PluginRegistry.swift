@@ -28,7 +28,7 @@ public struct BackendEntry: Equatable, Sendable {
 ///     { "version": 1, "default": "file",
 ///       "backends": { "file": { "library": "...so", "description": "...", "options": {...} } } }
 ///
-/// `default` is optional: without it the screen decides (the agent's `ScreenBackendChoice`: the
+/// `default` is optional: without it the screen decides (the agent's `chooseScreenBackend`: the
 /// portal on a Wayland session, X11 with an X display, else `defaultBackend`, the test pattern).
 public struct PluginRegistry: Sendable {
     public let path: String

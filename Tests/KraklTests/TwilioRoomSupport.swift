@@ -38,7 +38,7 @@ final class TwilioTestRoom {
         registry = try Harness.registryForThisBuild(in: folder)
         process = try DtlsTestProcess(WhipTestServer.python, [Self.script, "--account-sid", Self.accountSid, "--api-key-sid", Self.apiKeySid,
                                                               "--api-key-secret", secret, "--netns", namespace.name, "--seconds", "300"] + arguments)
-        guard process.waitFor("\"ready\"", timeout: 30), let ready = Self.events(process.log).first(where: { $0["event"] as? String == "ready" }),
+        guard process.waitFor("\"ready\"", timeout: 30), let ready = WhipTestServer.events(process.log).first(where: { $0["event"] as? String == "ready" }),
               let ws = ready["ws_port"] as? Int, let restPort = ready["rest_port"] as? Int else {
             throw WhipNamespaceThread.Failed(description: "twilio_room.py did not start: \(process.log.suffix(2000))")
         }
@@ -131,14 +131,8 @@ final class TwilioTestRoom {
 
     // MARK: Events
 
-    static func events(_ text: String) -> [[String: Any]] {
-        text.split(whereSeparator: \.isNewline).compactMap { line in
-            guard line.hasPrefix("{") else { return nil }
-            return (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any]
-        }
-    }
-
-    func events(_ kind: String) -> [[String: Any]] { Self.events(process.log).filter { $0["event"] as? String == kind } }
+    /// Every event line of `kind` so far (JSON lines, read as the WHIP server's are).
+    func events(_ kind: String) -> [[String: Any]] { WhipTestServer.events(process.log).filter { $0["event"] as? String == kind } }
 
     /// Waits (bounded) for an event of `kind`.
     func waitForEvent(_ kind: String, timeout: Double = 10) -> [String: Any]? {

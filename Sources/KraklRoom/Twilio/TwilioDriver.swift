@@ -114,9 +114,6 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
         socketOptions.pingAfterIdle = 60
     }
 
-    /// Twilio's global signaling endpoint: what a bare access token joins through.
-    public static let globalSignalingURL = URL(string: "wss://global.vss.twilio.com/signaling")!
-
     /// "room RM…, participant PA…, track MT…", as far as known: for status lines.
     public var roomDetails: String? {
         state.withLock {
@@ -137,9 +134,9 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
             throw .unreachable("Twilio: the join was cancelled")
         }
         phase = .joining
-        if let track = Self.msidTrackID(offer) { trackID = track }
+        if let track = TwilioRenegotiation.msidTrackID(offer) { trackID = track }
         ourOffer = offer
-        ufrag = Self.attribute("ice-ufrag", in: offer) ?? ""
+        ufrag = TwilioRenegotiation.attribute("ice-ufrag", in: offer) ?? ""
         let attempt = WebSocket.Attempt()
         self.attempt = attempt
         state.unlock()
@@ -511,7 +508,7 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
             }
         case "create-offer":
             // Our offer as it is (same ICE credentials, no restart), newly versioned.
-            reply = ["type": "offer", "revision": description.revision, "sdp": Self.reversioned(offer, version: version)]
+            reply = ["type": "offer", "revision": description.revision, "sdp": TwilioRenegotiation.reversioned(offer, version: version)]
         default:
             return
         }
@@ -527,7 +524,7 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
     /// for the ufrag of the answer in use and only from a newer revision (`lib/signaling/v2/icebox.js`).
     private func takeRemoteIce(_ ice: TwilioMessages.Ice) {
         let fresh = state.withLock { () -> [String] in
-            guard let answer, ice.revision > remoteIceRevision, let ufrag = ice.ufrag, ufrag == Self.attribute("ice-ufrag", in: answer) else { return [] }
+            guard let answer, ice.revision > remoteIceRevision, let ufrag = ice.ufrag, ufrag == TwilioRenegotiation.attribute("ice-ufrag", in: answer) else { return [] }
             remoteIceRevision = ice.revision
             // Bounded: a server that trickles without end cannot grow this past a few hundred.
             let new = ice.candidates.filter { !remoteCandidatesSeen.contains($0) }.prefix(max(0, 512 - remoteCandidatesSeen.count)).map { $0 }
@@ -535,15 +532,6 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
             return new
         }
         for candidate in fresh { deliver(.remoteCandidate(candidate), final: false) }
-    }
-
-    /// `sdp` with its `o=` session version set to `version`.
-    static func reversioned(_ sdp: String, version: Int) -> String {
-        sdp.split(separator: "\r\n", omittingEmptySubsequences: false).map { line -> String in
-            let parts = line.split(separator: " ")
-            guard line.hasPrefix("o="), parts.count >= 6 else { return String(line) }
-            return ([String(parts[0]), String(parts[1]), "\(version)"] + parts.dropFirst(3).map(String.init)).joined(separator: " ")
-        }.joined(separator: "\r\n")
     }
 
     /// Takes a connected/synced message; returns what is wrong with it, or nil.
@@ -706,17 +694,4 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
         return "the socket closed with \(code)" + (clipped.isEmpty ? "" : " (\(clipped))")
     }
 
-    /// The track id of the first `a=msid:<stream> <track>` line.
-    static func msidTrackID(_ sdp: String) -> String? {
-        guard let value = attribute("msid", in: sdp) else { return nil }
-        let parts = value.split(separator: " ")
-        return parts.count == 2 ? String(parts[1]) : nil
-    }
-
-    static func attribute(_ name: String, in sdp: String) -> String? {
-        for line in sdp.split(whereSeparator: \.isNewline) where line.hasPrefix("a=\(name):") {
-            return String(line.dropFirst(name.count + 3)).trimmingCharacters(in: .whitespaces)
-        }
-        return nil
-    }
 }

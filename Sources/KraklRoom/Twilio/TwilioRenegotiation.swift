@@ -34,9 +34,7 @@ enum TwilioRenegotiation {
         let keptTypes = ours.payloadTypes.filter { usedTypes.contains($0) || ours.isRtx(of: $0, among: usedTypes) }
 
         var lines: [String] = ["v=0"]
-        let origin = ourSession.first { $0.hasPrefix("o=") }?.split(separator: " ") ?? []
-        lines.append(origin.count >= 6 ? "o=\(origin[0].dropFirst(2)) \(origin[1]) \(version) \(origin[3]) \(origin[4]) \(origin[5])"
-                                       : "o=- 0 \(version) IN IP4 127.0.0.1")
+        lines.append(ourSession.first { $0.hasPrefix("o=") }.map { origin($0, version: version) } ?? "o=- 0 \(version) IN IP4 127.0.0.1")
         lines += ourSession.filter { $0.hasPrefix("s=") || $0.hasPrefix("t=") }
         lines.append("a=group:BUNDLE \(ourMid)")
         lines += ourSession.filter { $0.hasPrefix("a=msid-semantic") }
@@ -75,9 +73,7 @@ enum TwilioRenegotiation {
         var payloadTypes: [String] { lines[0].split(separator: " ").dropFirst(3).map(String.init) }
         var mid: String? { attribute("mid") }
 
-        func attribute(_ name: String) -> String? {
-            lines.first { $0.hasPrefix("a=\(name):") }.map { String($0.dropFirst(name.count + 3)).trimmingCharacters(in: .whitespaces) }
-        }
+        func attribute(_ name: String) -> String? { TwilioRenegotiation.attribute(name, inLines: lines) }
 
         /// Whether `type` is an RTX payload type (`a=fmtp:T apt=P`) for one of `used`.
         func isRtx(of type: String, among used: [String]) -> Bool {
@@ -86,6 +82,34 @@ enum TwilioRenegotiation {
                 return used.contains { line.contains("apt=\($0)") }
             }
         }
+    }
+
+    /// The value of the first `a=NAME:` line.
+    static func attribute(_ name: String, in sdp: String) -> String? {
+        attribute(name, inLines: sdp.split(whereSeparator: \.isNewline))
+    }
+
+    static func attribute<Line: StringProtocol>(_ name: String, inLines lines: [Line]) -> String? {
+        lines.first { $0.hasPrefix("a=\(name):") }.map { String($0.dropFirst(name.count + 3)).trimmingCharacters(in: .whitespaces) }
+    }
+
+    /// The track id of the first `a=msid:<stream> <track>` line.
+    static func msidTrackID(_ sdp: String) -> String? {
+        guard let value = attribute("msid", in: sdp) else { return nil }
+        let parts = value.split(separator: " ")
+        return parts.count == 2 ? String(parts[1]) : nil
+    }
+
+    /// An `o=` line with its session version set to `version` (the line as it is when it is not one).
+    static func origin(_ line: String, version: Int) -> String {
+        let parts = line.split(separator: " ")
+        guard line.hasPrefix("o="), parts.count >= 6 else { return line }
+        return ([String(parts[0]), String(parts[1]), "\(version)"] + parts.dropFirst(3).map(String.init)).joined(separator: " ")
+    }
+
+    /// `sdp` with its `o=` session version set to `version` (our offer again, for `create-offer`).
+    static func reversioned(_ sdp: String, version: Int) -> String {
+        sdp.split(separator: "\r\n", omittingEmptySubsequences: false).map { origin(String($0), version: version) }.joined(separator: "\r\n")
     }
 
     /// The session lines and the m-sections of an SDP.

@@ -91,7 +91,6 @@ public final class WebSocket: @unchecked Sendable {
             let connection = lock.withLock { () -> HTTPConnection? in cancelled = true; return self.connection }
             connection?.cancel()
         }
-        public var isCancelled: Bool { lock.withLock { cancelled } }
     }
 
     /// Opens the connection and completes the opening handshake (§4.1): a fresh random
