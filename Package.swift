@@ -33,7 +33,7 @@ let package = Package(
         // libpipewire-0.3 (macro and SPA pod helpers) and sd-bus (the ScreenCast portal client), from Debian.
         .systemLibrary(name: "CPipeWire", pkgConfig: "libpipewire-0.3"),
         .systemLibrary(name: "CSdBus", pkgConfig: "libsystemd"),
-        .target(name: "BackendPipeWire", dependencies: ["BackendKit", "KraklBackendABI", "CPipeWire", "CSdBus"], swiftSettings: swift5),
+        .target(name: "BackendPipeWire", dependencies: ["BackendKit", "KraklBackendABI", "CPipeWire", "CSdBus", "CYuv"], swiftSettings: swift5),
         // The host side: plugins.json, dlopen loader, source lifecycle, conformance suite.
         .target(name: "KraklCore", dependencies: ["KraklBackendABI"], swiftSettings: swift5),
         // libvpx (Debian libvpx-dev) with shims for its macro-only calls.

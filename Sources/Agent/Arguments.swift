@@ -71,6 +71,10 @@ struct Arguments {
     /// --scan: the join code from a QR code on the screen (any backend's frames).
     var scan = false
     var scanTimeout = 120.0
+    /// --camera [NAME]: scan a camera's view instead of the screen ("": the first camera).
+    var camera: String?
+    /// `sources --cameras`: list the cameras a scan can read.
+    var cameras = false
     /// --json: `status` and `watch` print the daemon's JSON lines.
     var json = false
     /// --headless: never the home screen, even on a terminal.
@@ -189,6 +193,15 @@ struct Arguments {
             case "--qr": qr = try value(for: flag)
             case "--scan-only": scanOnly = true
             case "--scan": scan = true
+            case "--camera":
+                // The name is optional: the next word is one unless it is a flag or a command.
+                scan = true
+                if word.contains("=") || (rest.first.map { !$0.hasPrefix("-") && !Self.commands.contains($0) } ?? false) {
+                    camera = try value(for: flag)
+                } else {
+                    camera = ""
+                }
+            case "--cameras": cameras = true
             case "--scan-timeout":
                 let text = try value(for: flag)
                 guard let s = Double(text), s >= 1, s <= 3600 else { throw .usage("--scan-timeout \(text): give seconds from 1 to 3600") }
@@ -265,8 +278,8 @@ struct Arguments {
         case "status": command = .control(.status)
         case "stop": command = .control(.stop)
         case "watch": command = .control(.watch)
-        case "connect": command = .control(.connect(try ControlCommand.connectTarget(positional.dropFirst().first, qr: qr, scan: scan)))
-        default: throw .usage("unknown command \(positional[0]) (commands: run, home, code, backends, sources, conformance, daemon, status, connect, stop, watch)")
+        case "connect": command = .control(.connect(try ControlCommand.connectTarget(positional.dropFirst().first, qr: qr, scan: scan, camera: camera)))
+        default: throw .usage("unknown command \(positional[0]) (commands: \(Self.commands.joined(separator: ", ")))")
         }
         if let port = listenGiven?.port, let other = viewerPort, port != other {
             throw .usage("--listen names port \(port) and --viewer-port \(other): give one")
@@ -283,6 +296,8 @@ struct Arguments {
         }
         if positional.count > expected { throw .usage("unexpected argument \(positional[expected])") }
     }
+
+    static let commands = ["run", "home", "code", "backends", "sources", "conformance", "daemon", "status", "connect", "stop", "watch"]
 
     /// The home screen instead of lines: `home`, or a join code (--join, --qr, --scan) given on a
     /// terminal (stdin and stdout), unless --headless, --once, --scan-only, -q or --log-format json

@@ -8,13 +8,14 @@ enum ControlCommand: Equatable {
     case status, connect(ConnectTarget), stop, watch
 
     /// Where `krakl-agent connect` takes its join code from.
-    enum ConnectTarget: Equatable { case code(JoinCodeSource), qr(String), scan }
+    /// `.scan(camera:)`: the daemon's screen (nil) or a camera ("" the first).
+    enum ConnectTarget: Equatable { case code(JoinCodeSource), qr(String), scan(camera: String?) }
 
-    static func connectTarget(_ word: String?, qr: String?, scan: Bool) throws(HostError) -> ConnectTarget {
+    static func connectTarget(_ word: String?, qr: String?, scan: Bool, camera: String? = nil) throws(HostError) -> ConnectTarget {
         switch (word, qr, scan) {
         case (let word?, nil, false): return .code(JoinCodeSource(word))
         case (nil, let path?, false): return .qr(path)
-        case (nil, nil, true): return .scan
+        case (nil, nil, true): return .scan(camera: camera)
         case (nil, nil, false): throw .usage("connect needs a join code: krakl-agent connect CODE|@FILE|-|--qr FILE|--scan")
         default: throw .usage("connect takes one of CODE, @FILE, -, --qr FILE or --scan")
         }
@@ -29,8 +30,8 @@ func runControlClient(_ command: ControlCommand, json: Bool) -> Int32 {
     case .status: request = ControlRequest("status")
     case .stop: request = ControlRequest("stop")
     case .watch: request = ControlRequest("watch")
-    case .connect(.scan):
-        request = ControlRequest("connect", scan: true)
+    case .connect(.scan(let camera)):
+        request = ControlRequest("connect", scan: true, camera: camera)
     case .connect(.qr(let path)):
         // The daemon reads the picture itself (same user, so the same files), from an absolute path.
         let absolute = path.hasPrefix("/") ? path : FileManager.default.currentDirectoryPath + "/" + path

@@ -33,13 +33,16 @@ struct ControlRequest: Codable, Equatable {
     var qr: String?
     /// connect: scan the daemon's screen (its sharing backend) for the join code's QR code.
     var scan: Bool?
+    /// connect with scan: a camera's view instead of the screen ("": the first camera; `--camera`).
+    var camera: String?
 
-    init(_ cmd: String, code: String? = nil, qr: String? = nil, scan: Bool? = nil) {
+    init(_ cmd: String, code: String? = nil, qr: String? = nil, scan: Bool? = nil, camera: String? = nil) {
         v = ControlProtocol.version
         self.cmd = cmd
         self.code = code
         self.qr = qr
         self.scan = scan
+        self.camera = camera
     }
 }
 

@@ -377,7 +377,7 @@ final class ControlDaemon: @unchecked Sendable {
                 reply(connection, .failure("already sharing; stop first (krakl-agent stop)", status: 63))
                 return
             }
-            startScan(for: connection)
+            startScan(for: connection, camera: request.camera)
             return
         }
         if let refusal = controller.connect(code: request.code, qr: request.qr) {
@@ -417,9 +417,11 @@ final class ControlDaemon: @unchecked Sendable {
 
     /// Scans the screen of the daemon's backend (--scan-timeout bounds it); the client hears the
     /// scan's lines as "scanning" events, then the connect's end as for a code.
-    private func startScan(for connection: ControlConnection) {
+    private func startScan(for connection: ControlConnection, camera: String?) {
+        var scanning = arguments
+        scanning.camera = camera
         do throws(HostError) {
-            scanner = try ScreenScanJob(arguments: arguments, logger: logger, postingTo: loop) { [weak self] line in
+            scanner = try ScreenScanJob(arguments: scanning, logger: logger, postingTo: loop) { [weak self] line in
                 self?.scanSaid(line)
             } progress: { [weak self] line in
                 self?.scanSaid(line)
@@ -431,8 +433,9 @@ final class ControlDaemon: @unchecked Sendable {
             return
         }
         scanSince = MonotonicClock.milliseconds()
-        print("krakl-agent daemon: scanning the screen for a join code")
-        ServiceNotifier.notify("STATUS=scanning the screen for a join code")
+        let what = camera == nil ? "the screen" : "a camera's view"
+        print("krakl-agent daemon: scanning \(what) for a join code")
+        ServiceNotifier.notify("STATUS=scanning \(what) for a join code")
         connection.awaiting += 1
         pendingScans.append(connection)
         broadcast(ControlReply(ok: true, event: "state", status: currentStatus()))

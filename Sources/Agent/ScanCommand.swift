@@ -95,25 +95,49 @@ protocol ScanHost: AnyObject {
     func progress(_ line: String)
 }
 
-/// The scan itself: the first usable join code on the screen, or nil and the exit status
-/// (50 nothing within --scan-timeout, 51 the source ended first, 0 stopped).
+/// The scan itself: the first usable join code on the screen (or, with --camera, in a camera's
+/// view), or nil and the exit status (50 nothing within --scan-timeout, 51 the source ended first,
+/// 56 no such camera, 0 stopped).
 func scanScreen(_ arguments: Arguments, logger: @escaping BackendLogger, host: ScanHost) throws(HostError) -> (Invitation?, Int32) {
-    let (selection, choice) = try selectedBackend(arguments, scanning: true)
-    let capture = LumaCapture(backend: selection.entry.name, logger: logger, onChange: { [weak host] in host?.wake() })
-    let source: any CaptureSource = try selection.makeSource(sink: capture, logger: logger)
+    let camera = arguments.camera
+    let selection: BackendSelection
+    let capture: LumaCapture
+    let source: any CaptureSource
+    if let camera {
+        selection = try CameraScan.selection(arguments, camera: camera)
+        capture = LumaCapture(backend: selection.entry.name, logger: logger, mirroredToo: true, onChange: { [weak host] in host?.wake() })
+        do throws(HostError) {
+            source = try selection.makeSource(sink: capture, logger: logger)
+        } catch {
+            guard let words = CameraScan.noCamera(error) else { throw error }
+            host.say(words)
+            return (nil, CameraScan.noCameraStatus)
+        }
+        host.say("scanning \(camera.isEmpty ? "the camera" : "camera \"\(camera)\"") for a join code (at most \(Int(arguments.scanTimeout)) s; Ctrl-C stops)…")
+    } else {
+        let choice: BackendChoice
+        (selection, choice) = try selectedBackend(arguments, scanning: true)
+        capture = LumaCapture(backend: selection.entry.name, logger: logger, onChange: { [weak host] in host?.wake() })
+        source = try selection.makeSource(sink: capture, logger: logger)
+        let what = choice.name == selection.entry.name ? (choice.label ?? selection.entry.name) : selection.entry.name
+        if arguments.backend == nil, !choice.why.isEmpty { host.say("backend \(selection.entry.name): \(choice.why)") }
+        host.say("scanning the \(what) screen for a join code (at most \(Int(arguments.scanTimeout)) s; Ctrl-C stops)…")
+    }
     try source.start()
     defer { try? source.destroy() }   // a hung stop or destroy is given up after its budget
-    let scanner = QRScanner()
+    // A camera's pictures may show the code light on dark (a page in dark mode) or mirrored.
+    let scanner = QRScanner(invertedToo: camera != nil)
     let started = MonotonicClock.milliseconds()
     var nextScan = started, nextProgress = started + 1000
     var looked = 0
     var changeSeenAt: Double?
+    var firstPictureAt: Double?
+    var hinted = false
     var reported = Set<String>()
-    let what = choice.name == selection.entry.name ? (choice.label ?? selection.entry.name) : selection.entry.name
-    if arguments.backend == nil, !choice.why.isEmpty { host.say("backend \(selection.entry.name): \(choice.why)") }
-    host.say("scanning the \(what) screen for a join code (at most \(Int(arguments.scanTimeout)) s; Ctrl-C stops)…")
+    let screenOrCamera = camera == nil ? "screen" : "camera"
     while true {
         let now = MonotonicClock.milliseconds()
+        if firstPictureAt == nil && capture.progress.frames > 0 { firstPictureAt = now }
         if now - started >= arguments.scanTimeout * 1000 {
             host.say("no join code found within \(Int(arguments.scanTimeout)) s (\(capture.progress.frames) frames looked at)")
             return (nil, 50)
@@ -121,8 +145,12 @@ func scanScreen(_ arguments: Arguments, logger: @escaping BackendLogger, host: S
         // A source that ended may have shown the code in its last frames: they get their look first.
         let ended = capture.sourceEnded
         if let ended, !capture.hasChanges {
-            host.say("the screen source ended before a join code was found: \(ended)")
+            host.say("the \(screenOrCamera) source ended before a join code was found: \(ended)")
             return (nil, 51)
+        }
+        if camera != nil && !hinted && now - started >= CameraScan.hintAfter * 1000 {
+            hinted = true
+            host.say(CameraScan.hint)
         }
         // A change is looked at 100 ms after it was first seen: a picture drawn in pieces (X11
         // XPutImage sends a large image in strips) is then whole, where a look at the first strip
@@ -143,8 +171,13 @@ func scanScreen(_ arguments: Arguments, logger: @escaping BackendLogger, host: S
             case .nothing:
                 break
             case .found(let invitation):
-                let ms = MonotonicClock.milliseconds() - started
-                host.say(String(format: "found a join code after %.1f s", ms / 1000))
+                let end = MonotonicClock.milliseconds()
+                if let firstPictureAt, camera != nil {
+                    host.say(String(format: "found a join code after %.1f s (%.2f s after the camera's first picture)",
+                                    (end - started) / 1000, (end - firstPictureAt) / 1000))
+                } else {
+                    host.say(String(format: "found a join code after %.1f s", (end - started) / 1000))
+                }
                 return (invitation, 0)
             case .conflicting(let list):
                 let line = "\(ScanResult.conflicting(list)); show only one"
@@ -158,7 +191,12 @@ func scanScreen(_ arguments: Arguments, logger: @escaping BackendLogger, host: S
         }
         if now >= nextProgress {
             nextProgress = now + 1000
-            host.progress(String(format: "scanning the screen for a join code… %.0f s, %d frames looked at", (now - started) / 1000, capture.progress.frames))
+            if camera != nil {
+                let view = capture.sourceDescription ?? "the camera (no picture yet)"
+                host.progress(String(format: "looking at %@… %.0f s, %d pictures looked at", view, (now - started) / 1000, capture.progress.frames))
+            } else {
+                host.progress(String(format: "scanning the screen for a join code… %.0f s, %d frames looked at", (now - started) / 1000, capture.progress.frames))
+            }
         }
         // Until the next look is due, the next progress line, a stop, or (when a look is due but
         // nothing changed) the next changed frame, which wakes this wait through the host.

@@ -36,6 +36,17 @@ do throws(HostError) {
         print("krakl-agent 0.1.0 (backend ABI \(BackendLibrary.hostVersion.major).\(BackendLibrary.hostVersion.minor))")
         // The libraries it runs with (the loaded ones, not the headers it was built against): what a bug report needs.
         print("libvpx \(EncoderLibraryVersion.libvpx), \(TLSLibraryVersion.openSSL), zbar \(ScanLibraryVersion.zbar)")
+    case .sources where arguments.cameras:
+        let selection = try CameraScan.selection(arguments, camera: "")
+        let cameras = try selection.listSources(logger: logger) ?? []
+        guard !cameras.isEmpty else {
+            fputs("krakl-agent: no camera found: PipeWire shows no camera node (a Video/Source with media.role Camera); "
+                  + "is the camera plugged in, and is WirePlumber running for this user?\n", stderr)
+            exit(CameraScan.noCameraStatus)
+        }
+        print("Cameras (krakl-agent --scan --camera NAME takes the number, the node name or the name):")
+        let width = cameras.map(\.name.count).max() ?? 0
+        for camera in cameras { print("  \(camera.name.padding(toLength: width, withPad: " ", startingAt: 0))  \(camera.description)") }
     case .sources:
         let selection = try selectedBackend(arguments).selection
         guard let sources = try selection.listSources(logger: logger) else {

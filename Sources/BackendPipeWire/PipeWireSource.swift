@@ -12,8 +12,13 @@ import KraklBackendABI
 /// picture at once and stop() only has to stop delivering. The session
 /// bus is watched on the same thread, so frames and events (format
 /// changes, the end of the session) come from one thread.
+///
+/// With option `camera` it reads a camera instead (a join code held up to
+/// it, `krakl-agent --scan --camera`): no portal, the camera's node on the
+/// default socket, its YUY2/NV12/I420 pictures converted to I420 and
+/// handed over whole, at most `fps` a second (5: what a scan looks at).
 final class PipeWireSource: CaptureSource {
-    static let options = ["source", "cursor", "restore", "node", "timeout"]
+    static let options = ["source", "cursor", "restore", "node", "timeout", "camera", "fps"]
 
     let host: BackendHost
     private var portal: ScreenCastPortal?
@@ -41,7 +46,7 @@ final class PipeWireSource: CaptureSource {
     // Registry look-up (control thread waits, loop thread fills).
     private var syncSeq: Int32 = -1
     private var syncDone = false
-    private var nodes: [(id: UInt32, name: String, mediaClass: String)] = []
+    private(set) var nodes: [PipeWireNode] = []
     private var coreFailure: String?
 
     // Loop thread state (read or written by the control thread only with the loop locked).
@@ -75,7 +80,19 @@ final class PipeWireSource: CaptureSource {
     private var sender = FrameSender()
     private var regions = [spa_region](repeating: spa_region(), count: 16)
 
-    init(host: BackendHost) throws(BackendError) {
+    // Camera mode (option camera; loop thread once created).
+    private var camera: PipeWireNode?
+    /// Nanoseconds between the pictures handed over (option fps).
+    private var cameraInterval: UInt64 = 200_000_000
+    private var nextCameraPicture: UInt64 = 0
+    private var cameraFormat: UInt32 = 0
+    private var cameraRate = ""
+    private var cameraPicture = CameraPicture()
+    /// The size the last FORMAT_CHANGED announced (nil: none yet).
+    private var cameraAnnounced: (width: Int, height: Int)?
+
+    /// A source; with `listOnly`, only connected and with the registry read (list_sources).
+    init(host: BackendHost, listOnly: Bool = false) throws(BackendError) {
         self.host = host
         let options = try OptionReader(host: host, known: Self.options)
         let sourceKind = try options.choice("source", default: "monitor", from: ["monitor", "window", "any"])
@@ -84,6 +101,10 @@ final class PipeWireSource: CaptureSource {
         let timeout = try options.number("timeout", default: 60, in: 1...600)
         let node = options.string("node")
         if let node, node.isEmpty { throw .invalidOption("option node is empty: give a node id (a number) or a node.name") }
+        let wantedCamera = options.string("camera")
+        let fps = try options.number("fps", default: 5, in: 0.1...120)
+        cameraInterval = UInt64(1e9 / fps)
+        if wantedCamera != nil && node != nil { throw .invalidOption("options camera and node both name a node: give one") }
 
         coreHook.initialize(to: spa_hook())
         registryHook.initialize(to: spa_hook())
@@ -93,7 +114,7 @@ final class PipeWireSource: CaptureSource {
         streamEvents.initialize(to: pw_stream_events())
 
         var portalFD: Int32 = -1
-        if node == nil {
+        if node == nil && wantedCamera == nil && !listOnly {
             let portal = try ScreenCastPortal(responseTimeout: timeout) { [host] level, message in host.log(level, message) }
             self.portal = portal
             let started = try startPortal(portal, source: sourceKind, cursor: cursorMode, restore: restore)
@@ -125,7 +146,14 @@ final class PipeWireSource: CaptureSource {
         defer { pw_thread_loop_unlock(threadLoop) }
         try connect(portalFD: portalFD)
         try listNodes(timeout: min(timeout, 10))
-        if let node {
+        if listOnly { return }
+        if let wantedCamera {
+            let camera = try PipeWireNode.camera(wantedCamera, among: nodes)
+            self.camera = camera
+            nodeID = camera.id
+            what = "camera \(camera.label)"
+            host.log(KRAKL_LOG_INFO, "pipewire: reading \(what)")
+        } else if let node {
             try resolve(node)
         } else if !nodes.contains(where: { $0.id == nodeID }) {
             throw BackendError(-ENODEV, "the portal's node \(nodeID) is not visible on its PipeWire connection")
@@ -219,14 +247,17 @@ final class PipeWireSource: CaptureSource {
         registryEvents.pointee.global = { data, id, _, type, _, props in
             let me = Unmanaged<PipeWireSource>.fromOpaque(data!).takeUnretainedValue()
             guard let type, String(cString: type) == "PipeWire:Interface:Node" else { return }
-            let name = krakl_pw_dict_lookup(props, "node.name").map { String(cString: $0) } ?? ""
-            let mediaClass = krakl_pw_dict_lookup(props, "media.class").map { String(cString: $0) } ?? ""
-            me.nodes.append((id, name, mediaClass))
+            func value(_ key: String) -> String? { krakl_pw_dict_lookup(props, key).map { String(cString: $0) } }
+            let name = value("node.name") ?? ""
+            me.nodes.append(PipeWireNode(id: id, name: name, mediaClass: value("media.class") ?? "", role: value("media.role") ?? "",
+                                         description: value("node.description") ?? value("node.nick") ?? name, api: value("device.api") ?? ""))
         }
         registryEvents.pointee.global_remove = { data, id in
             let me = Unmanaged<PipeWireSource>.fromOpaque(data!).takeUnretainedValue()
             me.nodes.removeAll { $0.id == id }
-            if id == me.nodeID && me.stream != nil { me.end("\(me.what) went away (the screen cast was stopped)") }
+            if id == me.nodeID && me.stream != nil {
+                me.end(me.camera == nil ? "\(me.what) went away (the screen cast was stopped)" : "\(me.what) went away (unplugged?)")
+            }
         }
         registry = krakl_pw_core_get_registry(core)
         guard registry != nil else { throw BackendError(-ENOMEM, "could not read PipeWire's registry") }
@@ -243,13 +274,13 @@ final class PipeWireSource: CaptureSource {
 
     /// Loop locked. Finds option `node` (an id or a node.name) among the video nodes.
     private func resolve(_ node: String) throws(BackendError) {
-        let video = nodes.filter { $0.mediaClass.hasPrefix("Video/") }
+        let video = nodes.filter(\.isVideo)
         let match = UInt32(node).flatMap { id in nodes.first { $0.id == id } } ?? nodes.first { $0.name == node }
         guard let match else {
             let list = video.map { "\($0.id) (\($0.name), \($0.mediaClass))" }
             throw BackendError(-ENODEV, "no PipeWire node \(node); video nodes: \(list.isEmpty ? "none" : list.joined(separator: ", "))")
         }
-        guard match.mediaClass.hasPrefix("Video/") else {
+        guard match.isVideo else {
             throw BackendError(-ENODEV, "PipeWire node \(node) (\(match.name)) is \(match.mediaClass.isEmpty ? "not a media node" : match.mediaClass), not a video source")
         }
         nodeID = match.id
@@ -268,14 +299,17 @@ final class PipeWireSource: CaptureSource {
         streamEvents.pointee.process = { data in
             Unmanaged<PipeWireSource>.fromOpaque(data!).takeUnretainedValue().process()
         }
-        guard let stream = pw_stream_new(core, "krakl-agent", krakl_pw_stream_properties()) else {
+        guard let stream = pw_stream_new(core, "krakl-agent", camera == nil ? krakl_pw_stream_properties() : krakl_pw_camera_stream_properties()) else {
             throw BackendError(-ENOMEM, "could not create a PipeWire stream")
         }
         self.stream = stream
         pw_stream_add_listener(stream, streamHook, streamEvents, me)
         var buffer = [UInt8](repeating: 0, count: 1024)
         var params = [UnsafePointer<spa_pod>?](repeating: nil, count: 1)
-        let count = buffer.withUnsafeMutableBufferPointer { krakl_pw_format_params($0.baseAddress, UInt32($0.count), &params) }
+        let count = buffer.withUnsafeMutableBufferPointer {
+            camera == nil ? krakl_pw_format_params($0.baseAddress, UInt32($0.count), &params)
+                : krakl_pw_camera_format_params($0.baseAddress, UInt32($0.count), &params)
+        }
         let flags = pw_stream_flags(PW_STREAM_FLAG_AUTOCONNECT.rawValue | PW_STREAM_FLAG_MAP_BUFFERS.rawValue)
         let status = pw_stream_connect(stream, SPA_DIRECTION_INPUT, nodeID, flags, &params, count)
         guard status >= 0 else { throw BackendError(status, "could not connect to \(what): \(String(cString: strerror(-status)))") }
@@ -294,6 +328,16 @@ final class PipeWireSource: CaptureSource {
         }, me)
         // Messages that arrived during create() are already buffered.
         _ = krakl_pw_loop_signal_event(loop, kickSource)
+    }
+
+    /// list_sources: the cameras (with option camera) or every video source (what option node takes).
+    static func listSources(host: BackendHost) throws(BackendError) {
+        let cameras = host.option("camera") != nil
+        let source = try PipeWireSource(host: host, listOnly: true)
+        for node in source.nodes.sorted(by: { $0.id < $1.id }) where cameras ? node.isCamera : node.mediaClass == "Video/Source" {
+            let kind = node.isCamera ? "camera" : "video source"
+            host.sourceFound(name: "\(node.id)", description: "\(kind) \"\(node.description)\" (\(node.name)\(node.api.isEmpty ? "" : ", " + node.api))")
+        }
     }
 
     // MARK: control thread: start/stop/destroy
@@ -345,6 +389,7 @@ final class PipeWireSource: CaptureSource {
         portal = nil
         picture?.deallocate()
         picture = nil
+        cameraPicture.free()
         for hook in [coreHook, registryHook, streamHook] { hook.deallocate() }
         coreEvents.deallocate()
         registryEvents.deallocate()
@@ -370,7 +415,39 @@ final class PipeWireSource: CaptureSource {
     private func kicked() {
         portal?.processPending()
         if ended { end(endMessage); return }
+        if camera != nil { deliverCamera(); return }
         deliver()
+    }
+
+    /// A camera buffer: converted and handed over when the next picture is due (the rest are
+    /// returned unread: a scan looks at most `fps` times a second, and converting every one of a
+    /// camera's 30 would cost more than the scan itself).
+    private func readCamera(_ buffer: UnsafeMutablePointer<spa_buffer>) {
+        guard let negotiated else { return }
+        let now = monotonicNanoseconds()
+        guard delivering, now >= nextCameraPicture else { return }
+        guard let planes = CameraPicture.planes(of: buffer, format: cameraFormat, width: negotiated.width, height: negotiated.height) else {
+            host.sendEvent(KRAKL_EVENT_ERROR, error: -EIO, message: "a PipeWire buffer from \(what) is smaller than its format says; picture skipped")
+            return
+        }
+        guard cameraPicture.convert(planes, format: cameraFormat, width: negotiated.width, height: negotiated.height) else { return }
+        nextCameraPicture = now + cameraInterval
+        havePicture = true
+        deliverCamera()
+    }
+
+    /// Hands over the camera's picture, whole; a new size is announced first (before the first
+    /// picture too: its message names the camera, its size, format and rate, for the person).
+    private func deliverCamera() {
+        guard delivering, !ended, havePicture, var frame = cameraPicture.frame() else { return }
+        let size = (width: cameraPicture.width, height: cameraPicture.height)
+        if cameraAnnounced == nil || cameraAnnounced! != size {
+            host.sendEvent(KRAKL_EVENT_FORMAT_CHANGED,
+                           message: "\(what): \(size.width)x\(size.height), \(cameraRate), \(CameraPicture.name(cameraFormat))",
+                           format: KRAKL_FORMAT_I420, width: size.width, height: size.height)
+            cameraAnnounced = size
+        }
+        sender.send(&frame, timestamp: sender.nextTimestamp(), damage: [], to: host)
     }
 
     private func stateChanged(_ state: pw_stream_state, _ error: String?) {
@@ -391,6 +468,25 @@ final class PipeWireSource: CaptureSource {
         guard id == SPA_PARAM_Format.rawValue, let param, let stream else { return }
         var format: UInt32 = 0, width: UInt32 = 0, height: UInt32 = 0
         guard krakl_pw_parse_format(param, &format, &width, &height) == 0 else { return }
+        if camera != nil {
+            guard CameraPicture.layout(format, width: Int(width)) != nil else {
+                end("\(what) negotiated video format \(CameraPicture.name(format)), which this backend cannot read")
+                return
+            }
+            var num: UInt32 = 0, denom: UInt32 = 1
+            _ = krakl_pw_parse_framerate(param, &num, &denom)
+            cameraFormat = format
+            // No Foundation in a backend: whole rates as they are, others to a tenth.
+            cameraRate = num == 0 || denom == 0 ? "a variable rate"
+                : num % denom == 0 ? "\(num / denom) fps" : "\(Double(Int(Double(num) / Double(denom) * 10)) / 10) fps"
+            negotiated = (KRAKL_FORMAT_I420, Int(width), Int(height))
+            host.log(KRAKL_LOG_INFO, "pipewire: \(what) sends \(width)x\(height) \(CameraPicture.name(format)) at \(cameraRate)")
+            var buffer = [UInt8](repeating: 0, count: 2048)
+            var params = [UnsafePointer<spa_pod>?](repeating: nil, count: 8)
+            let count = buffer.withUnsafeMutableBufferPointer { krakl_pw_buffer_params($0.baseAddress, UInt32($0.count), &params, false) }
+            _ = pw_stream_update_params(stream, &params, count)
+            return
+        }
         let mapped: krakl_format
         switch format {
         case SPA_VIDEO_FORMAT_BGRx.rawValue: mapped = KRAKL_FORMAT_BGRX
@@ -440,6 +536,10 @@ final class PipeWireSource: CaptureSource {
         let buffer = newest.pointee.buffer!
         if krakl_pw_buffer_corrupted(buffer) {
             absorb(buffer)
+            return
+        }
+        if camera != nil {
+            readCamera(buffer)
             return
         }
         if let negotiated, buffer.pointee.n_datas > 0, let data = buffer.pointee.datas, let chunk = data.pointee.chunk,

@@ -29,6 +29,14 @@ static inline struct pw_properties *krakl_pw_stream_properties(void)
                              PW_KEY_MEDIA_ROLE, "Screen", PW_KEY_NODE_DONT_RECONNECT, "true", NULL);
 }
 
+/* The same for a camera read for a join code: role Camera, so a session
+ * manager or portal that restricts cameras sees what this stream is. */
+static inline struct pw_properties *krakl_pw_camera_stream_properties(void)
+{
+    return pw_properties_new(PW_KEY_MEDIA_TYPE, "Video", PW_KEY_MEDIA_CATEGORY, "Capture",
+                             PW_KEY_MEDIA_ROLE, "Camera", PW_KEY_NODE_DONT_RECONNECT, "true", NULL);
+}
+
 static inline struct pw_properties *krakl_pw_properties_empty(void) { return pw_properties_new(NULL, NULL); }
 
 /* The formats we accept: packed 32-bit RGB in memory (no DMA-BUF
@@ -48,6 +56,39 @@ static inline uint32_t krakl_pw_format_params(uint8_t *buffer, uint32_t size, co
         SPA_FORMAT_VIDEO_framerate, SPA_POD_CHOICE_RANGE_Fraction(&SPA_FRACTION(30, 1), &SPA_FRACTION(0, 1),
                                                                   &SPA_FRACTION(1000, 1)));
     return params[0] ? 1 : 0;
+}
+
+/* The formats we accept from a camera: what V4L2 webcams send raw (YUY2,
+ * UYVY, NV12, I420) and packed RGB, in memory; 1280x720 preferred (the size
+ * QR codes held at arm's length read well at, and what the scan's numbers
+ * were measured at), any rate. MJPG is not offered: a camera that only
+ * sends JPEG at a size picks a raw format at a smaller one. */
+static inline uint32_t krakl_pw_camera_format_params(uint8_t *buffer, uint32_t size, const struct spa_pod **params)
+{
+    struct spa_pod_builder b = SPA_POD_BUILDER_INIT(buffer, size);
+    params[0] = (const struct spa_pod *)spa_pod_builder_add_object(&b,
+        SPA_TYPE_OBJECT_Format, SPA_PARAM_EnumFormat,
+        SPA_FORMAT_mediaType, SPA_POD_Id(SPA_MEDIA_TYPE_video),
+        SPA_FORMAT_mediaSubtype, SPA_POD_Id(SPA_MEDIA_SUBTYPE_raw),
+        SPA_FORMAT_VIDEO_format, SPA_POD_CHOICE_ENUM_Id(7, SPA_VIDEO_FORMAT_YUY2, SPA_VIDEO_FORMAT_YUY2,
+                                                         SPA_VIDEO_FORMAT_UYVY, SPA_VIDEO_FORMAT_NV12, SPA_VIDEO_FORMAT_I420,
+                                                         SPA_VIDEO_FORMAT_BGRx, SPA_VIDEO_FORMAT_RGBx),
+        SPA_FORMAT_VIDEO_size, SPA_POD_CHOICE_RANGE_Rectangle(&SPA_RECTANGLE(1280, 720), &SPA_RECTANGLE(1, 1),
+                                                              &SPA_RECTANGLE(8192, 8192)),
+        SPA_FORMAT_VIDEO_framerate, SPA_POD_CHOICE_RANGE_Fraction(&SPA_FRACTION(30, 1), &SPA_FRACTION(0, 1),
+                                                                  &SPA_FRACTION(1000, 1)));
+    return params[0] ? 1 : 0;
+}
+
+/* The negotiated frame rate of raw video, as num/denom (0/1 when variable). */
+static inline int krakl_pw_parse_framerate(const struct spa_pod *param, uint32_t *num, uint32_t *denom)
+{
+    struct spa_video_info_raw info;
+    memset(&info, 0, sizeof info);
+    if (!param || spa_format_video_raw_parse(param, &info) < 0) return -EINVAL;
+    *num = info.framerate.num;
+    *denom = info.framerate.denom;
+    return 0;
 }
 
 /* Size of a cursor meta holding a w x h 32-bit bitmap. */

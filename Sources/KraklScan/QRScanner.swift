@@ -9,13 +9,17 @@ internal import CZbar
 public final class QRScanner {
     private let scanner: OpaquePointer
 
-    public init() {
+    /// - Parameter invertedToo: when a picture holds no code, look again with light and dark swapped
+    ///   (`ZBAR_CFG_TEST_INVERTED`): a page in dark mode shows its code light on dark, which zbar
+    ///   does not read otherwise. It costs a second pass only over pictures with nothing in them.
+    public init(invertedToo: Bool = false) {
         guard let scanner = zbar_image_scanner_create() else { fatalError("zbar_image_scanner_create: out of memory") }
         self.scanner = scanner
         // Symbology 0 (ZBAR_NONE) applies a setting to all of them.
         zbar_image_scanner_set_config(scanner, zbar_symbol_type_t(rawValue: 0), ZBAR_CFG_ENABLE, 0)
         zbar_image_scanner_set_config(scanner, ZBAR_QRCODE, ZBAR_CFG_ENABLE, 1)
         zbar_image_scanner_set_config(scanner, ZBAR_QRCODE, ZBAR_CFG_BINARY, 1)
+        if invertedToo { zbar_image_scanner_set_config(scanner, zbar_symbol_type_t(rawValue: 0), ZBAR_CFG_TEST_INVERTED, 1) }
     }
 
     deinit { zbar_image_scanner_destroy(scanner) }
