@@ -279,6 +279,10 @@ struct Arguments {
         case "stop": command = .control(.stop)
         case "watch": command = .control(.watch)
         case "connect": command = .control(.connect(try ControlCommand.connectTarget(positional.dropFirst().first, qr: qr, scan: scan, camera: camera)))
+        case "open":
+            // A join link (the desktop entry's handler of krakl: links): connect with the code it carries.
+            guard positional.count >= 2 else { throw .usage("open needs a join link: krakl-agent open 'krakl:v=1;…' (what xdg-open hands over)") }
+            command = .control(.connect(.code(.link(positional[1]))))
         default: throw .usage("unknown command \(positional[0]) (commands: \(Self.commands.joined(separator: ", ")))")
         }
         if let port = listenGiven?.port, let other = viewerPort, port != other {
@@ -297,7 +301,7 @@ struct Arguments {
         if positional.count > expected { throw .usage("unexpected argument \(positional[expected])") }
     }
 
-    static let commands = ["run", "home", "code", "backends", "sources", "conformance", "daemon", "status", "connect", "stop", "watch"]
+    static let commands = ["run", "home", "code", "backends", "sources", "conformance", "daemon", "status", "connect", "open", "stop", "watch"]
 
     /// The home screen instead of lines: `home`, or a join code (--join, --qr, --scan) given on a
     /// terminal (stdin and stdout), unless --headless, --once, --scan-only, -q or --log-format json
@@ -341,6 +345,7 @@ USAGE
   krakl-agent code CODE|@FILE|-
   krakl-agent daemon [SHARING OPTIONS]
   krakl-agent connect CODE|@FILE|-|--qr FILE|--scan   krakl-agent stop
+  krakl-agent open 'krakl:v=1;…'                   (a join link, as xdg-open hands it over)
   krakl-agent status [--json]                      krakl-agent watch [--json]
   krakl-agent [run] [--backend NAME] [--option KEY=VALUE]... [--frames N] [--seconds S]
                     [--listen ADDR[:PORT]] [--viewer-port N] [--max-viewers N] [--viewer-token]
@@ -389,11 +394,17 @@ COMMANDS
   daemon          Keep an idle agent in the background, without a terminal, driven
                   through a control socket ($XDG_RUNTIME_DIR/krakl/control.sock: owner
                   only; docs/daemon.md). One session at a time; SIGTERM leaves the room,
-                  then exits 0. dist/krakl-agent.service runs it as a systemd user unit.
+                  then exits 0. The user unit scripts/install and the Debian package put
+                  in place runs it at login: systemctl --user enable --now krakl-agent.
   connect CODE    Ask the daemon to share into a join code's room (CODE, @FILE, - for
                   stdin, --qr FILE: the daemon reads the picture, or --scan: the daemon
                   scans its screen). Returns once the screen is shared (0) or with the
                   status of why it could not be.
+  open LINK       What the desktop entry runs for a krakl: link (xdg-open, a browser):
+                  hands the join code it carries to the running daemon, as connect does
+                  (a link percent-encoded by a browser is decoded first). A link that is
+                  no join code is refused with the join code's status (40-43, 39); with
+                  no daemon it says how to start one (61) and starts no session itself.
   stop            Ask the daemon to stop sharing; returns once the room was left.
   status          The daemon's state: idle (and how the last session ended) or the
                   room, identity and live numbers; --json prints its JSON line.
@@ -491,7 +502,9 @@ ENCODER OPTIONS
       --json              (status, watch) Print the daemon's JSON lines (docs/daemon.md).
   -v, --verbose           Show backends' info and debug log lines.
   -q, --quiet             No live status line; summary only.
-  -h, --help              This text.      --version   The version.
+  -h, --help              This text.
+      --version           The version, the git commit it was installed from (scripts/install
+                          and the Debian package record it), and libvpx, OpenSSL and zbar as loaded.
 
 FILE BACKEND OPTIONS (--backend file)
   scene=static|typing|scrolling|video   width=320..7680   height=240..4320
@@ -556,11 +569,11 @@ EXIT STATUS
    0 stopped with Ctrl-C (nothing found)
   the built-in viewer:
   52 the viewer cannot listen: the port is in use, or the address is not this machine's
-  the daemon and its clients (daemon, status, connect, stop, watch):
+  the daemon and its clients (daemon, status, connect, open, stop, watch):
   60 another daemon already runs for this user   61 no daemon is running
   62 the control socket cannot be made or used (no XDG_RUNTIME_DIR, not yours)
   63 the daemon refused the request (already sharing: stop first; malformed)
-  64 the daemon's reply is unusable     connect: 30-55 as for --join and --qr
+  64 the daemon's reply is unusable     connect, open: 30-55 as for --join and --qr
 """
 
 extension Arguments {

@@ -44,6 +44,14 @@ func runControlClient(_ command: ControlCommand, json: Bool) -> Int32 {
         do throws(HostError) {
             let text = try source.read().trimmingCharacters(in: .whitespacesAndNewlines)
             guard !text.isEmpty else { throw HostError.usage("connect: no join code given (the input was empty)") }
+            // A link (`open`) is judged here as the daemon judges a code, so that one which is no join
+            // code is refused with the code's own words and status even when no daemon runs.
+            if case .link = source {
+                do throws(JoinCodeError) { _ = try Invitation.read(text, now: Date()) } catch {
+                    fputs("krakl-agent: \(error.description)\n", stderr)
+                    return error.exitStatus
+                }
+            }
             request = ControlRequest("connect", code: text)
         } catch {
             fputs("krakl-agent: \(error.description)\n", stderr)

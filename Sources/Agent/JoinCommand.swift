@@ -12,6 +12,9 @@ enum JoinCodeSource: Equatable {
     case environment(String)
     /// Read from a QR code (`--qr`): not on the command line, so no `ps` warning.
     case scanned(String)
+    /// A `krakl:` link as `xdg-open` hands it to `krakl-agent open` (percent-encoded by a browser or
+    /// not). On the command line of that short-lived client only: no `ps` warning, nobody to read it.
+    case link(String)
 
     init(_ value: String) {
         if value == "-" { self = .standardInput } else if value.hasPrefix("@") { self = .file(String(value.dropFirst())) } else { self = .argument(value) }
@@ -22,6 +25,8 @@ enum JoinCodeSource: Equatable {
         switch self {
         case .argument(let text), .environment(let text), .scanned(let text):
             return text
+        case .link(let link):
+            return JoinCode.text(ofLink: link)
         case .file(let path):
             // A join code is at most 4 KB; a bigger file is read up to 1 MiB, so the refusal names its
             // real size (a cut at 4 KB + 64 made every long file "4160 bytes").

@@ -33,7 +33,8 @@ do throws(HostError) {
     case .help:
         print(helpText)
     case .version:
-        print("krakl-agent 0.1.0 (backend ABI \(BackendLibrary.hostVersion.major).\(BackendLibrary.hostVersion.minor))")
+        print("krakl-agent \(BuildInfo.version) (backend ABI \(BackendLibrary.hostVersion.major).\(BackendLibrary.hostVersion.minor))")
+        print(BuildInfo.commitLine())
         // The libraries it runs with (the loaded ones, not the headers it was built against): what a bug report needs.
         print("libvpx \(EncoderLibraryVersion.libvpx), \(TLSLibraryVersion.openSSL), zbar \(ScanLibraryVersion.zbar)")
     case .sources where arguments.cameras:
@@ -66,7 +67,7 @@ do throws(HostError) {
                                  timeout: arguments.timeout, logger: logger)
         }
         // Each group of checks runs in a child: this program again, given the same library and options.
-        let executable = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        let executable = InstalledLayout.executable
         let childCommand = { (group: ConformanceGroup) -> [String] in
             [executable, "conformance", "--run-group", group.rawValue, path, "--timeout", "\(arguments.timeout)"]
                 + options.members.flatMap { ["--option", "\($0.key)=\($0.value.serialized)"] }

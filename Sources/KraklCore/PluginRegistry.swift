@@ -171,14 +171,16 @@ public struct PluginRegistry: Sendable {
     }
 
     /// Where plugins.json is when --plugins is not given: $KRAKL_PLUGINS,
-    /// then ./plugins.json, then next to the executable or up to four
+    /// then ./plugins.json, then an installed agent's own (PREFIX/lib/krakl-agent/plugins.json
+    /// for PREFIX/bin/krakl-agent: before the folders above, so ~/.local/bin/krakl-agent never
+    /// reads a ~/plugins.json), then next to the executable or up to four
     /// folders above it (the repository root for a binary in .build/).
     public static func defaultPath(environment: [String: String] = ProcessInfo.processInfo.environment) -> String {
         if let path = environment["KRAKL_PLUGINS"], !path.isEmpty { return path }
         let fm = FileManager.default
         if fm.fileExists(atPath: "plugins.json") { return fm.currentDirectoryPath + "/plugins.json" }
-        var folder = URL(fileURLWithPath: (try? fm.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0])
-            .deletingLastPathComponent()
+        if let installed = InstalledLayout.installedFile("plugins.json") { return installed }
+        var folder = URL(fileURLWithPath: InstalledLayout.executable).deletingLastPathComponent()
         for _ in 0..<5 {
             let candidate = folder.appendingPathComponent("plugins.json").path
             if fm.fileExists(atPath: candidate) { return candidate }
@@ -243,15 +245,16 @@ public struct BackendSelection: @unchecked Sendable {
     /// Whether a backend runs isolated when neither plugins.json nor the command line says:
     /// yes for a library from outside the project, no for one the agent was built with (a
     /// library in the running executable's own folder, where `swift build` puts the in-tree
-    /// backends). Isolation costs at most ~4 % of a core and ~1–2 ms of latency at 1080p with
+    /// backends, or in an installed agent's PREFIX/lib/krakl-agent). Isolation costs at most ~4 % of a core and ~1–2 ms of latency at 1080p with
     /// the whole screen changing, well under 1 % and 0.1 ms when typing (docs/PERFORMANCE.md,
     /// "Isolated mode"); a third-party backend that crashes no longer takes the agent down.
     public static func isolatedByDefault(library: String, executable: String? = nil) -> Bool {
         func folder(_ path: String) -> String {
             URL(fileURLWithPath: path).resolvingSymlinksInPath().deletingLastPathComponent().path
         }
-        let running = executable ?? (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
-        return folder(library) != folder(running)
+        let running = executable ?? InstalledLayout.executable
+        let own = [folder(running), URL(fileURLWithPath: InstalledLayout.libraryFolder(executable: running)).resolvingSymlinksInPath().path]
+        return !own.contains(folder(library))
     }
 
     /// Creates the backend's source (create() runs here, in the agent or in the child).

@@ -166,6 +166,18 @@ public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomRefl
         self.urlIsDefault = defaulted
     }
 
+    /// The join code a `krakl:` link carries (docs/join-codes.md, "As a link"), for `JoinCode` to
+    /// judge. A browser may hand the link over percent-encoded as a whole (`krakl:v%3D1%3Bk%3D…`).
+    /// A code's own text always starts `krakl:v=`, so a link that starts `krakl:v%3D` (any case) is
+    /// decoded exactly once, which also turns a value's escaped escapes (`%253B`) back into the
+    /// code's own (`%3B`); any other text is the code as it is. Text that does not decode is left
+    /// as it is too, and refused by the parser in its own words.
+    public static func text(ofLink link: String) -> String {
+        let text = link.trimmingCharacters(in: .whitespacesAndNewlines)
+        guard text.lowercased().hasPrefix(prefix + "v%3d") else { return text }
+        return text.removingPercentEncoding ?? text
+    }
+
     /// Twilio's global signaling endpoint (twilio-video.js's default).
     public static let twilioDefaultURL = URL(string: "wss://global.vss.twilio.com/signaling")!
 

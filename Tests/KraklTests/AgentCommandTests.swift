@@ -52,6 +52,8 @@ struct AgentCommandTests {
         try Harness.requireBuild()
         let result = try Harness.agent(["--version"])
         #expect(result.status == 0 && result.stdout.hasPrefix("krakl-agent "), "\(result)")
+        // A build folder's agent has no build-info beside it (an installed one does: InstallTests).
+        #expect(result.stdout.contains("\ncommit: not recorded (development build)\n"), "\(result.stdout)")
         let openssl = try Harness.run("/usr/bin/openssl", ["version"]).stdout.split(separator: " ").dropFirst().first.map(String.init) ?? "?"
         #expect(result.stdout.contains("OpenSSL \(openssl)"), "openssl version says \(openssl): \(result.stdout)")
         let vpx = try Harness.run("/usr/bin/dpkg-query", ["-W", "-f=${Version}", "libvpx7"]).stdout   // e.g. 1.12.0-1+deb12u4

@@ -11,19 +11,22 @@ import Testing
     final class Daemon {
         let runtime: String
         let process: DtlsTestProcess
+        /// The krakl-agent it runs and its clients run (the build's, or an installed one: InstallTests).
+        let agent: String
         var socketPath: String { runtime + "/krakl/control.sock" }
 
-        /// Starts `krakl-agent daemon EXTRA…` (in `namespace` when given, as `user` when given) and
-        /// waits until it listens.
+        /// Starts `krakl-agent daemon EXTRA…` (in `namespace` when given, as `user` when given, in
+        /// `folder` when given, else in the test's) and waits until it listens.
         init(runtime: String? = nil, namespace: RtcTestNamespace? = nil, extra: [String] = [], environment: [String: String] = [:],
-             user: String? = nil, waitReady: Bool = true) throws {
+             user: String? = nil, waitReady: Bool = true, agent: String = Harness.agent, folder: String? = nil) throws {
             try Harness.requireBuild()
+            self.agent = agent
             if let runtime { self.runtime = runtime } else {
                 self.runtime = try Harness.temporaryDirectory()
                 chmod(self.runtime, 0o700)
             }
-            var command = ["/usr/bin/env", "XDG_RUNTIME_DIR=\(self.runtime)"] + environment.map { "\($0.key)=\($0.value)" }
-                + [Harness.agent, "daemon"] + extra
+            var command = ["/usr/bin/env"] + (folder.map { ["--chdir", $0] } ?? []) + ["XDG_RUNTIME_DIR=\(self.runtime)"] + environment.map { "\($0.key)=\($0.value)" }
+                + [agent, "daemon"] + extra
             if let user { command = ["/usr/bin/setpriv", "--reuid=\(user)", "--regid=\(user)", "--clear-groups"] + command }
             let (program, argv) = namespace?.command(command[0], Array(command.dropFirst())) ?? (command[0], Array(command.dropFirst()))
             process = try DtlsTestProcess(program, argv)
@@ -38,9 +41,9 @@ import Testing
         func client(_ arguments: [String], user: String? = nil, timeout: Double = 60) throws -> Harness.Result {
             if let user {
                 return try Harness.run("/usr/bin/setpriv", ["--reuid=\(user)", "--regid=\(user)", "--clear-groups",
-                                                            "/usr/bin/env", "XDG_RUNTIME_DIR=\(runtime)", Harness.agent] + arguments, timeout: timeout)
+                                                            "/usr/bin/env", "XDG_RUNTIME_DIR=\(runtime)", agent] + arguments, timeout: timeout)
             }
-            return try Harness.run(Harness.agent, arguments, timeout: timeout, environment: ["XDG_RUNTIME_DIR": runtime])
+            return try Harness.run(agent, arguments, timeout: timeout, environment: ["XDG_RUNTIME_DIR": runtime])
         }
 
         /// `status --json`'s status object.

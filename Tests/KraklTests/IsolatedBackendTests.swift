@@ -341,6 +341,8 @@ struct IsolatedBackendTests {
         try requireHost()
         #expect(BackendSelection.isolatedByDefault(library: "/opt/vendor/libcapture.so", executable: "/usr/bin/krakl-agent"))
         #expect(!BackendSelection.isolatedByDefault(library: "/usr/bin/libBackendX11.so", executable: "/usr/bin/krakl-agent"))
+        // An installed agent's own backends (scripts/install, the Debian package: PREFIX/lib/krakl-agent).
+        #expect(!BackendSelection.isolatedByDefault(library: "/usr/lib/krakl-agent/libBackendX11.so", executable: "/usr/bin/krakl-agent"))
         let ours = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
         let inTree = try BackendSelection(registryPath: ours, name: "file", overrides: [])
         #expect(!inTree.isolated && inTree.library != nil)

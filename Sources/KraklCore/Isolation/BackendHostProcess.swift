@@ -37,11 +37,14 @@ final class BackendHostProcess: @unchecked Sendable {
     private var ended: ChildEnd?
     private var killedFor: ChildEnd?
 
-    /// Where the helper is: $KRAKL_BACKEND_HOST, else next to the running executable (the agent
-    /// in .build/…, or the test runner, which SwiftPM puts in the same folder).
+    /// Where the helper is: $KRAKL_BACKEND_HOST, else an installed agent's
+    /// PREFIX/lib/krakl-agent/krakl-backend-host (not in PREFIX/bin: it is no command for people),
+    /// else next to the running executable (the agent in .build/…, or the test runner, which
+    /// SwiftPM puts in the same folder).
     static func executablePath(environment: [String: String] = ProcessInfo.processInfo.environment) -> String {
         if let path = environment["KRAKL_BACKEND_HOST"], !path.isEmpty { return path }
-        let exe = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        if let installed = InstalledLayout.installedFile("krakl-backend-host") { return installed }
+        let exe = InstalledLayout.executable
         var folder = URL(fileURLWithPath: exe).deletingLastPathComponent()
         // A test runner may sit inside a bundle folder below the build folder.
         for _ in 0..<4 where !FileManager.default.isExecutableFile(atPath: folder.appendingPathComponent("krakl-backend-host").path) {
