@@ -40,8 +40,9 @@ final class BenchStack {
     let environment: [String: String]
     let uid: String, gid: String
 
-    init() throws {
-        let started = measure("/bin/bash", [Self.script, "start"])
+    /// `flags`: scripts/pipewire-stack start's (`--no-portal`: PipeWire and WirePlumber only).
+    init(flags: [String] = []) throws {
+        let started = measure("/bin/bash", [Self.script, "start"] + flags)
         guard started.status == 0 else {
             throw BenchError("scripts/pipewire-stack start failed: \(started.stderr.suffix(2000))")
         }

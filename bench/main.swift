@@ -39,6 +39,7 @@ var smapsPrefix: String?
 var viewerMode = false
 var viewerLoss = true
 var scanMode = false
+var scanCamera = false
 var isolateMode = false
 var soakMode = false
 var soakMinutes = 60
@@ -64,6 +65,7 @@ while let word = words.popFirst() {
     case "viewer": viewerMode = true
     case "--no-loss": viewerLoss = false
     case "scan": scanMode = true
+    case "--camera": scanCamera = true
     case "isolate": isolateMode = true
     case "soak": soakMode = true
     case "--minutes": soakMinutes = max(1, Int(words.popFirst() ?? "") ?? soakMinutes)
@@ -79,7 +81,7 @@ while let word = words.popFirst() {
         let parts = (words.popFirst() ?? "").split(separator: "x").compactMap { Int($0) }
         if parts.count == 2 { (width, height) = (parts[0], parts[1]) }
     default:
-        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT'] [--probe-arg ARG]...|turn [--rounds N] [--seconds S (1080p media sessions; 0: connect only)]|room [--service janus|twilio] [--joins N]|roomshare [--rounds N] [--seconds S] [--scenes a,b] [--smaps PREFIX]|viewer [--rounds N] [--seconds S] [--no-loss]|scan [--rounds N]|soak [--minutes N] [--isolate]|isolate [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
+        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT'] [--probe-arg ARG]...|turn [--rounds N] [--seconds S (1080p media sessions; 0: connect only)]|room [--service janus|twilio] [--joins N]|roomshare [--rounds N] [--seconds S] [--scenes a,b] [--smaps PREFIX]|viewer [--rounds N] [--seconds S] [--no-loss]|scan [--camera] [--rounds N]|soak [--minutes N] [--isolate]|isolate [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
         exit(2)
     }
 }
@@ -188,7 +190,7 @@ if soakMode {
     exit(0)
 }
 if scanMode {
-    try runScanBench(rounds: roundsGiven ? rounds : 10)
+    if scanCamera { try runCameraScanBench(rounds: roundsGiven ? rounds : 10) } else { try runScanBench(rounds: roundsGiven ? rounds : 10) }
     exit(0)
 }
 if roomShareMode {

@@ -341,6 +341,7 @@ USAGE
                     [--address IP]... [--connect-timeout S] [ENCODER OPTIONS]
   krakl-agent --qr IMAGE [--scan-only] [--once] [SHARING OPTIONS]
   krakl-agent --scan [--backend NAME] [--scan-timeout S] [--scan-only] [--once] [SHARING OPTIONS]
+  krakl-agent --scan --camera [NAME] [--scan-timeout S] [--scan-only] [--once] [SHARING OPTIONS]
   krakl-agent home [--join CODE|--qr IMAGE|--scan] [SHARING OPTIONS]
   krakl-agent code CODE|@FILE|-
   krakl-agent daemon [SHARING OPTIONS]
@@ -389,6 +390,13 @@ COMMANDS
                   not a join code, or an expired one, is reported once and scanning goes
                   on; two different codes at once are refused and listed. Gives up
                   after --scan-timeout S (default 120). Ctrl-C stops.
+  --camera [NAME] With --scan (or alone): read the code off another device's screen
+                  with a camera instead of this screen: a PipeWire camera node (what
+                  WirePlumber makes of a webcam; the pipewire backend's camera mode),
+                  the first one, or NAME: its number or node name (sources --cameras)
+                  or a part of its name ("--camera webcam"). Mirrored and light-on-dark
+                  codes are read too; after 10 s without a code a hint says how to hold
+                  it. The screen is then shared with the usual backend. 56: no camera.
   code CODE       Check a join code and print what it would do: service, URL, room,
                   identity, expiry (the token is shown as its first 8 characters only).
   daemon          Keep an idle agent in the background, without a terminal, driven
@@ -398,7 +406,7 @@ COMMANDS
                   in place runs it at login: systemctl --user enable --now krakl-agent.
   connect CODE    Ask the daemon to share into a join code's room (CODE, @FILE, - for
                   stdin, --qr FILE: the daemon reads the picture, or --scan: the daemon
-                  scans its screen). Returns once the screen is shared (0) or with the
+                  scans its screen, --scan --camera [NAME]: a camera's view). Returns once the screen is shared (0) or with the
                   status of why it could not be.
   open LINK       What the desktop entry runs for a krakl: link (xdg-open, a browser):
                   hands the join code it carries to the running daemon, as connect does
@@ -418,7 +426,8 @@ COMMANDS
                   rooms and scans do (see --backend); a recording records the default.
   backends        List the backends in plugins.json and whether each one loads.
   sources         List what a backend can capture (X11: the screen and each XRandR
-                  monitor), with the option value that selects it.
+                  monitor), with the option value that selects it; --cameras: the
+                  cameras --camera can read (56 when there is none).
   conformance     Run the backend conformance checks on a backend library; one line
                   per check (PASS/FAIL/SKIP), then a summary line; exit status 1 if
                   any check fails. The checks run in child processes, so a backend
@@ -564,8 +573,9 @@ EXIT STATUS
   47 the image is too large (refused before decoding)
   48 a QR code that is not a join code (or too long, non-ASCII, control characters)
   49 two or more different join codes: give a picture with one
-  scanning the screen (--scan):
+  scanning the screen or a camera (--scan, --camera):
   50 no join code found within --scan-timeout   51 the screen source ended first
+  56 --camera: no camera (or none of that name; sources --cameras lists them)
    0 stopped with Ctrl-C (nothing found)
   the built-in viewer:
   52 the viewer cannot listen: the port is in use, or the address is not this machine's

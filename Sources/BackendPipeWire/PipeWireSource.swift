@@ -431,7 +431,9 @@ final class PipeWireSource: CaptureSource {
             return
         }
         guard cameraPicture.convert(planes, format: cameraFormat, width: negotiated.width, height: negotiated.height) else { return }
-        nextCameraPicture = now + cameraInterval
+        // On the rate's grid (a camera's pictures come every 33 ms: from `now` on, jitter of a
+        // millisecond would turn 5 a second into 4.3), unless the camera paused.
+        nextCameraPicture = nextCameraPicture == 0 || now - nextCameraPicture > cameraInterval ? now + cameraInterval : nextCameraPicture + cameraInterval
         havePicture = true
         deliverCamera()
     }

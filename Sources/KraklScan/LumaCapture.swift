@@ -33,6 +33,13 @@ public final class LumaCapture: FrameSink, @unchecked Sendable {
     /// The coarse picture (`Signature`) when it was last scanned: a whole-frame update that does not
     /// differ from it by more than noise is not a change.
     private var scannedSignature: Signature?
+    /// Looks still owed to an unchanged view since its last change (`looksAfterAChange`).
+    private var extraLooks = 0
+    /// After a change, this many more pictures of the then unchanged view are looked at: whether zbar
+    /// reads a camera's code can hang on the picture's noise (of 30 frames of one still view, measured
+    /// with Tests/Fixtures/camera_clip.sh rotated, the first was not read and the next were), and a
+    /// view that stays still would otherwise get no second look. An unchanged view then costs nothing.
+    public static let looksAfterAChange = 3
     private var described: String?
 
     /// - Parameters:
@@ -67,6 +74,7 @@ public final class LumaCapture: FrameSink, @unchecked Sendable {
             height = info.height
             picture = [UInt8](repeating: 0, count: width * height)
             rects = []
+            extraLooks = Self.looksAfterAChange
         }
         let wholeUpdate = rects.isEmpty && !picture.isEmpty && scannedSignature != nil
         if rects.isEmpty { rects = [krakl_rect(x: 0, y: 0, width: Int32(width), height: Int32(height))] }
@@ -74,9 +82,14 @@ public final class LumaCapture: FrameSink, @unchecked Sendable {
         // A frame without damage (every camera picture, a screen source without damage metadata)
         // may show the same as the last look: judged from the picture, so an unchanged view is not
         // scanned again (zbar over a 720p picture costs ~20 ms; this look costs ~0.05 ms).
-        if wholeUpdate && !changed, let scanned = scannedSignature,
-           !Signature(picture, width: width, height: height).differs(from: scanned) {
-            return
+        if wholeUpdate && !changed, let scanned = scannedSignature {
+            if Signature(picture, width: width, height: height).differs(from: scanned) {
+                extraLooks = Self.looksAfterAChange
+            } else if extraLooks > 0 {
+                extraLooks -= 1
+            } else {
+                return
+            }
         }
         if rects.count == 1 && rects[0].width == Int32(width) && rects[0].height == Int32(height) {
             dirty = nil

@@ -2,81 +2,55 @@ import Foundation
 import Glibc
 import Testing
 
-/// A camera for the tests: a PipeWire Video/Source node with a camera's properties (media.role
-/// Camera and a product name, as WirePlumber gives a V4L2 webcam), made by gst-launch's
-/// pipewiresink from a looping clip of raw frames the test made (no decoding: the camera costs
-/// the machine little while the agent is measured). It sends YUY2 at 30 fps, as a webcam does.
+/// A camera for the tests: Tests/Fixtures/camera_node.c (a PipeWire node with a webcam's
+/// properties that drives the graph as a V4L2 node does, YUY2 or NV12 1280x720 at 30 fps,
+/// playing a clip of CameraClip), as the stack's user.
 final class TestCamera {
     let process: Process
     let node: Int
 
-    /// `frames`: a printf pattern of raw 1280x720 frames in `format` (CameraClip.make), played in a loop.
-    init(_ stack: PipeWireStack, frames: String, name: String = "HD Webcam", nodeName: String = "krakl-test-camera",
+    private static let tool = BuiltOnce {
+        let folder = try Harness.temporaryDirectory()
+        chmod(folder, 0o755)
+        let path = folder + "/camera_node"
+        let flags = try Harness.run("/usr/bin/pkg-config", ["--cflags", "--libs", "libpipewire-0.3"], timeout: 30)
+        try #require(flags.status == 0, "pkg-config libpipewire-0.3: \(flags.stderr)")
+        let cc = try Harness.run("/usr/bin/cc", ["-O1", "-Wall", "-Werror", Harness.repoRoot + "/Tests/Fixtures/camera_node.c", "-o", path]
+                                 + flags.stdout.split(whereSeparator: \.isWhitespace).map(String.init), timeout: 120)
+        try #require(cc.status == 0, "cc camera_node: \(cc.stderr)")
+        return path
+    }
+
+    /// `clip`: a folder of raw 1280x720 frames in `format` (CameraClip.make), played in a loop.
+    init(_ stack: PipeWireStack, clip: String, name: String = "HD Webcam", nodeName: String = "krakl-test-camera",
          format: String = "YUY2") throws {
-        let properties = "\"props,media.class=Video/Source,media.role=Camera,node.description=\\\"\(name)\\\",node.name=\(nodeName)\""
-        // identity drop-allocation: pipewiresink 0.3.65 crashes (gst_buffer_peek_memory) when upstream
-        // writes into the buffers of its pool; with its own buffers it does not.
-        process = try stack.spawn(["gst-launch-1.0", "-q", "multifilesrc", "location=\(frames)", "loop=true",
-                                   "caps=video/x-raw,format=\(format),width=1280,height=720,framerate=30/1", "!",
-                                   "identity", "drop-allocation=true", "!", "pipewiresink", "mode=provide", "stream-properties=\(properties)"])
-        // 30 s: a first gst-launch on a fresh machine builds GStreamer's plugin registry.
+        process = try stack.spawn([try Self.tool.get(), clip, format, name, nodeName])
         node = try #require(try stack.waitForNode(named: nodeName, timeout: 30), "the test camera's node never appeared")
     }
 
+    /// SIGKILL: a child of the test runner starts with its blocked signals (SIGTERM among them),
+    /// and the camera has nothing to finish.
     func stop() {
-        if process.isRunning { process.terminate() }
+        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
         process.waitUntilExit()
     }
 
     deinit { stop() }
 }
 
-/// Camera-like clips of a QR code: 1 s (30 frames) at 1280x720, the code on a grey, noisy view
-/// (a fresh noise pattern every frame, as a sensor gives), drawn the ways a phone's screen held
-/// up to a webcam looks. Made with ffmpeg's filters, so the distortions are ffmpeg's, not ours.
+/// Camera-like clips of a QR code (Tests/Fixtures/camera_clip.sh, which the bench uses too): 1 s
+/// of raw 1280x720 frames, the code on a grey view with a fresh sensor-like noise every frame,
+/// drawn the ways a phone's screen held up to a webcam looks, by ffmpeg's filters.
 enum CameraClip: String, CaseIterable {
     case still, moving, tilted, rotated, blurred, mirrored, small, inverted, dim, glare, empty
 
-    /// The filter that draws the code ([1], the QR picture) onto the view ([0]).
-    var filter: String {
-        let place = "overlay=(W-w)/2:(H-h)/2"
-        switch self {
-        case .still: return "[1]scale=420:420:flags=neighbor[q];[0][q]\(place)"
-        // Across a third of the frame in the clip's second (and back to the start at each loop).
-        case .moving: return "[1]scale=380:380:flags=neighbor[q];[0][q]overlay=x='300+12*n':y=170:eval=frame"
-        // Held at 30° from the camera's axis: the far edge narrower, the whole shorter (cos 30°).
-        case .tilted:
-            return "[1]scale=460:460:flags=neighbor,pad=iw:ih:0:0:white,perspective=x0=60:y0=0:x1=W-60:y1=0:x2=0:y2=H*0.87:x3=W:y3=H*0.87:sense=destination:eval=init,"
-                + "crop=iw:ih*0.87:0:0[q];[0][q]\(place)"
-        case .rotated: return "[1]scale=400:400:flags=neighbor,rotate=30*PI/180:ow=rotw(30*PI/180):oh=roth(30*PI/180):c=0x787870[q];[0][q]\(place)"
-        // Out of focus: a Gaussian blur of 1.5 px on modules of ~5 px.
-        case .blurred: return "[1]scale=420:420:flags=neighbor[q];[0][q]\(place),gblur=sigma=1.5"
-        case .mirrored: return "[1]scale=420:420:flags=neighbor,hflip[q];[0][q]\(place)"
-        // A tenth of the frame's area: 303x303 of 1280x720 (~3.7 px a module for this code).
-        case .small: return "[1]scale=303:303:flags=neighbor[q];[0][q]overlay=200:120"
-        // A page in dark mode: light modules on dark.
-        case .inverted: return "[1]scale=420:420:flags=neighbor,negate[q];[0][q]\(place)"
-        // A dim screen in a bright room: dark 100, light 170 of 255.
-        case .dim: return "[1]scale=420:420:flags=neighbor,lutyuv=y='100+val*70/255'[q];[0][q]\(place)"
-        // A reflection over a quarter of the code.
-        case .glare: return "[1]scale=420:420:flags=neighbor,drawbox=x=0:y=0:w=210:h=210:color=white@0.55:t=fill[q];[0][q]\(place)"
-        case .empty: return "[0]null"
-        }
-    }
-
-    /// Writes the clip's frames into `folder` as raw pictures in `format` (YUY2 or NV12, GStreamer's
-    /// names) and returns their pattern, numbered from 0 as multifilesrc reads them.
+    /// Writes the clip's frames into a folder of `folder` in `format` (YUY2 or NV12) and returns it.
     func make(qr: String, in folder: String, format: String = "YUY2") throws -> String {
-        let directory = folder + "/clip-\(rawValue)-\(format)"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        let pixels = format == "NV12" ? "nv12" : "yuyv422"
-        let made = try Harness.run("/usr/bin/ffmpeg", ["-v", "error", "-y", "-f", "lavfi", "-i", "color=c=0x787870:s=1280x720:r=30", "-loop", "1", "-i", qr,
-                                                        "-filter_complex", filter + ",noise=alls=6:allf=t,format=\(pixels)", "-frames:v", "30",
-                                                        "-start_number", "0", "-f", "image2", "-c:v", "rawvideo", directory + "/f%02d.yuv"], timeout: 120)
-        try #require(made.status == 0, "ffmpeg (\(rawValue)): \(made.stderr)")
+        let made = try Harness.run("/bin/bash", [Harness.repoRoot + "/Tests/Fixtures/camera_clip.sh", rawValue, qr,
+                                                 folder + "/clip-\(rawValue)-\(format)", format], timeout: 120)
+        try #require(made.status == 0, "camera_clip.sh \(rawValue): \(made.stderr)")
         chmod(folder, 0o755)
-        chmod(directory, 0o755)
-        return directory + "/f%02d.yuv"
+        return folder + "/clip-\(rawValue)-\(format)"
     }
 }
 
@@ -125,7 +99,7 @@ struct CameraScanTests {
         let folder = try Harness.temporaryDirectory()
         chmod(folder, 0o755)
         let (code, png) = try Self.codePicture(in: folder)
-        let camera = try TestCamera(stack, frames: try clip.make(qr: png, in: folder))
+        let camera = try TestCamera(stack, clip: try clip.make(qr: png, in: folder))
         defer { camera.stop() }
         let result = try stack.run([Harness.agent, "--plugins", try Self.registry(folder), "--scan", "--camera", "--scan-only", "--headless",
                                     "--scan-timeout", "30"], timeout: 60)
@@ -144,7 +118,7 @@ struct CameraScanTests {
         let folder = try Harness.temporaryDirectory()
         chmod(folder, 0o755)
         let (_, png) = try Self.codePicture(in: folder)
-        let camera = try TestCamera(stack, frames: try CameraClip.empty.make(qr: png, in: folder), name: "Studio Cam")
+        let camera = try TestCamera(stack, clip: try CameraClip.empty.make(qr: png, in: folder), name: "Studio Cam")
         defer { camera.stop() }
         let result = try stack.run([Harness.agent, "--plugins", try Self.registry(folder), "--scan", "--camera", "studio", "--scan-only", "--headless",
                                     "--scan-timeout", "12"], timeout: 60)
@@ -171,7 +145,7 @@ struct CameraScanTests {
         #expect(list.status == 56 && list.said.contains("no camera found"), "\(list)")
 
         let (_, png) = try Self.codePicture(in: folder)
-        let camera = try TestCamera(stack, frames: try CameraClip.still.make(qr: png, in: folder))
+        let camera = try TestCamera(stack, clip: try CameraClip.still.make(qr: png, in: folder))
         defer { camera.stop() }
         let listed = try stack.run([Harness.agent, "--plugins", registry, "sources", "--cameras"], timeout: 60)
         #expect(listed.status == 0 && listed.stdout.contains("\(camera.node)  camera \"HD Webcam\" (krakl-test-camera)"), "\(listed)")
@@ -190,7 +164,7 @@ struct CameraScanTests {
         let folder = try Harness.temporaryDirectory()
         chmod(folder, 0o755)
         let (_, png) = try Self.codePicture(in: folder)
-        let camera = try TestCamera(stack, frames: try CameraClip.moving.make(qr: png, in: folder, format: "NV12"), format: "NV12")
+        let camera = try TestCamera(stack, clip: try CameraClip.moving.make(qr: png, in: folder, format: "NV12"), format: "NV12")
         defer { camera.stop() }
         let result = try stack.run([Harness.agent, "conformance", Harness.library("BackendPipeWire"), "--option", "camera="], timeout: 240)
         #expect(result.status == 0 && !result.stdout.contains("FAIL"), "\(result.stdout)\(result.said)")
