@@ -160,7 +160,7 @@ enum ControlText {
         text += " (\(status.service ?? "?")\(status.roomDetails.map { ": \($0)" } ?? "")\(status.backend.map { ", backend \($0)" } ?? ""))"
         if let seconds = status.sharingSeconds { text += String(format: " for %.0f s", seconds) }
         if let connection = status.connection { text += " | \(connection)" + (status.path.map { " \($0)" } ?? "") }
-        if let rtt = status.rttMs { text += String(format: " | rtt %.0f ms", rtt) }
+        if status.rttMs != nil || status.silentSeconds != nil { text += " | rtt \(status.rttWords)" }
         if let loss = status.lossPercent { text += String(format: " | loss %.1f %%", loss) }
         if let kbps = status.kbps, let fps = status.fps { text += String(format: " | %.0f kbit/s | %.1f fps", kbps, fps) }
         return text

@@ -80,6 +80,8 @@ struct ControlStatus: Codable, Equatable {
     /// The selected candidate pair: types and the protocol that leaves this machine ("host/udp -> host", "relay/tls -> host").
     var path: String?
     var rttMs: Double?
+    /// Seconds since the room's last RTCP packet (nil before the first): how old `rttMs` is.
+    var silentSeconds: Double?
     var lossPercent: Double?
     /// Sent over the last second.
     var kbps: Double?
@@ -87,6 +89,19 @@ struct ControlStatus: Codable, Equatable {
     var framesSent: Int?
     var bytesSent: Int?
     var lastEnd: ControlEnd?
+
+    /// After this long without an RTCP packet the round-trip time is stale: the room (an SFU that
+    /// died, a path that broke) is said to be silent instead. Rooms report every second or so
+    /// (Janus and aiortc each about 1 s), so 2 s is two missed reports.
+    static let silenceWorthSaying = 2.0
+
+    /// The round-trip time for people: "3 ms", or "no reply from the room for 5 s" once the room
+    /// has been silent past `silenceWorthSaying` (the last RTT would read as "connected, rtt 3 ms"
+    /// for the ~10 s ICE takes to call the connection lost); "-" before any.
+    var rttWords: String {
+        if let silent = silentSeconds, silent > Self.silenceWorthSaying { return String(format: "no reply from the room for %.0f s", silent) }
+        return rttMs.map { String(format: "%.0f ms", $0) } ?? "-"
+    }
 }
 
 /// One reply line. `event` names what a watch line reports: "status" (the first line and

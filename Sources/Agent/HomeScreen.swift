@@ -407,7 +407,7 @@ final class HomeScreen: @unchecked Sendable {
         let size = now.width.flatMap { w in now.height.map { "\(w)x\($0)" } } ?? "-"
         lines.append(screen.fit("Picture:   \(size), \(now.fps.map { String(format: "%.1f", $0) } ?? "-") fps"))
         lines.append(screen.fit("Bitrate:   \(now.kbps.map { String(format: "%.0f kbit/s", $0) } ?? "-")"))
-        lines.append(screen.fit("RTT:       \(now.rttMs.map { String(format: "%.0f ms", $0) } ?? "-")"
+        lines.append(screen.fit("RTT:       \(now.rttWords)"
                                 + "      Loss: \(now.lossPercent.map { String(format: "%.1f %%", $0) } ?? "-")"
                                 + "      Connection: \(now.connection ?? "-")"))
         lines.append(screen.fit("Path:      \(now.path.map(Self.pathWords) ?? "-")"))

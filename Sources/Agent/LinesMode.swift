@@ -271,7 +271,7 @@ final class LinesMode: @unchecked Sendable {
                         state: session.state)
             return
         }
-        let rtt = now.rttMs.map { String(format: "%.0f ms", $0) } ?? "-"
+        let rtt = now.rttWords
         let loss = now.lossPercent.map { String(format: "%.1f %%", $0) } ?? "-"
         let link = now.path.map { "\(connection) \($0)" } ?? connection
         let line = String(format: "%@ | %@ as \"%@\" | %@ | %@ | rtt %@ | loss %@ | %5.0f kbit/s | %4.1f fps",

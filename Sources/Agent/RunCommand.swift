@@ -259,13 +259,15 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     // Viewers are told first (their peers close, the page says sharing ended), then the source stops.
     viewer?.stop(reason: reason)
 
-    // The end runs whatever happened: a source that hung in stop() or destroy() (the watchdog
-    // gives up on it) still gets every output completed and the summary printed.
+    // Nothing is added once the stop is asked for: the run takes no more frames and the encoder's
+    // outputs are completed before the source is stopped, so a stop() or destroy() that hangs (the
+    // watchdog gives up on it after 2 + 3 s) adds no idle refreshes: `--seconds 2` on such a backend
+    // left a 5.0 s recording of 61 frames. The summary is printed whatever happened.
+    run.close()
+    completeEncoderOutputs(run, frameLog: frameLog)
     var sourceFailure: HostError?
     do throws(HostError) { try source.stop() } catch { sourceFailure = error }
     do throws(HostError) { try source.destroy() } catch { if sourceFailure == nil { sourceFailure = error } }
-    run.close()
-    completeEncoderOutputs(run, frameLog: frameLog)
 
     let summary = run.statistics.snapshot()
     print("krakl-agent: stopped: \(reason)")
@@ -303,7 +305,7 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     if let sourceFailure { failures.append(sourceFailure) }
     if let error = run.encoderError {
         failures.append(error.hostError)
-        if error.output != nil { fputs("krakl-agent: capturing stopped when writing failed; what was written before that is complete\n", stderr) }
+        if let output = error.output { fputs("krakl-agent: \(recordingAfterFailure(output.path, record: arguments.record, frames: encoded?.frames ?? 0))\n", stderr) }
     }
     if let statsFailure { failures.append(statsFailure) }
     if summary.frames == 0 && summary.invalidFrames > 0 {
@@ -317,6 +319,22 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     for status in order where failures.contains(where: { $0.exitStatus == status }) { return status }
     if let first = failures.first { return first.exitStatus }
     return run.sourceError == nil ? 0 : 13
+}
+
+/// What is left of the recording when writing `failed` (the recording or another output) stopped
+/// the run, in true words: a recording with no frame in it (the disk filled at the first keyframe:
+/// a 200 KB file no player reads) is removed, when it is a plain file; else it holds the frames
+/// written before the failure (the encoder counts a frame once its writer took it whole).
+func recordingAfterFailure(_ failed: String, record: String?, frames: Int) -> String {
+    guard let record else { return "capturing stopped when writing \(failed) failed" }
+    var info = stat()
+    if frames == 0 {
+        if lstat(record, &info) == 0 && (info.st_mode & S_IFMT) == S_IFREG && unlink(record) == 0 {
+            return "capturing stopped when writing \(failed) failed; \(record) held no frame and was removed"
+        }
+        return "capturing stopped when writing \(failed) failed; \(record) holds no frame"
+    }
+    return "capturing stopped when writing \(failed) failed; \(record) holds the \(frames) frame\(frames == 1 ? "" : "s") written before that"
 }
 
 /// The recording (through the encoder pipeline) or, without one, the frame log, completed; a

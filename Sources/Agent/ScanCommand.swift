@@ -105,7 +105,7 @@ func scanScreen(_ arguments: Arguments, logger: @escaping BackendLogger, host: S
     let source: any CaptureSource
     if let camera {
         selection = try CameraScan.selection(arguments, camera: camera)
-        capture = LumaCapture(backend: selection.entry.name, logger: logger, mirroredToo: true, onChange: { [weak host] in host?.wake() })
+        capture = LumaCapture(backend: selection.entry.name, logger: logger, onChange: { [weak host] in host?.wake() })
         do throws(HostError) {
             source = try selection.makeSource(sink: capture, logger: logger)
         } catch {
@@ -125,7 +125,8 @@ func scanScreen(_ arguments: Arguments, logger: @escaping BackendLogger, host: S
     }
     try source.start()
     defer { try? source.destroy() }   // a hung stop or destroy is given up after its budget
-    // A camera's pictures may show the code light on dark (a page in dark mode) or mirrored.
+    // A camera's pictures may show the code light on dark (a page in dark mode); zbar 0.23 reads a
+    // mirrored code (a front camera's picture) as it is (krakl-bench scan --camera: 10 of 10).
     let scanner = QRScanner(invertedToo: camera != nil)
     let started = MonotonicClock.milliseconds()
     var nextScan = started, nextProgress = started + 1000

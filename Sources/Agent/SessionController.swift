@@ -215,6 +215,7 @@ final class SessionController {
             result.connection = rtc.state
             result.path = rtc.selectedPath
             result.rttMs = rtc.roundTripMilliseconds
+            result.silentSeconds = rtc.lastRtcpReceivedMs.map { Self.tenths(MonotonicClock.milliseconds() - $0) }
             result.lossPercent = rtc.fractionLost.map { $0 * 100 }
             result.framesSent = rtc.framesSent
             result.bytesSent = rtc.bytesSent

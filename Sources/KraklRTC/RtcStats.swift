@@ -53,6 +53,9 @@ public struct RtcStats: Sendable, Equatable {
 
     // remote-inbound-rtp (from receiver reports)
     public var receiverReports = 0
+    /// When the peer's last RTCP packet (a report, feedback, a keyframe request) arrived, monotonic
+    /// ms: a round-trip time is only as fresh as this (the room answers every second or so).
+    public var lastRtcpReceivedMs: Double?
     public var roundTripMilliseconds: Double?
     public var fractionLost: Double?
     public var cumulativeLost: Int?

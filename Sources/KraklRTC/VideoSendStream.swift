@@ -339,6 +339,7 @@ public final class VideoSendStream {
     /// - Parameter unixNanoseconds: wall-clock time of arrival, for round-trip times from report blocks.
     public func handleRtcp(_ datagram: [UInt8], now: UInt64, unixNanoseconds: () -> UInt64) -> RemoteBye? {
         guard let packets = try? RtcpPacket.parseCompound(datagram) else { return nil }
+        stats.update { $0.lastRtcpReceivedMs = Double(now) / 1e6 }
         var bitrateInput = false
         var bye: String??
         for packet in packets {

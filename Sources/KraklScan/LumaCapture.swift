@@ -29,7 +29,6 @@ public final class LumaCapture: FrameSink, @unchecked Sendable {
     private let backend: String
     private let onChange: (@Sendable () -> Void)?
     private let gate: FrameGate
-    private let mirroredToo: Bool
     /// The coarse picture (`Signature`) when it was last scanned: a whole-frame update that does not
     /// differ from it by more than noise is not a change.
     private var scannedSignature: Signature?
@@ -42,16 +41,12 @@ public final class LumaCapture: FrameSink, @unchecked Sendable {
     public static let looksAfterAChange = 3
     private var described: String?
 
-    /// - Parameters:
-    ///   - onChange: called on the backend's thread when the picture changes after a scan (not for
-    ///     every frame): the scanner can sleep until there is something new to look at.
-    ///   - mirroredToo: when the whole picture holds no code, look at it mirrored as well. A front
-    ///     camera's picture (and a code seen in a mirror) is mirrored, and zbar reads no mirrored code.
-    public init(backend: String, logger: @escaping BackendLogger, mirroredToo: Bool = false, onChange: (@Sendable () -> Void)? = nil) {
+    /// - Parameter onChange: called on the backend's thread when the picture changes after a scan
+    ///   (not for every frame): the scanner can sleep until there is something new to look at.
+    public init(backend: String, logger: @escaping BackendLogger, onChange: (@Sendable () -> Void)? = nil) {
         self.backend = backend
         self.logger = logger
         self.onChange = onChange
-        self.mirroredToo = mirroredToo
         gate = FrameGate(backend: backend, logger: logger)
     }
 
@@ -162,15 +157,7 @@ public final class LumaCapture: FrameSink, @unchecked Sendable {
         }
         pixels += wholeArea
         let found = picture.withUnsafeBufferPointer { scanner.scan(gray: $0, width: width, height: height) }
-        guard found.isEmpty, mirroredToo else { return (found, pixels) }
-        var mirrored = [UInt8](repeating: 0, count: wholeArea)
-        picture.withUnsafeBufferPointer { source in
-            mirrored.withUnsafeMutableBufferPointer { destination in
-                MirrorPlane(source.baseAddress, Int32(width), destination.baseAddress, Int32(width), Int32(width), Int32(height))
-            }
-        }
-        pixels += wholeArea
-        return (mirrored.withUnsafeBufferPointer { scanner.scan(gray: $0, width: width, height: height) }, pixels)
+        return (found, pixels)
     }
 
     /// A coarse picture: the mean luma of each 32x32 cell, from every 4th pixel of every 4th row

@@ -428,6 +428,25 @@ struct BackendContractTests {
         }
     }
 
+    /// Nothing is added after the stop was asked for: with `--seconds 2` on a backend whose stop()
+    /// hangs, the recording ends with the run's 2 s, not 5 s later when the watchdog gave up on
+    /// stop() and destroy() (it held 61 frames over 5.0 s: the encoder's idle refreshes went on).
+    @Test func nothingIsRecordedAfterTheStopWhileStopHangs() throws {
+        try Harness.requireBuild()
+        guard let ffprobe = Harness.which("ffprobe") else { skipTest("ffprobe is not installed (scripts/setup installs it)"); return }
+        let registry = try Self.registry()
+        let run = try AgentRun(["--plugins", registry, "--option", "misbehave=hang-stop", "-q", "--seconds", "2", "--refresh", "0.2",
+                                "--record", "hang.webm"])
+        let result = run.finish(within: 30)
+        #expect(result.exited && result.status == 22, "exit \(result.status): \(result.stderr)")
+        #expect(result.stdout.contains("stopped: 2.0 seconds elapsed"), "\(result.stdout)")
+        let probe = try Harness.run(ffprobe, ["-v", "error", "-show_entries", "packet=pts_time", "-of", "csv=p=0", run.folder + "/hang.webm"])
+        let times = probe.stdout.split(separator: "\n").compactMap { Double($0.trimmingCharacters(in: .whitespaces)) }
+        let last = times.max() ?? .infinity
+        print("hang-stop with --seconds 2: \(times.count) frames recorded, the last at \(last) s")
+        #expect(!times.isEmpty && last < 2.5, "the recording goes on to \(last) s (\(times.count) frames): frames were added after the stop")
+    }
+
     static func threadNames(_ pid: Int32) -> [String] {
         ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []).map {
             ((try? String(contentsOfFile: "/proc/\(pid)/task/\($0)/comm", encoding: .utf8)) ?? "?").trimmingCharacters(in: .whitespacesAndNewlines)

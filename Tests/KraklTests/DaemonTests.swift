@@ -378,6 +378,37 @@ import Testing
                                                       "--option", "width=640", "--option", "height=360"])
     }
 
+    /// A room that stops answering (its process frozen with SIGSTOP: no RTCP, no close) is told as
+    /// "no reply from the room for N s" once its last RTCP packet is over 2 s old, not as the last
+    /// round-trip time ("connected, rtt 0 ms" for the ~10 s before ICE gave up); the JSON says
+    /// how old the last report is.
+    @Test func aSilentRoomIsToldNotAStaleRoundTripTime() throws {
+        guard let room = try RoomSessionTests.WhipRoom(["--seconds", "120"]) else { return }
+        let daemon = try Self.roomDaemon(room)
+        let (code, _) = try room.codeFile(identity: "Sil")
+        let connect = try daemon.client(["connect", "@" + code])
+        try #require(connect.status == 0, "connect: \(connect)")
+        func poll(_ done: ([String: Any], String) -> Bool) throws -> ([String: Any], String) {
+            let deadline = Date().addingTimeInterval(20)
+            var last: ([String: Any], String) = ([:], "")
+            while Date() < deadline {
+                last = (try daemon.status(), try daemon.client(["status"]).stdout)
+                if done(last.0, last.1) { break }
+                usleep(200_000)
+            }
+            return last
+        }
+        let answering = try poll { json, _ in json["rttMs"] != nil && ((json["silentSeconds"] as? Double) ?? 99) < 2 }
+        #expect(answering.0["rttMs"] != nil && answering.1.contains(" ms | loss"), "no round-trip time while the room answers: \(answering)")
+        room.server.process.send(signal: SIGSTOP)
+        defer { room.server.process.send(signal: SIGCONT) }
+        let silent = try poll { _, text in text.contains("rtt no reply from the room for") }
+        #expect(silent.1.contains("rtt no reply from the room for"), "\(silent.1)")
+        #expect(((silent.0["silentSeconds"] as? Double) ?? 0) > 2, "\(silent.0)")
+        room.server.process.send(signal: SIGCONT)
+        _ = try daemon.client(["stop"])
+    }
+
     @Test func connectStatusWatchStopThroughTheSocket() throws {
         guard let room = try RoomSessionTests.WhipRoom() else { return }
         let daemon = try Self.roomDaemon(room)

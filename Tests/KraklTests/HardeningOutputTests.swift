@@ -170,6 +170,40 @@ struct HardeningOutputTests {
                 "exit \(result.status): \(result.stderr)")
     }
 
+    /// A disk that fills at the recording's first keyframe leaves no file with no frame in it (the
+    /// 200 KB left was unreadable while the agent said "what was written before that is complete");
+    /// one that fills later says how many frames the recording holds, and ffprobe reads them.
+    /// The disk is a tmpfs of the given size in a mount namespace of the run's own (unshare -m).
+    @Test(arguments: [(size: "64k", framesExpected: false), (size: "3m", framesExpected: true)])
+    func aFullDiskSaysWhatTheRecordingHolds(size: String, framesExpected: Bool) throws {
+        try Harness.requireBuild()
+        guard let unshare = Harness.which("unshare"), getuid() == 0 else { skipTest("needs root and unshare (util-linux) for a tmpfs"); return }
+        let dir = try Harness.temporaryDirectory()
+        let registry = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
+        // The test pattern at 1280x720 changing whole every frame: ~30–80 KB a frame at 2.5 Mbit/s.
+        let script = """
+            mount -t tmpfs -o size=\(size) tmpfs '\(dir)' || exit 90
+            '\(Harness.agent)' --plugins '\(registry)' --backend file -q -o scene=scrolling --seconds 20 --record '\(dir)/r.webm'
+            status=$?
+            echo "status=$status"
+            if [ -e '\(dir)/r.webm' ]; then ffprobe -v error -count_frames -show_entries stream=nb_read_frames -of csv=p=0 '\(dir)/r.webm'; else echo absent; fi
+            """
+        let result = try Harness.run(unshare, ["-m", "--propagation", "private", "/bin/sh", "-c", script], timeout: 60)
+        let said = result.stdout + result.stderr
+        #expect(said.contains("status=23"), "\(said)")
+        if framesExpected {
+            let match = said.range(of: #"r\.webm holds the (\d+) frames? written before that"#, options: .regularExpression)
+            let told = match.flatMap { Int(said[$0].split(separator: " ")[3]) } ?? -1
+            // ffprobe's count is the line after the status (its warnings go to stderr).
+            let lines = result.stdout.split(separator: "\n").map { $0.trimmingCharacters(in: .whitespaces) }
+            let read = lines.firstIndex { $0.hasPrefix("status=") }.flatMap { lines.indices.contains($0 + 1) ? Int(lines[$0 + 1]) : nil } ?? -1
+            print("disk of \(size): the agent says \(told) frames, ffprobe reads \(read)")
+            #expect(told > 0 && read > 0 && read <= told, "\(said)")
+        } else {
+            #expect(said.contains("r.webm held no frame and was removed") && said.contains("absent"), "\(said)")
+        }
+    }
+
     /// Errors that showed only at flush or close were lost (exit 0, no data). Now each output
     /// fails the run with its path and reason, exit 23; a recording that fails mid-run stops
     /// the capture at once (well before --seconds 60), and a path that cannot be opened fails
