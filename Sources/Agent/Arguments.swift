@@ -342,7 +342,7 @@ USAGE
   krakl-agent --qr IMAGE [--scan-only] [--once] [SHARING OPTIONS]
   krakl-agent --scan [--backend NAME] [--scan-timeout S] [--scan-only] [--once] [SHARING OPTIONS]
   krakl-agent --scan --camera [NAME] [--scan-timeout S] [--scan-only] [--once] [SHARING OPTIONS]
-  krakl-agent home [--join CODE|--qr IMAGE|--scan] [SHARING OPTIONS]
+  krakl-agent home [--join CODE|--qr IMAGE|--scan [--camera [NAME]]] [SHARING OPTIONS]
   krakl-agent code CODE|@FILE|-
   krakl-agent daemon [SHARING OPTIONS]
   krakl-agent connect CODE|@FILE|-|--qr FILE|--scan   krakl-agent stop
@@ -359,7 +359,7 @@ USAGE
 
 COMMANDS
   home            The interactive home screen (docs/home-screen.md): keys to connect
-                  (c: a join code, q: a QR picture, s: scan the screen), stop and quit,
+                  (c: a join code, q: a QR picture, s: scan the screen, w: the webcam), stop and quit,
                   and the live numbers while sharing; v starts a local preview viewer
                   (on --listen, default 127.0.0.1:8990) showing what is shared and
                   opens it with $BROWSER or xdg-open. --join, --qr and --scan show it

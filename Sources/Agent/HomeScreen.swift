@@ -67,7 +67,7 @@ final class HomeScreen: @unchecked Sendable {
             switch first {
             case .code(let text)?: connect(code: text, qr: nil)
             case .picture(let path)?: connect(code: nil, qr: path)
-            case .scan?: startScan()
+            case .scan?: startScan(camera: arguments.camera)
             case nil: break
             }
             redraw()
@@ -168,7 +168,12 @@ final class HomeScreen: @unchecked Sendable {
             notice = "Stopping…"
             controller.stop()
         case "s" where !active && scanner == nil:
-            startScan()
+            startScan(camera: nil)
+        // The camera's key: "c" already connects with a typed code.
+        case "w" where !active && scanner == nil:
+            startScan(camera: arguments.camera ?? "")
+        case "w" where scanner != nil:
+            stopScan(words: "Scanning stopped.")
         case "s" where scanner != nil:
             stopScan(words: "Scanning stopped.")
         case "v":
@@ -234,11 +239,13 @@ final class HomeScreen: @unchecked Sendable {
 
     // MARK: - Scanning
 
-    private func startScan() {
+    /// Scans the screen (`camera` nil) or a camera ("" the first) for a join code, then shares.
+    private func startScan(camera: String?) {
         notice = nil
         do throws(HostError) {
             var scanning = arguments
             scanning.scanOnly = false
+            scanning.camera = camera
             scanner = try ScreenScanJob(arguments: scanning, logger: logger, postingTo: loop) { [weak self] line in
                 self?.scanProgress("Scanning: " + line)
             } progress: { [weak self] line in
@@ -247,7 +254,7 @@ final class HomeScreen: @unchecked Sendable {
                 self?.scanEnded(outcome)
             }
         } catch {
-            notice = "Cannot scan the screen: \(error.description)"
+            notice = "Cannot scan: \(error.description)"
         }
     }
 
@@ -272,7 +279,7 @@ final class HomeScreen: @unchecked Sendable {
         switch outcome {
         case .found(let invitation): connect(code: invitation.code.text, qr: nil)
         case .notFound(let status, let lastSaid): notice = status == 0 ? "Scanning stopped." : "Scanning: \(lastSaid)"
-        case .failed(let error): notice = "Cannot scan the screen: \(error.description)"
+        case .failed(let error): notice = "Cannot scan: \(error.description)"
         }
         redraw()
     }
@@ -383,7 +390,7 @@ final class HomeScreen: @unchecked Sendable {
         }
         if scanner != nil { return [screen.fit("[s] stop scanning   [x] quit")] }
         return [screen.fit("[c] connect with a join code   [q] a QR code picture   [s] scan the screen"),
-                screen.fit("[v] viewer   [x] quit")]
+                screen.fit("[w] read the code with the webcam   [v] viewer   [x] quit")]
     }
 
     private func sessionLines() -> [String] {

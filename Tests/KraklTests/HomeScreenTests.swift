@@ -251,6 +251,27 @@ import Testing
 
     /// s scans the screen (the file backend playing a clip where the room's join code appears after
     /// a second), shows its progress, finds the code and shares.
+    /// The webcam's key: w starts a camera scan (the PipeWire backend's camera mode); with no
+    /// PipeWire for this user it says so on the home screen, which stays usable (w again, x quits).
+    @Test func theWebcamKeyScansACameraAndSaysWhyNot() throws {
+        let folder = try Harness.temporaryDirectory()
+        let registry = try Harness.registryForThisBuild(in: folder)
+        let runtime = folder + "/run"
+        try FileManager.default.createDirectory(atPath: runtime, withIntermediateDirectories: true)
+        chmod(runtime, 0o700)
+        let pane = try Pane(script: Self.paneScript(registry: registry, arguments: ["home"],
+                                                    environment: ["KRAKL_NO_NOTIFY": "1", "XDG_RUNTIME_DIR": runtime], folder: folder,
+                                                    unsetting: ["PIPEWIRE_REMOTE", "PIPEWIRE_RUNTIME_DIR"]),
+                            folder: folder, namespace: nil)
+        try #require(pane.waitFor("[w] read the code with the webcam", timeout: 20).ok, "no home screen: \(pane.screen())")
+        pane.keys("w")
+        let told = pane.waitFor(timeout: 20) { $0.contains("Cannot scan:") }
+        #expect(told.ok && told.screen.contains("PipeWire is not running"), "\(told.screen)")
+        #expect(told.screen.contains("[w] read the code with the webcam"), "the home screen's keys are gone: \(told.screen)")
+        pane.keys("x")
+        #expect(pane.waitFor("EXIT=0", timeout: 20).ok, "x did not quit: \(pane.screen())")
+    }
+
     @Test func scanTheScreenThenShare() throws {
         guard try ScreenScanTests.prerequisites(), let room = try RoomSessionTests.WhipRoom() else { return }
         let folder = try Harness.temporaryDirectory()
