@@ -6,7 +6,7 @@
 /// The script is a plain WHEP player: a recvonly RTCPeerConnection, its
 /// offer POSTed at once (no wait for ICE gathering: the agent is ICE-lite), the answer
 /// applied; live numbers from getStats; a message when sharing ends
-/// (`/status` says so, or the connection fails or closes); DELETE of the
+/// (`/status` says so, DTLS is closed by the agent, or the connection fails or closes); DELETE of the
 /// session when the page goes away (fetch keepalive: sendBeacon cannot
 /// DELETE). When ICE fails (or stays disconnected for 3 s) it restarts ICE
 /// as WHEP does (RFC 9725 §4.3.2: PATCH with `If-Match: *` and the new
@@ -130,7 +130,15 @@ enum ViewerPage {
         pc = new RTCPeerConnection({ iceServers: [] });
         const peer = pc;
         peer.addTransceiver('video', { direction: 'recvonly' });
-        peer.ontrack = (event) => { video.srcObject = event.streams[0] || new MediaStream([event.track]); };
+        peer.ontrack = (event) => {
+          video.srcObject = event.streams[0] || new MediaStream([event.track]);
+          // The agent's end of a run closes DTLS (close_notify) at once; the connection's own state
+          // takes ~2 s more to notice, and the page said "Watching" over the last, frozen picture.
+          const transport = event.receiver.transport;
+          if (transport) transport.onstatechange = () => {
+            if (peer === pc && transport.state === 'closed') finish('Sharing ended: the agent closed the connection.');
+          };
+        };
         peer.onconnectionstatechange = () => {
           const s = peer.connectionState;
           if (s === 'connected' && !restarting) showLive();

@@ -149,6 +149,23 @@ import Testing
         #expect(agent.stop() == 0)
     }
 
+    /// The run's end is on the page at once: the agent closes DTLS (close_notify) and the page says
+    /// so from the transport's state, instead of "Watching the shared screen." over the frozen last
+    /// picture until the connection's state caught up (~2 s).
+    @Test func theEndOfTheRunIsOnThePageAtOnce() throws {
+        guard try Self.browserPrerequisites() else { return }
+        let (agent, url) = try Self.startAgent()
+        let viewer = try Viewer()
+        defer { viewer.quit() }
+        _ = try viewer.open(url, run: "end of run")
+        #expect(agent.read(until: "1 watching"), "\(agent.output.suffix(600))")
+        agent.signal(SIGINT)
+        let ended = try viewer.send(["cmd": "await_text", "text": "Sharing ended: the agent closed the connection.", "timeout": 10], timeout: 30)
+        print("the page after the run ended: \(ended["texts"] ?? "-")")
+        #expect(ended["found"] as? Bool == true, "the page did not say the run ended: \(ended)")
+        #expect((ended["texts"] as? [String])?.contains { $0.hasPrefix("The connection") } == false, "\(ended)")
+    }
+
     /// Two browsers at once: both play, both see the one stream (the same frame numbers), and the
     /// second viewer adds no named thread to the agent (one encoder, one network loop, fanned out).
     @Test func twoViewersAtOnceShareOneEncoder() throws {
