@@ -374,6 +374,43 @@ import Testing
                 && (end["message"] as? String ?? "").hasPrefix("Sharing was ended by the room"), "\(end)")
     }
 
+    /// The notifications reach a real notification server: Debian's dunst, on an Xvfb display and
+    /// the test's own session bus, which prints each notification it takes (-print) and keeps them
+    /// in its history (dunstctl). What it shows is judged, not what the agent meant to send.
+    @Test func notificationsReachARealNotificationServer() throws {
+        guard let dunst = Harness.which("dunst"), let dunstctl = Harness.which("dunstctl"), let dbus = Harness.which("dbus-daemon") else {
+            skipTest("dunst or dbus-daemon is not installed (scripts/setup installs dunst and dbus-bin)")
+            return
+        }
+        guard let room = try RoomSessionTests.WhipRoom(["--close-after", "3"]), let x = try XvfbServer(width: 800, height: 600) else { return }
+        let folder = try Harness.temporaryDirectory()
+        let bus = try DtlsTestProcess(dbus, ["--session", "--nofork", "--nopidfile", "--address", "unix:path=\(folder)/bus", "--print-address"])
+        defer { bus.stop() }
+        let address = try #require(bus.value(after: "unix:path=", timeout: 10).map { "unix:path=" + $0 }, "dbus-daemon: \(bus.log)")
+        let server = try DtlsTestProcess("/usr/bin/env", ["DBUS_SESSION_BUS_ADDRESS=\(address)", "DISPLAY=\(x.display)", dunst, "-print"])
+        defer { server.stop() }
+        // Ready once it owns the name: dunstctl answers.
+        var ready = false
+        for _ in 0..<100 where !ready {
+            ready = try Harness.run("/usr/bin/env", ["DBUS_SESSION_BUS_ADDRESS=\(address)", dunstctl, "count", "history"], timeout: 5).status == 0
+            if !ready { usleep(100_000) }
+        }
+        try #require(ready, "dunst never answered on the bus: \(server.log)")
+        let (code, _) = try room.codeFile(identity: "Dun's screen")
+        let (program, argv) = room.namespace.command(Harness.agent, ["--join", "@" + code, "--once", "--headless", "--address", "127.0.0.2",
+                                                                     "--plugins", room.registry, "--option", "scene=typing",
+                                                                     "--option", "width=640", "--option", "height=360"])
+        let result = try Harness.run(program, argv, timeout: 60, environment: ["DBUS_SESSION_BUS_ADDRESS": address])
+        #expect(result.status == 30, "exit \(result.status): \(result.stdout) \(result.stderr)")
+        let deadline = Date().addingTimeInterval(10)
+        while Date() < deadline && server.log.components(separatedBy: "appname: 'krakl-agent'").count < 3 { usleep(100_000) }
+        let shown = server.log.components(separatedBy: "appname: 'krakl-agent'").dropFirst()
+        print("dunst printed \(shown.count) notifications from krakl-agent: \(shown.map { $0.split(separator: "\n").filter { $0.contains("body:") } })")
+        #expect(shown.count == 2, "\(server.log)")
+        #expect(shown.first?.contains("body: 'Your screen is being shared in \(room.server.room) as Dun's screen'") == true, "\(server.log)")
+        #expect(shown.last?.contains("body: 'Sharing was ended by the room") == true, "\(server.log)")
+    }
+
     /// The lines mode notifies too: sharing's start, then its end with the reason (the room ended it).
     @Test func linesModeNotifiesTheStartAndTheEnd() throws {
         guard let room = try RoomSessionTests.WhipRoom(["--close-after", "3"]) else { return }
