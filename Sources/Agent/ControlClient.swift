@@ -146,7 +146,7 @@ enum ControlText {
     static func status(_ status: ControlStatus?) -> String {
         guard let status else { return "krakl-agent: the daemon sent no status" }
         if status.state == "scanning" {
-            return String(format: "krakl-agent: scanning the screen for a join code for %.0f s (daemon pid \(status.pid))", status.stateSeconds ?? 0)
+            return String(format: "krakl-agent: scanning for a join code for %.0f s (daemon pid \(status.pid))", status.stateSeconds ?? 0)
         }
         var text = status.state == "idle" ? "krakl-agent: idle (daemon pid \(status.pid))" : "krakl-agent: \(sharing(status))"
         if status.state == "idle", let end = status.lastEnd { text += "; last session: \(end.message)" }

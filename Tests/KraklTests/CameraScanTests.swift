@@ -158,6 +158,33 @@ struct CameraScanTests {
         #expect(byNumber.status == 0 && byNumber.stdout.contains("identity: Mubashir's phone"), "\(byNumber)")
     }
 
+    /// Through the daemon: `connect --scan --camera` scans the daemon's camera, the client prints
+    /// the scan's lines, and the found code is joined (its room is not there: the join's own
+    /// status, not a scan's); with no camera of that name, 56 from the daemon too.
+    @Test func theDaemonScansACamera() throws {
+        guard let stack = try Self.stackWithTools() else { return }
+        let folder = try Harness.temporaryDirectory()
+        chmod(folder, 0o755)
+        let registry = try Self.registry(folder)
+        let (_, png) = try Self.codePicture(in: folder)
+        let camera = try TestCamera(stack, clip: try CameraClip.still.make(qr: png, in: folder))
+        defer { camera.stop() }
+        let daemon = try stack.spawn([Harness.agent, "daemon", "--plugins", registry, "--connect-timeout", "3"])
+        defer { kill(daemon.processIdentifier, SIGKILL); daemon.waitUntilExit() }
+        var status = try stack.run([Harness.agent, "status"], timeout: 10)
+        for _ in 0..<100 where status.status != 0 {
+            usleep(100_000)
+            status = try stack.run([Harness.agent, "status"], timeout: 10)
+        }
+        try #require(status.status == 0, "the daemon never answered: \(status)")
+        let wrong = try stack.run([Harness.agent, "connect", "--scan", "--camera", "Front Camera"], timeout: 60)
+        #expect(wrong.status == 56 && wrong.said.contains("no camera \"Front Camera\""), "\(wrong)")
+        let connect = try stack.run([Harness.agent, "connect", "--scan", "--camera"], timeout: 90)
+        print("connect --scan --camera: exit \(connect.status): \(connect.said.suffix(400))")
+        #expect(connect.said.contains("krakl-agent: scanning: found a join code"), "\(connect)")
+        #expect(connect.status != 0 && connect.status != 50 && connect.status != 56, "the code's room is not there: \(connect)")
+    }
+
     /// The camera mode keeps the backend contract: the conformance suite on a camera node.
     @Test func cameraModePassesConformance() throws {
         guard let stack = try Self.stackWithTools() else { return }
