@@ -8,6 +8,10 @@ import KraklScan
 // as they happen.
 setvbuf(stdout, nil, _IOLBF, 0)
 
+// Big buffers mmap'ed at a fixed threshold, so that a finished session's memory goes back to the
+// system (HeapRelease.swift says why): before any other thread exists.
+HeapRelease.configure()
+
 func fail(_ error: HostError) -> Never {
     fputs("krakl-agent: \(error.description)\n", stderr)
     exit(error.exitStatus)
