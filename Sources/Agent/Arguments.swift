@@ -75,6 +75,8 @@ struct Arguments {
     var camera: String?
     /// `sources --cameras`: list the cameras a scan can read.
     var cameras = false
+    /// --preview: with --camera, the camera's picture on the built-in viewer's page while scanning.
+    var preview = false
     /// --json: `status` and `watch` print the daemon's JSON lines.
     var json = false
     /// --headless: never the home screen, even on a terminal.
@@ -202,6 +204,7 @@ struct Arguments {
                     camera = ""
                 }
             case "--cameras": cameras = true
+            case "--preview": preview = true
             case "--scan-timeout":
                 let text = try value(for: flag)
                 guard let s = Double(text), s >= 1, s <= 3600 else { throw .usage("--scan-timeout \(text): give seconds from 1 to 3600") }
@@ -284,6 +287,10 @@ struct Arguments {
             guard positional.count >= 2 else { throw .usage("open needs a join link: krakl-agent open 'krakl:v=1;…' (what xdg-open hands over)") }
             command = .control(.connect(.code(.link(positional[1]))))
         default: throw .usage("unknown command \(positional[0]) (commands: \(Self.commands.joined(separator: ", ")))")
+        }
+        if preview && camera == nil { throw .usage("--preview shows a camera's picture while it is scanned: give it with --camera") }
+        if preview && command != .scan && command != .home {
+            throw .usage("--preview is for a scan this process runs (--scan --camera, home), not one through the daemon")
         }
         if let port = listenGiven?.port, let other = viewerPort, port != other {
             throw .usage("--listen names port \(port) and --viewer-port \(other): give one")
@@ -397,6 +404,9 @@ COMMANDS
                   or a part of its name ("--camera webcam"). Mirrored and light-on-dark
                   codes are read too; after 10 s without a code a hint says how to hold
                   it. The screen is then shared with the usual backend. 56: no camera.
+  --preview       With --camera: show the camera's picture on the built-in viewer's page
+                  (--listen, default 127.0.0.1:8990) while scanning, opened in the
+                  browser where there is a screen ($BROWSER or xdg-open), to aim by.
   code CODE       Check a join code and print what it would do: service, URL, room,
                   identity, expiry (the token is shown as its first 8 characters only).
   daemon          Keep an idle agent in the background, without a terminal, driven

@@ -17,9 +17,10 @@ enum CameraScan {
 
     /// The PipeWire backend in camera mode (the screen options of --option are not the camera's).
     static func selection(_ arguments: Arguments, camera: String) throws(HostError) -> BackendSelection {
-        try BackendSelection(registryPath: arguments.plugins, name: "pipewire",
-                             overrides: [(key: "camera", value: .string(camera)), (key: "fps", value: .number("\(picturesPerSecond)"))],
-                             isolate: arguments.isolate)
+        let rate = arguments.preview ? CameraPreview.picturesPerSecond : picturesPerSecond
+        return try BackendSelection(registryPath: arguments.plugins, name: "pipewire",
+                                    overrides: [(key: "camera", value: .string(camera)), (key: "fps", value: .number("\(rate)"))],
+                                    isolate: arguments.isolate)
     }
 
     /// The words for a camera that is not there (the backend's ENODEV), else nil.

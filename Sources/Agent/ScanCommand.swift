@@ -2,6 +2,7 @@ import Foundation
 import KraklRoom
 import KraklCore
 import KraklScan
+import KraklViewer
 
 // `krakl-agent --qr FILE [--scan-only]`: the join code from a picture.
 // Exit statuses 45–49 (docs/exit-codes.md); an expired or unusable code
@@ -103,17 +104,26 @@ func scanScreen(_ arguments: Arguments, logger: @escaping BackendLogger, host: S
     let selection: BackendSelection
     let capture: LumaCapture
     let source: any CaptureSource
+    var preview: CameraPreview?
+    defer { preview?.stop() }
     if let camera {
         selection = try CameraScan.selection(arguments, camera: camera)
         capture = LumaCapture(backend: selection.entry.name, logger: logger, onChange: { [weak host] in host?.wake() })
+        if arguments.preview {
+            // Without the preview the scan goes on: it is an aid, not the scan.
+            do throws(ViewerServerError) { preview = try CameraPreview(arguments, scanning: capture, logger: logger) } catch {
+                host.say("no preview: \(error.description)")
+            }
+        }
         do throws(HostError) {
-            source = try selection.makeSource(sink: capture, logger: logger)
+            source = try selection.makeSource(sink: preview ?? capture, logger: logger)
         } catch {
             guard let words = CameraScan.noCamera(error) else { throw error }
             host.say(words)
             return (nil, CameraScan.noCameraStatus)
         }
         host.say("scanning \(camera.isEmpty ? "the camera" : "camera \"\(camera)\"") for a join code (at most \(Int(arguments.scanTimeout)) s; Ctrl-C stops)…")
+        if let preview { host.say("preview: " + preview.start()) }
     } else {
         let choice: BackendChoice
         (selection, choice) = try selectedBackend(arguments, scanning: true)

@@ -185,6 +185,42 @@ struct CameraScanTests {
         #expect(connect.status != 0 && connect.status != 50 && connect.status != 56, "the code's room is not there: \(connect)")
     }
 
+    /// --preview: the camera's picture on the built-in viewer's page while the scan looks; with no
+    /// display it is not opened and its address is said; Chromium decodes the camera's 1280x720.
+    @Test func thePreviewShowsTheCameraOnTheViewerPage() throws {
+        guard let stack = try Self.stackWithTools(), try ViewerBrowserTests.browserPrerequisites() else { return }
+        let folder = try Harness.temporaryDirectory()
+        chmod(folder, 0o755)
+        let (_, png) = try Self.codePicture(in: folder)
+        let camera = try TestCamera(stack, clip: try CameraClip.empty.make(qr: png, in: folder))
+        defer { camera.stop() }
+        let agent = try stack.spawn([Harness.agent, "--plugins", try Self.registry(folder), "--scan", "--camera", "--preview", "--scan-only",
+                                     "--headless", "--listen", "127.0.0.1:0", "--scan-timeout", "60"], output: folder + "/agent.out")
+        defer { kill(agent.processIdentifier, SIGKILL); agent.waitUntilExit() }
+        var said = ""
+        for _ in 0..<200 where !said.contains("preview: ") {
+            usleep(100_000)
+            said = (try? String(contentsOfFile: folder + "/agent.out", encoding: .utf8)) ?? ""
+        }
+        let line = said.split(separator: "\n").first { $0.contains("preview: ") }.map(String.init) ?? ""
+        print("preview: \(line)")
+        #expect(line.contains("not opened: no display"), "\(said)")
+        let url = try #require(line.range(of: #"http://127\.0\.0\.1:[0-9]+/"#, options: .regularExpression).map { String(line[$0]) }, "\(said)")
+        let viewer = try ViewerBrowserTests.Viewer()
+        defer { viewer.quit() }
+        _ = try viewer.send(["cmd": "open", "url": url, "timeout": 10], timeout: 60)
+        var decoded = 0.0, size = ""
+        for _ in 0..<50 where decoded < 10 {
+            let state = try viewer.send(["cmd": "state"])
+            let stats = state["stats"] as? [String: Any] ?? [:]
+            decoded = (stats["framesDecoded"] as? NSNumber)?.doubleValue ?? 0
+            size = "\(stats["frameWidth"] ?? "?")x\(stats["frameHeight"] ?? "?")"
+            usleep(200_000)
+        }
+        print("preview in Chromium: \(decoded) frames decoded, \(size)")
+        #expect(decoded >= 10 && size == "1280x720", "the page shows no camera picture: \(decoded) frames, \(size)")
+    }
+
     /// The camera mode keeps the backend contract: the conformance suite on a camera node.
     @Test func cameraModePassesConformance() throws {
         guard let stack = try Self.stackWithTools() else { return }

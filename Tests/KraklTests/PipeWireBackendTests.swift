@@ -64,13 +64,19 @@ final class PipeWireStack {
 
     /// Starts a program as the stack's user and leaves it running (the
     /// stack's stop kills it: it carries the stack's environment).
-    func spawn(_ arguments: [String]) throws -> Process {
+    /// `output`: a file for its stdout and stderr (else /dev/null).
+    func spawn(_ arguments: [String], output: String? = nil) throws -> Process {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
         process.arguments = asUser(arguments)
         process.currentDirectoryURL = URL(fileURLWithPath: folder)
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
+        var sink = FileHandle.nullDevice
+        if let output {
+            FileManager.default.createFile(atPath: output, contents: nil)
+            sink = try #require(FileHandle(forWritingAtPath: output), "cannot write \(output)")
+        }
+        process.standardOutput = sink
+        process.standardError = sink
         process.standardInput = FileHandle.nullDevice
         try process.run()
         return process
