@@ -12,8 +12,8 @@ import Glibc
 /// (the top is below 44 MB) nor malloc_trim (it trims only the main heap's top) hands back. What the
 /// encoder had touched stayed resident, 13 MB an arena at 1280x720 (/proc/PID/smaps: 42 MB heaps
 /// at 64 MB-aligned addresses, 13–14 MB resident each), and each session's encoder thread lands on
-/// some arena of up to 8 per core, so an idle daemon grew 30.5 → 39.6 MB after one cycle, 83.5
-/// after 10, 124.7 after 50 and then levelled (39.9 after 100 with this).
+/// some arena of up to 8 per core: an idle daemon's RSS was 39.2 MB after one cycle, 80.6 after 10,
+/// 119.8 after 50 and 124.1 after 100; with this 39.2, 39.7, 39.9 and 39.8 (docs/daemon.md).
 enum HeapRelease {
     /// mmap threshold (bytes): allocations this big or bigger get a mapping of their own and are
     /// unmapped when freed.
@@ -30,7 +30,7 @@ enum HeapRelease {
     /// canvas: 24 at 1280x720, none per frame; heaptrack's size histogram), so a session's start
     /// maps and faults in its buffers anew (~4,500 page faults, ~9 ms of CPU) instead of reusing
     /// what the last session left, and sharing makes the same calls as before: 30 s at 1920x1080,
-    /// 0–16 mmap and 1–2 madvise calls, 30 fps, CPU per frame within the machine's noise
+    /// 0–19 mmap and 1–2 madvise calls, 30 fps, CPU per frame the same within the machine's noise
     /// (docs/daemon.md, "Memory between sessions").
     @discardableResult
     static func configure() -> Bool {
