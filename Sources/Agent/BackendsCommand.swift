@@ -27,3 +27,11 @@ func listBackends(_ registry: PluginRegistry) {
         }
     }
 }
+
+/// `krakl-agent sources` (and `sources --cameras`): a heading, then each source's name (what the
+/// backend's option takes) and its description, in columns.
+func printSources(_ sources: [(name: String, description: String)], heading: String) {
+    print(heading)
+    let width = sources.map(\.name.count).max() ?? 0
+    for source in sources { print("  \(source.name.padding(toLength: width, withPad: " ", startingAt: 0))  \(source.description)") }
+}

@@ -23,9 +23,14 @@ enum CameraScan {
                                     isolate: arguments.isolate)
     }
 
-    /// The words for a camera that is not there (the backend's ENODEV), else nil.
+    /// The words for a camera that is not there (the backend's ENODEV from create() or
+    /// list_sources()), else nil.
     static func noCamera(_ error: HostError) -> String? {
-        if case .createFailed(_, let code, let message) = error, code == -ENODEV { return message }
-        return nil
+        switch error {
+        case .createFailed(_, let code, let message) where code == -ENODEV, .listFailed(_, let code, let message) where code == -ENODEV:
+            return message
+        default:
+            return nil
+        }
     }
 }

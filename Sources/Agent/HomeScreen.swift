@@ -172,9 +172,7 @@ final class HomeScreen: @unchecked Sendable {
         // The camera's key: "c" already connects with a typed code.
         case "w" where !active && scanner == nil:
             startScan(camera: arguments.camera ?? "")
-        case "w" where scanner != nil:
-            stopScan(words: "Scanning stopped.")
-        case "s" where scanner != nil:
+        case "s" where scanner != nil, "w" where scanner != nil:
             stopScan(words: "Scanning stopped.")
         case "v":
             openViewer()

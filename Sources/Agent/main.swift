@@ -42,25 +42,22 @@ do throws(HostError) {
         // The libraries it runs with (the loaded ones, not the headers it was built against): what a bug report needs.
         print("libvpx \(EncoderLibraryVersion.libvpx), \(TLSLibraryVersion.openSSL), zbar \(ScanLibraryVersion.zbar)")
     case .sources where arguments.cameras:
-        let selection = try CameraScan.selection(arguments, camera: "")
-        let cameras = try selection.listSources(logger: logger) ?? []
-        guard !cameras.isEmpty else {
-            fputs("krakl-agent: no camera found: PipeWire shows no camera node (a Video/Source with media.role Camera); "
-                  + "is the camera plugged in, and is WirePlumber running for this user?\n", stderr)
+        let cameras: [(name: String, description: String)]
+        do throws(HostError) {
+            cameras = try CameraScan.selection(arguments, camera: "").listSources(logger: logger) ?? []
+        } catch {
+            guard let words = CameraScan.noCamera(error) else { throw error }
+            fputs("krakl-agent: \(words)\n", stderr)
             exit(CameraScan.noCameraStatus)
         }
-        print("Cameras (krakl-agent --scan --camera NAME takes the number, the node name or the name):")
-        let width = cameras.map(\.name.count).max() ?? 0
-        for camera in cameras { print("  \(camera.name.padding(toLength: width, withPad: " ", startingAt: 0))  \(camera.description)") }
+        printSources(cameras, heading: "Cameras (krakl-agent --scan --camera NAME takes the number, the node name or the name):")
     case .sources:
         let selection = try selectedBackend(arguments).selection
         guard let sources = try selection.listSources(logger: logger) else {
             print("backend \(selection.entry.name) does not list sources (it has no list_sources)")
             break
         }
-        print("Sources of backend \(selection.entry.name):")
-        let width = sources.map(\.name.count).max() ?? 0
-        for source in sources { print("  \(source.name.padding(toLength: width, withPad: " ", startingAt: 0))  \(source.description)") }
+        printSources(sources, heading: "Sources of backend \(selection.entry.name):")
     case .backends:
         listBackends(try PluginRegistry.load(path: arguments.plugins ?? PluginRegistry.defaultPath()))
     case .conformance(let path):

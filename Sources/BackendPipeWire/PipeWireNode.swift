@@ -24,15 +24,16 @@ struct PipeWireNode: Equatable {
     /// How messages and `sources --cameras` name it.
     var label: String { "\"\(description)\" (node \(id), \(name))" }
 
+    /// There is no camera at all (create() and list_sources() alike).
+    static let noCamera = BackendError(-ENODEV, "no camera found: PipeWire shows no camera node (a Video/Source with media.role Camera); "
+        + "is the camera plugged in, and is WirePlumber running for this user?")
+
     /// The camera option `camera` names: empty picks the first camera (the lowest id: the one
     /// plugged in first), else a node id, a node.name, or the description (case does not matter;
     /// a part of it is enough when only one camera has it).
     static func camera(_ wanted: String, among nodes: [PipeWireNode]) throws(BackendError) -> PipeWireNode {
         let cameras = nodes.filter(\.isCamera).sorted { $0.id < $1.id }
-        guard !cameras.isEmpty else {
-            throw BackendError(-ENODEV, "no camera found: PipeWire shows no camera node (a Video/Source with media.role Camera); "
-                + "is the camera plugged in, and is WirePlumber running for this user?")
-        }
+        guard !cameras.isEmpty else { throw noCamera }
         if wanted.isEmpty { return cameras[0] }
         if let id = UInt32(wanted), let byID = cameras.first(where: { $0.id == id }) { return byID }
         if let byName = cameras.first(where: { $0.name == wanted || $0.description.lowercased() == wanted.lowercased() }) { return byName }

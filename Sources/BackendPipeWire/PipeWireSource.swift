@@ -330,10 +330,12 @@ final class PipeWireSource: CaptureSource {
         _ = krakl_pw_loop_signal_event(loop, kickSource)
     }
 
-    /// list_sources: the cameras (with option camera) or every video source (what option node takes).
+    /// list_sources: the cameras (with option camera; none is ENODEV with the words create() gives)
+    /// or every video source (what option node takes).
     static func listSources(host: BackendHost) throws(BackendError) {
         let cameras = host.option("camera") != nil
         let source = try PipeWireSource(host: host, listOnly: true)
+        if cameras && !source.nodes.contains(where: \.isCamera) { throw PipeWireNode.noCamera }
         for node in source.nodes.sorted(by: { $0.id < $1.id }) where cameras ? node.isCamera : node.mediaClass == "Video/Source" {
             let kind = node.isCamera ? "camera" : "video source"
             host.sourceFound(name: "\(node.id)", description: "\(kind) \"\(node.description)\" (\(node.name)\(node.api.isEmpty ? "" : ", " + node.api))")
@@ -483,10 +485,7 @@ final class PipeWireSource: CaptureSource {
                 : num % denom == 0 ? "\(num / denom) fps" : "\(Double(Int(Double(num) / Double(denom) * 10)) / 10) fps"
             negotiated = (KRAKL_FORMAT_I420, Int(width), Int(height))
             host.log(KRAKL_LOG_INFO, "pipewire: \(what) sends \(width)x\(height) \(CameraPicture.name(format)) at \(cameraRate)")
-            var buffer = [UInt8](repeating: 0, count: 2048)
-            var params = [UnsafePointer<spa_pod>?](repeating: nil, count: 8)
-            let count = buffer.withUnsafeMutableBufferPointer { krakl_pw_buffer_params($0.baseAddress, UInt32($0.count), &params, false) }
-            _ = pw_stream_update_params(stream, &params, count)
+            requestBuffers(stream, cursorMeta: false)
             return
         }
         let mapped: krakl_format
@@ -502,6 +501,11 @@ final class PipeWireSource: CaptureSource {
         negotiated = (mapped, Int(width), Int(height))
         pendingWhole = true
         host.log(KRAKL_LOG_DEBUG, "pipewire: \(what) sends \(width)x\(height) format \(format)")
+        requestBuffers(stream, cursorMeta: cursorMeta)
+    }
+
+    /// Once the format is fixed: the buffers and metadata we read (krakl_pw_buffer_params).
+    private func requestBuffers(_ stream: OpaquePointer, cursorMeta: Bool) {
         var buffer = [UInt8](repeating: 0, count: 2048)
         var params = [UnsafePointer<spa_pod>?](repeating: nil, count: 8)
         let count = buffer.withUnsafeMutableBufferPointer { krakl_pw_buffer_params($0.baseAddress, UInt32($0.count), &params, cursorMeta) }

@@ -71,7 +71,7 @@ public final class LumaCapture: FrameSink, @unchecked Sendable {
             rects = []
             extraLooks = Self.looksAfterAChange
         }
-        let wholeUpdate = rects.isEmpty && !picture.isEmpty && scannedSignature != nil
+        let wholeUpdate = rects.isEmpty
         if rects.isEmpty { rects = [krakl_rect(x: 0, y: 0, width: Int32(width), height: Int32(height))] }
         for rect in rects { convert(info, rect) }
         // A frame without damage (every camera picture, a screen source without damage metadata)
