@@ -330,12 +330,15 @@ final class PipeWireSource: CaptureSource {
         _ = krakl_pw_loop_signal_event(loop, kickSource)
     }
 
-    /// list_sources: the cameras (with option camera; none is ENODEV with the words create() gives)
-    /// or every video source (what option node takes).
+    /// list_sources: the cameras (with option camera; none is ENODEV with the words create() gives),
+    /// else the portal's screen (what no option shares, as X11's "screen") and every video source
+    /// (what option node takes). The portal's own node shows only while it casts, so without the
+    /// first entry a stack with no other video node listed nothing (conformance's list-sources).
     static func listSources(host: BackendHost) throws(BackendError) {
         let cameras = host.option("camera") != nil
         let source = try PipeWireSource(host: host, listOnly: true)
         if cameras && !source.nodes.contains(where: \.isCamera) { throw PipeWireNode.noCamera }
+        if !cameras { host.sourceFound(name: "portal", description: "the screen or window picked in the ScreenCast portal's dialog (no node option)") }
         for node in source.nodes.sorted(by: { $0.id < $1.id }) where cameras ? node.isCamera : node.mediaClass == "Video/Source" {
             let kind = node.isCamera ? "camera" : "video source"
             host.sourceFound(name: "\(node.id)", description: "\(kind) \"\(node.description)\" (\(node.name)\(node.api.isEmpty ? "" : ", " + node.api))")
