@@ -124,7 +124,9 @@ final class DtlsTestProcess {
                 if data.isEmpty { self.ended = true } else { self.text += String(decoding: data, as: UTF8.self) }
                 condition.broadcast()
                 condition.unlock()
-                if data.isEmpty { return }
+                // Our end closed here, not when the Process is freed: Foundation's Process outlives
+                // its run (see Harness.reap), and the test runner ran out of descriptors that way.
+                if data.isEmpty { try? handle.close(); return }
             }
         }
     }
@@ -182,8 +184,8 @@ final class DtlsTestProcess {
 
     /// Ends it: end of stdin first (both openssl tools and the scripts quit on it), then SIGTERM, then SIGKILL.
     func stop() {
-        guard process.isRunning else { return }
         try? input.fileHandleForWriting.close()
+        guard process.isRunning else { Harness.reap(process); return }
         if Harness.waitForExit(process, seconds: 1) { return }
         process.terminate()
         if !Harness.waitForExit(process, seconds: 2) {

@@ -117,8 +117,11 @@ enum Harness {
             }
         }
         group.wait()
+        // Our ends of the pipes now, not when Foundation lets the Process go (see reap).
+        try? out.fileHandleForReading.close()
+        try? err.fileHandleForReading.close()
         // Foundation traps on the status of a process it has not seen end.
-        guard !process.isRunning else {
+        guard reap(process) else {
             return Result(status: -1, stdout: String(decoding: outData.data, as: UTF8.self),
                           stderr: String(decoding: errData.data, as: UTF8.self) + "\n(its end was never reported)", timedOut: true)
         }
@@ -320,7 +323,21 @@ extension Harness {
     static func waitForExit(_ process: Process, seconds: Double) -> Bool {
         let deadline = Date().addingTimeInterval(seconds)
         while process.isRunning && Date() < deadline { usleep(5_000) }
-        return !process.isRunning
+        return reap(process)
+    }
+
+    /// Whether `process` has ended; if so, lets Foundation release it. swift-corelibs-foundation's
+    /// Process and its run-loop source hold each other until `waitUntilExit()` drops the source, so a
+    /// Process only waited for through `terminationHandler` or `isRunning` is never freed, nor the
+    /// pipes it holds. The test runner leaked two descriptors per program run that way (1,100 after
+    /// 5 minutes of the suite), and past ~1,360 open descriptors Foundation's own `run()` crashed
+    /// in CI: it copies each `/proc/self/fd` entry's whole 256-byte name, reading past readdir's
+    /// 32 KB buffer once that buffer is full (Process.swift, findMaximumOpenFromProcSelfFD).
+    @discardableResult
+    static func reap(_ process: Process) -> Bool {
+        guard !process.isRunning else { return false }
+        process.waitUntilExit() // returns at once for an ended process, dropping the source
+        return true
     }
 }
 
