@@ -57,6 +57,25 @@ import Testing
     }
 
     /// The daemon's descriptors, threads and resident memory.
+    /// The start of a bash script, run in a mount namespace of its own (unshare -m), that starts a
+    /// systemd user manager with `exports` in its environment (XDG_RUNTIME_DIR among them) and waits
+    /// (bounded, 10 s) for its socket; "MANAGER-DID-NOT-START" and 91 when it does not come up. The
+    /// manager is killed when the script exits.
+    static func userManagerScript(exports: String, log: String) -> String {
+        """
+        set -u
+        export \(exports)
+        mount -t tmpfs tmpfs /run/systemd 2>/dev/null || { mkdir -p /run/systemd && mount -t tmpfs tmpfs /run/systemd; } || exit 90
+        mkdir -p /run/systemd/system
+        /lib/systemd/systemd --user </dev/null >'\(log)' 2>&1 &
+        manager=$!
+        trap 'kill $manager 2>/dev/null; wait $manager' EXIT
+        for _ in $(seq 100); do [ -S "$XDG_RUNTIME_DIR/systemd/private" ] && break; sleep 0.1; done
+        [ -S "$XDG_RUNTIME_DIR/systemd/private" ] || { echo "MANAGER-DID-NOT-START"; exit 91; }
+
+        """
+    }
+
     static func resources(_ pid: pid_t) -> (fds: Int, threads: Int, rssKB: Int) {
         let fds = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").count) ?? -1
         let threads = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task").count) ?? -1
@@ -326,16 +345,8 @@ import Testing
         try unit.replacingOccurrences(of: String(execStart), with: "ExecStart=" + command)
             .write(toFile: config + "/systemd/user/krakl-agent.service", atomically: true, encoding: .utf8)
         let show = "'\(systemctl)' --user show -p ActiveState,SubState,Result,StatusText krakl-agent | tr '\\n' ' '; echo"
-        let script = """
-            set -u
-            export XDG_RUNTIME_DIR='\(runtime)' XDG_CONFIG_HOME='\(config)' KRAKL_NO_NOTIFY=1
-            mount -t tmpfs tmpfs /run/systemd 2>/dev/null || { mkdir -p /run/systemd && mount -t tmpfs tmpfs /run/systemd; } || exit 90
-            mkdir -p /run/systemd/system
-            /lib/systemd/systemd --user </dev/null >'\(room.folder)/manager.log' 2>&1 &
-            manager=$!
-            trap 'kill $manager 2>/dev/null; wait $manager' EXIT
-            for _ in $(seq 100); do [ -S "$XDG_RUNTIME_DIR/systemd/private" ] && break; sleep 0.1; done
-            [ -S "$XDG_RUNTIME_DIR/systemd/private" ] || { echo "MANAGER-DID-NOT-START"; exit 91; }
+        let script = Self.userManagerScript(exports: "XDG_RUNTIME_DIR='\(runtime)' XDG_CONFIG_HOME='\(config)' KRAKL_NO_NOTIFY=1",
+                                            log: room.folder + "/manager.log") + """
             '\(systemctl)' --user start krakl-agent; echo "STARTED=$?"
             echo "AFTER-START: $(\(show))"
             read -r _

@@ -250,17 +250,9 @@ import Testing
         chmod(runtime, 0o700)
         let show = "'\(systemctl)' --user show -p ActiveState,SubState,FragmentPath,ExecMainStatus krakl-agent | tr '\\n' ' '; echo"
         let wants = session.configHome + "/systemd/user/graphical-session.target.wants/krakl-agent.service"
-        let script = """
-            set -u
-            export HOME='\(session.home)' XDG_DATA_HOME='\(session.dataHome)' XDG_CONFIG_HOME='\(session.configHome)'
-            export XDG_RUNTIME_DIR='\(runtime)' KRAKL_NO_NOTIFY=1
-            mount -t tmpfs tmpfs /run/systemd 2>/dev/null || { mkdir -p /run/systemd && mount -t tmpfs tmpfs /run/systemd; } || exit 90
-            mkdir -p /run/systemd/system
-            /lib/systemd/systemd --user </dev/null >'\(runtime)/manager.log' 2>&1 &
-            manager=$!
-            trap 'kill $manager 2>/dev/null; wait $manager' EXIT
-            for _ in $(seq 100); do [ -S "$XDG_RUNTIME_DIR/systemd/private" ] && break; sleep 0.1; done
-            [ -S "$XDG_RUNTIME_DIR/systemd/private" ] || { echo "MANAGER-DID-NOT-START"; exit 91; }
+        let exports = "HOME='\(session.home)' XDG_DATA_HOME='\(session.dataHome)' XDG_CONFIG_HOME='\(session.configHome)' "
+            + "XDG_RUNTIME_DIR='\(runtime)' KRAKL_NO_NOTIFY=1"
+        let script = DaemonTests.userManagerScript(exports: exports, log: runtime + "/manager.log") + """
             '\(systemctl)' --user enable --now krakl-agent; echo "ENABLED=$?"
             echo "AFTER-ENABLE: $(\(show))"
             [ -L '\(wants)' ] && echo "WANTS-LINK"
