@@ -46,6 +46,7 @@ var soakMinutes = 60
 var soakIsolate = false
 var roundsGiven = false
 var joins = 10
+var joinsGiven = false
 var scenesGiven = false
 var rounds = 3
 var onlyScenarios: [String] = []
@@ -70,7 +71,7 @@ while let word = words.popFirst() {
     case "soak": soakMode = true
     case "--minutes": soakMinutes = max(1, Int(words.popFirst() ?? "") ?? soakMinutes)
     case "--isolate": soakIsolate = true
-    case "--joins": joins = max(1, Int(words.popFirst() ?? "") ?? joins)
+    case "--joins": joins = max(1, Int(words.popFirst() ?? "") ?? joins); joinsGiven = true
     case "--rounds": rounds = max(1, Int(words.popFirst() ?? "") ?? rounds); roundsGiven = true
     case "--seconds": seconds = Double(words.popFirst() ?? "") ?? seconds
     case "--scenes": scenes = (words.popFirst() ?? "").split(separator: ",").map(String.init); scenesGiven = true
@@ -81,7 +82,7 @@ while let word = words.popFirst() {
         let parts = (words.popFirst() ?? "").split(separator: "x").compactMap { Int($0) }
         if parts.count == 2 { (width, height) = (parts[0], parts[1]) }
     default:
-        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT'] [--probe-arg ARG]...|turn [--rounds N] [--seconds S (1080p media sessions; 0: connect only)]|room [--service janus|twilio] [--joins N]|roomshare [--rounds N] [--seconds S] [--scenes a,b] [--smaps PREFIX]|viewer [--rounds N] [--seconds S] [--no-loss]|scan [--camera] [--rounds N]|soak [--minutes N] [--isolate]|isolate [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
+        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT'] [--probe-arg ARG]...|turn [--rounds N] [--seconds S (1080p media sessions; 0: connect only)] [--joins N (krakl-agent joins a WHIP room through the relay)]|room [--service janus|twilio] [--joins N]|roomshare [--rounds N] [--seconds S] [--scenes a,b] [--smaps PREFIX]|viewer [--rounds N] [--seconds S] [--no-loss]|scan [--camera] [--rounds N]|soak [--minutes N] [--isolate]|isolate [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
         exit(2)
     }
 }
@@ -207,7 +208,8 @@ if viewerMode {
     exit(0)
 }
 if turnMode {
-    try runTurnBench(rounds: rounds, mediaSeconds: seconds)
+    // --joins N: the agent's whole join through a relay (candidates trickled to the room), not the probe's connect.
+    if joinsGiven { try runTurnJoinBench(joins: joins) } else { try runTurnBench(rounds: rounds, mediaSeconds: seconds) }
     exit(0)
 }
 if rtcMode {

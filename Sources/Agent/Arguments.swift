@@ -578,6 +578,8 @@ EXIT STATUS
   53 the HTTP proxy (HTTPS_PROXY, HTTP_PROXY) refused, did not answer or is
      malformed (docs/rooms.md: "Through an HTTP proxy")
   54 the room is full (Twilio 53105)  55 the same identity joined elsewhere (Twilio 53205)
+  57 no path, and the TURN relay refused our credentials (wrong, expired)
+  58 no path, and the TURN relay's certificate is not trusted (turns:, --ice-ca)
   reading a join code from a picture (--qr):
   45 no QR code found                 46 the image is unreadable (missing, empty, damaged)
   47 the image is too large (refused before decoding)
@@ -593,7 +595,7 @@ EXIT STATUS
   60 another daemon already runs for this user   61 no daemon is running
   62 the control socket cannot be made or used (no XDG_RUNTIME_DIR, not yours)
   63 the daemon refused the request (already sharing: stop first; malformed)
-  64 the daemon's reply is unusable     connect, open: 30-55 as for --join and --qr
+  64 the daemon's reply is unusable     connect, open: 30-58 as for --join and --qr
 """
 
 extension Arguments {

@@ -59,6 +59,8 @@ extension EndReason {
         case .replaced: return 55
         case .sourceEnded: return 31
         case .connectionLost: return 32
+        case .relayRefused(.credentials, _): return 57
+        case .relayRefused(.certificate, _): return 58
         case .joinRefused(let error): return error.exitStatus
         case .tokenExpired: return 39
         case .sourceUnavailable(let error): return error.exitStatus

@@ -103,6 +103,8 @@ public final class IceAgent {
     private var stunServers: [TransportAddress]
     /// Only relay candidates are paired and signalled (`iceTransportPolicy: "relay"`).
     public let relayOnly: Bool
+    /// Relay-only may get its TURN servers after the offer (`addTurnServers`).
+    private let relaysMayFollow: Bool
 
     /// One TURN allocation per server, on the first base of the server's address family.
     private struct Relay {
@@ -114,6 +116,9 @@ public final class IceAgent {
     private var relays: [Relay] = []
     /// What went wrong with each TURN server, for the failure message.
     public private(set) var relayErrors: [String] = []
+    /// A TURN server refused our credentials (first) or its certificate was not trusted: why a
+    /// session that found no path ends, when it is so.
+    public private(set) var relayRefusal: RelayRefusal?
     /// The latest time the owner passed in: `drain()` wraps relayed checks with it.
     private var lastNow: UInt64 = 0
 
@@ -155,11 +160,15 @@ public final class IceAgent {
     ///   - lite: an ICE-lite agent (controlled, host candidates only; `controlling`, `stunServers` and `turnServers` are ignored).
     ///   - turnServers: servers to allocate relay candidates on (RFC 8656).
     ///   - relayOnly: pair and signal relay candidates only; host sockets then only talk to the TURN servers.
+    ///   - relaysMayFollow: with `relayOnly` and no TURN server yet, wait for `addTurnServers` (a WHIP
+    ///     server names its TURN servers with its answer) instead of failing when gathering starts.
     public init(credentials: IceCredentials = .random(), bases: [TransportAddress], controlling: Bool = true,
                 tieBreaker: UInt64 = UInt64.random(in: 0...UInt64.max), stunServers: [TransportAddress] = [],
                 configuration: IceConfiguration = IceConfiguration(), lite: Bool = false,
-                turnServers: [TurnServer] = [], relayOnly: Bool = false, turnConfiguration: TurnConfiguration = TurnConfiguration()) {
+                turnServers: [TurnServer] = [], relayOnly: Bool = false, relaysMayFollow: Bool = false,
+                turnConfiguration: TurnConfiguration = TurnConfiguration()) {
         local = credentials
+        self.relaysMayFollow = relaysMayFollow
         self.bases = bases
         self.lite = lite
         self.relayOnly = relayOnly && !lite
@@ -205,7 +214,7 @@ public final class IceAgent {
         lastNow = now
         gather(from: stunServers, now: now)
         for relay in relays { relay.client.start(now: now) }
-        if relayOnly, relays.isEmpty { failRelayOnly() }
+        if relayOnly, relays.isEmpty, !relaysMayFollow { failRelayOnly() }
     }
 
     /// STUN servers learned after the offer (a WHIP server's `Link` headers): gathers from the ones
@@ -321,6 +330,7 @@ public final class IceAgent {
                     for remote in remoteCandidates where remote.kind != .prflx { addRemoteCandidate(remote, now: lastNow) }
                 case .failed(let error):
                     relayErrors.append(error.description)
+                    if let refusal = error.refusal, relayRefusal != .credentials { relayRefusal = refusal }
                     events.append(.relayFailed(error.description))
                     // Not waiting for consent to expire (30 s): the path is known to be gone.
                     if let pair = selected, let relayed = relay.candidate?.transportAddress, pair.localBase == relayed {
@@ -409,9 +419,9 @@ public final class IceAgent {
 
     /// The TCP connection to a TURN server reached over TCP failed: its allocation is lost
     /// (reported on the next `drain()`, like any relay failure).
-    public func relayConnectionFailed(server: TransportAddress, reason: String) {
+    public func relayConnectionFailed(server: TransportAddress, reason: String, untrustedCertificate: Bool = false) {
         for relay in relays where relay.client.server.address == server && relay.client.server.transport.isStream {
-            relay.client.connectionFailed(reason)
+            relay.client.connectionFailed(reason, untrustedCertificate: untrustedCertificate)
         }
     }
 

@@ -84,7 +84,7 @@ final class PeerTransport {
         certificate = try Certificate()
         ice = IceAgent(bases: sockets.map(\.localAddress), controlling: role.iceControlling, stunServers: configuration.stunServers,
                        configuration: configuration.ice, lite: role.iceLite, turnServers: configuration.turnServers,
-                       relayOnly: configuration.relayOnly)
+                       relayOnly: configuration.relayOnly, relaysMayFollow: configuration.trickleLater)
     }
 
     /// Network thread: watches the sockets and starts gathering.
@@ -239,7 +239,7 @@ final class PeerTransport {
     private func reportIfFailed(_ stream: TurnStreamConnection) -> Bool {
         guard let failure = stream.failure, turnStreams[stream.server] === stream, !finished else { return false }
         turnStreams[stream.server] = nil
-        ice.relayConnectionFailed(server: stream.server, reason: failure)
+        ice.relayConnectionFailed(server: stream.server, reason: failure, untrustedCertificate: stream.certificateUntrusted)
         return true
     }
 
@@ -387,7 +387,10 @@ final class PeerTransport {
             case .localCandidate(let candidate):
                 delegate?.transportLocalCandidate(candidate)
             case .relayFailed(let reason):
-                stats.update { $0.relayErrors.append(reason) }
+                stats.update {
+                    $0.relayErrors.append(reason)
+                    $0.relayRefusal = ice.relayRefusal
+                }
             case .consentExpired:
                 let seconds = configuration.ice.consentTimeout / 1_000_000_000
                 // An ICE-lite side asks nothing: what stopped is the peer's checking (a closed tab, a lost path).
@@ -397,7 +400,8 @@ final class PeerTransport {
             case .selectedRelayLost(let reason):
                 end(.connectionLost("the relay carrying the session is gone: \(reason)"), state: "lost")
             case .failed(let reason):
-                end(.failed(reason), state: "failed")
+                // A relay that refused us is what the person must mend, whatever else was tried.
+                if let refusal = ice.relayRefusal { end(.relayRefused(refusal, reason), state: "failed") } else { end(.failed(reason), state: "failed") }
             }
         }
         if !events.isEmpty || ice.consentResponses > 0 {

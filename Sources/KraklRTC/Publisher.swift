@@ -105,6 +105,8 @@ public enum PublisherEvent: Equatable, Sendable {
     case remoteBye(reason: String?)
     /// ICE found no path, DTLS failed (wrong fingerprint, no SRTP profile, timeout), or SRTP could not start.
     case failed(String)
+    /// ICE found no path and a TURN server refused us: our credentials, or its certificate.
+    case relayRefused(RelayRefusal, String)
     /// A server-reflexive candidate to trickle to the peer.
     case localCandidate(IceCandidate)
 }
@@ -660,7 +662,7 @@ extension Publisher: PeerTransportDelegate {
         switch event {
         case .remoteClosed: reason = "the peer closed the connection (DTLS close_notify)"
         case .remoteBye(let text): reason = "the peer said goodbye (RTCP BYE\(text.map { ": \($0)" } ?? ""))"
-        case .connectionLost(let text), .failed(let text): reason = text
+        case .connectionLost(let text), .failed(let text), .relayRefused(_, let text): reason = text
         case .connected, .localCandidate: return
         }
         onClosed?(reason)

@@ -16,6 +16,8 @@ public struct RtcStats: Sendable, Equatable {
     public var selectedPath: String?
     /// Why TURN servers gave no relay candidate (the session may still connect on other candidates).
     public var relayErrors: [String] = []
+    /// A TURN server refused our credentials or its certificate was not trusted.
+    public var relayRefusal: RelayRefusal?
     public var codec: String?
     public var dtlsRole: String?
     public var srtpProfile: String?

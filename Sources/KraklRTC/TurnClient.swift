@@ -76,6 +76,17 @@ public enum TurnError: Error, Equatable, Sendable, CustomStringConvertible {
     /// The TCP or TLS connection to the server failed or closed (TURN over TCP or TLS), or its UDP
     /// port is unreachable (ICMP, TURN over UDP); `over` is "UDP", "TCP" or "TLS".
     case connectionFailed(server: String, over: String, reason: String)
+    /// `turns:`: the server's certificate is not trusted, or not for the server's name.
+    case untrustedCertificate(server: String, reason: String)
+
+    /// When the server would not have us at all, which no retry mends: our credentials or its certificate.
+    public var refusal: RelayRefusal? {
+        switch self {
+        case .unauthorized, .credentialExpired: return .credentials
+        case .untrustedCertificate: return .certificate
+        default: return nil
+        }
+    }
 
     public var description: String {
         switch self {
@@ -97,8 +108,18 @@ public enum TurnError: Error, Equatable, Sendable, CustomStringConvertible {
             return "TURN server \(s) did not answer \(request) within \(String(format: "%.1f", seconds)) s (\(why))"
         case .noRelayedAddress(let s): return "TURN server \(s) accepted the allocation but gave no XOR-RELAYED-ADDRESS"
         case .connectionFailed(let s, let over, let reason): return "TURN server \(s) over \(over): \(reason)"
+        case .untrustedCertificate(let s, let reason): return "TURN server \(s) over TLS: \(reason)"
         }
     }
+}
+
+/// Why a TURN server would not carry us, when no retry mends it: the person has to act (new
+/// credentials, a CA file), so a session that ends for it says so with a status of its own.
+public enum RelayRefusal: String, Equatable, Sendable {
+    /// 401 to our credentials, or a time-limited credential that expired.
+    case credentials
+    /// `turns:`: the server's certificate is not trusted or not for its name.
+    case certificate
 }
 
 /// Timing and bounds of a TURN client.
@@ -492,11 +513,13 @@ public final class TurnClient {
 
     /// The stream to the server (TURN over TCP or TLS) failed or closed, or (over UDP) the server's
     /// port is unreachable (ICMP): the allocation is lost with it.
-    public func connectionFailed(_ reason: String) {
+    public func connectionFailed(_ reason: String, untrustedCertificate: Bool = false) {
         switch state {
         // Idle too: a connection can break before gathering starts the allocation, which then never could.
         case .idle, .allocating, .allocated:
-            let error = TurnError.connectionFailed(server: serverName, over: server.transport.rawValue.uppercased(), reason: reason)
+            let error = untrustedCertificate
+                ? TurnError.untrustedCertificate(server: serverName, reason: reason)
+                : TurnError.connectionFailed(server: serverName, over: server.transport.rawValue.uppercased(), reason: reason)
             state = .failed(error)
             transactions.removeAll()
             events.append(.failed(error))

@@ -14,6 +14,8 @@ final class TurnStreamConnection {
     private(set) var isClosed = false
     /// Why the connection ended, once it did (a phrase about "the connection"; the server is named by the caller).
     private(set) var failure: String?
+    /// The failure was the TLS server's certificate (not trusted, or not for its name).
+    private(set) var certificateUntrusted = false
     private var queued: [UInt8] = []
     private var queuedStart = 0
     private var framer = TurnStreamFramer()
@@ -84,7 +86,8 @@ final class TurnStreamConnection {
     private func advanceHandshake() {
         guard let tls, !tls.handshakeDone else { return }
         if let failure = tls.handshake() {
-            fail(failure)
+            certificateUntrusted = failure.untrustedCertificate
+            fail(failure.reason)
             return
         }
         queue(tls.takeOutgoing())

@@ -61,8 +61,9 @@ final class TurnTlsSession {
     deinit { SSL_free(ssl) }
 
     /// Moves the handshake on (SSL_connect); nil while it goes on or once done, else why it failed
-    /// (an untrusted certificate, a name it is not for, no common protocol version).
-    func handshake() -> String? {
+    /// (an untrusted certificate, a name it is not for, no common protocol version) and whether the
+    /// certificate was the reason.
+    func handshake() -> (reason: String, untrustedCertificate: Bool)? {
         guard !handshakeDone else { return nil }
         ERR_clear_error()
         let result = SSL_connect(ssl)
@@ -74,9 +75,9 @@ final class TurnTlsSession {
         if error == SSL_ERROR_WANT_READ || error == SSL_ERROR_WANT_WRITE { return nil }
         let verify = SSL_get_verify_result(ssl)
         if verify != X509_V_OK {
-            return "the server's certificate is not trusted for \(name): \(String(cString: X509_verify_cert_error_string(verify)))"
+            return ("the server's certificate is not trusted for \(name): \(String(cString: X509_verify_cert_error_string(verify)))", true)
         }
-        return "the TLS handshake with \(name) failed: \(Self.openSSLError())"
+        return ("the TLS handshake with \(name) failed: \(Self.openSSLError())", false)
     }
 
     /// Ciphertext the server sent.

@@ -29,6 +29,11 @@ public protocol RoomDriver: AnyObject, Sendable {
     /// without the `a=`), for the m-section `mid`. Best effort.
     func trickle(candidate: String, mid: String)
 
+    /// Candidates gathered while the offer was on its way to the server (the session holds them until
+    /// `publish` has returned: before that a WHIP server has no resource to PATCH), sent at once;
+    /// drivers that can carry them in one message do (WHIP: one PATCH; Twilio: one `update`).
+    func trickle(candidates: [String], mid: String)
+
     /// Unpublishes, leaves the room and ends the server-side session, each
     /// step bounded (about 2 s in all); never throws: leaving must always
     /// finish. Safe to call more than once.
@@ -40,7 +45,7 @@ public protocol RoomDriver: AnyObject, Sendable {
     func abandonJoin()
 
     /// No more local candidates will come (gathering ended): drivers that can say so tell the server
-    /// (Twilio `complete: true`). Best effort.
+    /// (WHIP `a=end-of-candidates`, Janus `completed`, Twilio `complete: true`). Best effort.
     func endOfCandidates()
 
     /// What the room server told us about the session, for status lines ("room RM…, participant
@@ -51,6 +56,9 @@ public protocol RoomDriver: AnyObject, Sendable {
 extension RoomDriver {
     /// Drivers without a way to cut a request short wait for its time-out.
     public func abandonJoin() {}
+    public func trickle(candidates: [String], mid: String) {
+        for candidate in candidates { trickle(candidate: candidate, mid: mid) }
+    }
     public func endOfCandidates() {}
     public var roomDetails: String? { nil }
 }

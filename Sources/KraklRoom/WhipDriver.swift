@@ -61,6 +61,8 @@ public final class WhipDriver: RoomDriver, @unchecked Sendable {
     private var currentAnswer: String?
     private var currentOffer: String?
     private var trickling = true
+    /// The m-section our trickled candidates were for, for the end-of-candidates PATCH.
+    private var trickledMid: String?
     private var left = false
     /// Set by `abandonJoin`: publish fails at its next step (leave is unaffected).
     private var abandoned = false
@@ -215,17 +217,36 @@ public final class WhipDriver: RoomDriver, @unchecked Sendable {
     /// current offer's credentials so the server can tell which ICE session it belongs to. A server
     /// that answers 405 or 501 does not take trickle; nothing more is sent to it until a restart.
     public func trickle(candidate: String, mid: String) {
+        trickle(candidates: [candidate], mid: mid)
+    }
+
+    /// The candidates gathered while the offer was on its way, in one PATCH (RFC 9725 §4.3.1 lets a
+    /// client batch what it has).
+    public func trickle(candidates: [String], mid: String) {
+        guard !candidates.isEmpty else { return }
+        patch(candidates: candidates.map { $0.hasPrefix("a=") ? String($0.dropFirst(2)) : $0 }, endOfCandidates: false, mid: mid)
+    }
+
+    /// `a=end-of-candidates` in a fragment of its own (RFC 8840 §4.4, RFC 9725 §4.3.1): the server may
+    /// stop waiting for more of ours.
+    public func endOfCandidates() {
+        patch(candidates: [], endOfCandidates: true, mid: nil)
+    }
+
+    /// One trickle PATCH; `mid` nil: the one the last PATCH named, else the offer's.
+    private func patch(candidates: [String], endOfCandidates: Bool, mid: String?) {
         lock.lock()
         let resource = self.resource
         let offer = currentOffer
         let tag = entityTag
         let go = trickling && !left
+        if let mid { trickledMid = mid }
+        let mid = trickledMid
         lock.unlock()
         guard go, let resource, let offer else { return }
         let credentials = WhipSdpFragment(parsing: offer)
-        let value = candidate.hasPrefix("a=") ? String(candidate.dropFirst(2)) : candidate
         let fragment = WhipSdpFragment(iceUfrag: credentials.iceUfrag, icePwd: credentials.icePwd, mediaLine: credentials.mediaLine,
-                                       mid: mid, candidates: [value])
+                                       mid: mid ?? credentials.mid, candidates: candidates, endOfCandidates: endOfCandidates)
         var extra = [("Content-Type", "application/trickle-ice-sdpfrag")]
         if let tag { extra.append(("If-Match", tag)) }
         guard let response = try? client.send(HTTPRequest(method: "PATCH", url: resource, headers: headers(for: resource, extra),

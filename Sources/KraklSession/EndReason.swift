@@ -1,4 +1,5 @@
 import KraklCore
+import KraklRTC
 
 /// Why a sharing session ended. Typed, so the agent can say it in plain
 /// words and map it to an exit status (docs/exit-codes.md) in one place.
@@ -14,6 +15,9 @@ public enum EndReason: Equatable, Sendable, CustomStringConvertible {
     case sourceEnded(String)
     /// The network path died and could not be restored (ICE consent expired, restart failed).
     case connectionLost(String)
+    /// No path to the room, and a TURN server would not carry us: it refused our credentials, or its
+    /// certificate is not trusted. Not a lost connection: new credentials or a CA file mend it.
+    case relayRefused(RelayRefusal, String)
     /// The room server did not let us in (or could not be reached) when joining.
     case joinRefused(RoomError)
     /// The join code's token expired or is not valid yet.
@@ -32,6 +36,8 @@ public enum EndReason: Equatable, Sendable, CustomStringConvertible {
         case .replaced(let words): return "Sharing was ended by the room: \(words)."
         case .sourceEnded(let words): return "The screen source was closed (\(words))."
         case .connectionLost(let words): return "Connection lost (\(words))."
+        case .relayRefused(.credentials, let words): return "The TURN relay refused our credentials (\(words))."
+        case .relayRefused(.certificate, let words): return "The TURN relay's certificate is not trusted (\(words))."
         case .joinRefused(let error): return "Could not join the room: \(error)."
         case .tokenExpired(let words): return "The join code cannot be used: \(words)."
         case .sourceUnavailable(let error): return "The screen cannot be captured: \(error.description)."
@@ -47,6 +53,7 @@ public enum EndReason: Equatable, Sendable, CustomStringConvertible {
         case .replaced: return "replaced"
         case .sourceEnded: return "source-ended"
         case .connectionLost: return "connection-lost"
+        case .relayRefused: return "relay-refused"
         case .joinRefused: return "join-refused"
         case .tokenExpired: return "token-expired"
         case .sourceUnavailable: return "source-unavailable"

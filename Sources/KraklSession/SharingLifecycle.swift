@@ -1,4 +1,5 @@
 import KraklCore
+import KraklRTC
 
 /// The life of one sharing session as a pure state machine: no I/O, no
 /// clock, no threads (like `IceAgent`). The owner feeds it what happened
@@ -64,6 +65,8 @@ public struct SharingLifecycle: Sendable {
         case connectionInterrupted(String)
         /// The path is gone for good (consent expired, restart failed, no connection in time).
         case connectionLost(String)
+        /// No path, and a TURN server refused our credentials or its certificate was not trusted.
+        case relayRefused(RelayRefusal, String)
         /// Something on our side failed.
         case failure(String)
         /// Everything the leave action tore down is down.
@@ -146,6 +149,8 @@ public struct SharingLifecycle: Sendable {
             return end(.sourceEnded(words))
         case (.joining, .connectionInterrupted(let words)), (_, .connectionLost(let words)):
             return end(.connectionLost(words))
+        case (_, .relayRefused(let refusal, let words)):
+            return end(.relayRefused(refusal, words))
         case (_, .failure(let words)):
             return end(.failure(words))
 

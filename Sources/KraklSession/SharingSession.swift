@@ -152,6 +152,8 @@ public final class SharingSession: @unchecked Sendable {
     private var capture: SessionCapture?
     private var pipeline: EncoderPipeline?
     private var publisher: Publisher?
+    /// The publisher's candidates on their way to the room (held until the room has answered).
+    private var candidates: CandidateForwarder?
     private var sink: PublisherSink?
     private var finishedReason: EndReason?
     /// The source is being made (prepareSource), and whether a leave began meanwhile: create() may
@@ -401,10 +403,12 @@ public final class SharingSession: @unchecked Sendable {
             post(.failure("cannot open the network side: \(error)"))
             return
         }
-        publisher.onEvent = { [weak self] event in self?.publisherEvent(event) }
+        let candidates = CandidateForwarder(driver: driver, mid: publisher.offer.mid)
         lock.lock()
         self.publisher = publisher
+        self.candidates = candidates
         lock.unlock()
+        publisher.onEvent = { [weak self] event in self?.publisherEvent(event) }
         driver.onEvent = { [weak self] event in
             switch event {
             case .roomEnded(let reason): self?.post(.roomEnded(reason))
@@ -425,6 +429,8 @@ public final class SharingSession: @unchecked Sendable {
         }
         let answeredAt = MonotonicClock.milliseconds()
         lock.withLock { timings.answered = answeredAt }
+        // What ICE gathered while the offer was on its way goes now (a WHIP server could not be sent it before).
+        candidates.roomAnswered()
         let linked = ResolvedIceServers.resolve(answer.iceServers, timeout: configuration.resolveTimeout)
         for problem in linked.problems { logger("session", .error, "the room server's \(problem)") }
         let stun = linked.stunServers
@@ -440,8 +446,7 @@ public final class SharingSession: @unchecked Sendable {
             publisher.addStunServers(stun)
             publisher.addTurnServers(turn)
             // After the answer's servers, so their candidates come first: then "no more candidates".
-            let driver = self.driver
-            publisher.whenGatheringEnds { driver.endOfCandidates() }
+            publisher.whenGatheringEnds { candidates.gatheringEnded() }
             if configuration.mediaStartsAtAnswer { post(.answered) }
         } catch let error as SdpError {
             post(.joinFailed(.badReply("the answer SDP is not usable: \(error)")))
@@ -471,7 +476,14 @@ public final class SharingSession: @unchecked Sendable {
         cancelTimer(connectTimer)
         connectTimer = after(timeout) { [weak self] in
             guard let self, self.attempt == attempt, lifecycle.state == .joining else { return }
-            handle(.connectionLost("no connection to the room's media server within \(Int(timeout)) s of its answer (ICE/DTLS)"))
+            let words = "no connection to the room's media server within \(Int(timeout)) s of its answer (ICE/DTLS)"
+            // A relay that refused us is the reason to give, not the time that passed.
+            let stats = lock.withLock { publisher?.stats }
+            if let stats, let refusal = stats.relayRefusal {
+                handle(.relayRefused(refusal, words + "; TURN: " + stats.relayErrors.joined(separator: "; ")))
+            } else {
+                handle(.connectionLost(words))
+            }
         }
     }
 
@@ -506,7 +518,8 @@ public final class SharingSession: @unchecked Sendable {
         case .remoteBye(let reason): roomClosedMedia("the room server said goodbye (RTCP BYE\(reason.map { ": \($0)" } ?? ""))")
         case .connectionLost(let reason): post(.connectionLost(reason))
         case .failed(let reason): post(.connectionLost(reason))
-        case .localCandidate(let candidate): driver.trickle(candidate: candidate.sdpValue, mid: publisher?.offer.mid ?? "0")
+        case .relayRefused(let refusal, let reason): post(.relayRefused(refusal, reason))
+        case .localCandidate(let candidate): lock.withLock { candidates }?.add(candidate.sdpValue)
         }
     }
 
@@ -575,6 +588,7 @@ public final class SharingSession: @unchecked Sendable {
         self.pipeline = nil
         self.sink = nil
         self.publisher = nil
+        self.candidates = nil
         lock.unlock()
         post(.left)
     }

@@ -37,6 +37,7 @@ from urllib.parse import urlparse
 
 import jwt
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.sdp import candidate_from_sdp
 from aiortc.mediastreams import MediaStreamError
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -120,12 +121,16 @@ async def make_answer(offer, state, resource_id):
     lines = offer.replace("\r\n", "\n").split("\n")
     emit({"event": "offer", "id": resource_id,
           "session_name": next((l[2:] for l in lines if l.startswith("s=")), None),
-          "msid": next((l[len("a=msid:"):].split(" ")[0] for l in lines if l.startswith("a=msid:")), None)})
+          "msid": next((l[len("a=msid:"):].split(" ")[0] for l in lines if l.startswith("a=msid:")), None),
+          "candidates": sdp_lines(offer, "a=candidate:"), "end_of_candidates": "a=end-of-candidates" in lines,
+          "trickle": "a=ice-options:trickle" in lines})
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
 
     @pc.on("connectionstatechange")
     def on_state():
         emit({"event": "peer", "id": resource_id, "state": pc.connectionState})
+        if pc.connectionState == "connected":
+            emit(dict({"event": "pair", "id": resource_id}, **nominated_pair(pc)))
 
     @pc.on("track")
     def on_track(track):
@@ -140,6 +145,32 @@ async def make_answer(offer, state, resource_id):
             await pc.close()  # aiortc's DTLS stop sends close_notify (rtcdtlstransport.py stop())
         asyncio.ensure_future(close_later())
     return pc, pc.localDescription.sdp
+
+
+def nominated_pair(pc):
+    """The pair aioice nominated: which of its remote candidates carries the media, and whether it
+    was signalled (host, srflx, relay: from the offer or a trickle PATCH) or only learned from the
+    publisher's checks (prflx)."""
+    try:
+        connection = pc.getTransceivers()[0].sender.transport.transport._connection
+        pair = connection._nominated.get(1)
+        return {"remote_type": pair.remote_candidate.type, "remote": "%s:%d" % (pair.remote_candidate.host, pair.remote_candidate.port),
+                "local_type": pair.local_candidate.type}
+    except Exception as error:  # aioice internals: report what went wrong rather than fail the run
+        return {"error": repr(error)}
+
+
+async def apply_trickle(pc, candidates, mid, end):
+    """Trickled candidates to aiortc as a browser's addIceCandidate would take them; None = end-of-candidates."""
+    applied = 0
+    for value in candidates:
+        candidate = candidate_from_sdp(value)
+        candidate.sdpMid = mid
+        await pc.addIceCandidate(candidate)
+        applied += 1
+    if end:
+        await pc.addIceCandidate(None)
+    return applied
 
 
 def sdp_lines(text, prefix):
@@ -255,8 +286,12 @@ class Handler(BaseHTTPRequestHandler):
         path = urlparse(self.path).path
         fragment = self.body()
         ufrags = sdp_lines(fragment, "a=ice-ufrag:")
-        self.record({"ufrag": ufrags[0] if ufrags else None, "candidates": sdp_lines(fragment, "a=candidate:"),
-                     "mid": (sdp_lines(fragment, "a=mid:") or [None])[0], "m_line": bool([l for l in fragment.splitlines() if l.startswith("m=")])})
+        candidates = sdp_lines(fragment, "a=candidate:")
+        end = "a=end-of-candidates" in [l.strip() for l in fragment.splitlines()]
+        mid = (sdp_lines(fragment, "a=mid:") or [None])[0]
+        self.record({"ufrag": ufrags[0] if ufrags else None, "candidates": candidates, "end_of_candidates": end,
+                     "mid": mid, "m_line": bool([l for l in fragment.splitlines() if l.startswith("m=")]),
+                     "at": time.monotonic()})
         session_id = path.rsplit("/", 1)[-1]
         with state.lock:
             session = state.sessions.get(session_id) if path.startswith("/whip/resource/") else None
@@ -286,6 +321,13 @@ class Handler(BaseHTTPRequestHandler):
             emit({"event": "restart", "id": session_id, "ufrag": ufrag, "pwd": pwd, "etag": etag})
             self.reply(200, "".join(l + "\r\n" for l in lines), [("Content-Type", "application/trickle-ice-sdpfrag"), ("ETag", etag)])
             return
+        if candidates or end:
+            try:
+                applied = asyncio.run_coroutine_threadsafe(apply_trickle(session["pc"], candidates, mid or "0", end), state.loop).result(10)
+                emit({"event": "trickled", "id": session_id, "applied": applied, "end": end})
+            except Exception as error:  # a candidate aiortc cannot take: 400, as a browser's addIceCandidate would throw
+                self.reply(400, f"cannot use the candidates: {error}\n", [("Content-Type", "text/plain")])
+                return
         self.reply(204)
 
     def do_DELETE(self):

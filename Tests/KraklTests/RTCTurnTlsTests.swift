@@ -234,7 +234,7 @@ extension CoturnServer {
         #expect(!agent.log.contains("secret-pw"), "the credential was printed")
     }
 
-    /// The other CA: the session ends at once as connection lost (exit 32), saying which server and why.
+    /// The other CA: the session ends at once with the relay's own status (58), saying which server and why.
     @Test func aWrongCAEndsTheAgentsSessionClearly() throws {
         guard let rig = try Rig() else { return }
         defer { rig.hosts.remove() }
@@ -243,7 +243,7 @@ extension CoturnServer {
         let (status, _) = RoomSessionTests.waitExit(agent, seconds: 40)
         let log = agent.log
         print("agent, turns: with the wrong CA: exit \(status.map(String.init) ?? "none"): \(log.split(whereSeparator: \.isNewline).filter { $0.contains("not trusted") }.first ?? "-")")
-        #expect(status == 32, "exit \(status.map(String.init) ?? "none") (32 = connection lost): \(log.suffix(800))")
+        #expect(status == 58, "exit \(status.map(String.init) ?? "none") (58 = the relay's certificate is not trusted): \(log.suffix(800))")
         #expect(log.contains("TURN server \(TurnTestCertificates.name) (127.0.0.2:5349) over TLS: the server's certificate is not trusted for \(TurnTestCertificates.name)"),
                 "unclear error: \(log.suffix(800))")
         #expect(!log.contains("secret-pw"), "the credential was printed")

@@ -59,16 +59,16 @@ import Testing
             return (path, token)
         }
 
-        func agent(codeFile: String) throws -> DtlsTestProcess {
-            try RoomSessionTests.agent(in: namespace, registry: registry, codeFile: codeFile)
+        func agent(codeFile: String, extra: [String] = []) throws -> DtlsTestProcess {
+            try RoomSessionTests.agent(in: namespace, registry: registry, codeFile: codeFile, extra: extra)
         }
     }
 
     /// `krakl-agent --join @codeFile --once` in the namespace, sharing the typing scene at 640x360 from 127.0.0.2.
-    static func agent(in namespace: RtcTestNamespace, registry: String, codeFile: String) throws -> DtlsTestProcess {
+    static func agent(in namespace: RtcTestNamespace, registry: String, codeFile: String, extra: [String] = []) throws -> DtlsTestProcess {
         let (program, argv) = namespace.command(Harness.agent, ["--join", "@" + codeFile, "--once", "--address", "127.0.0.2",
                                                                 "--plugins", registry, "--option", "scene=typing",
-                                                                "--option", "width=640", "--option", "height=360"])
+                                                                "--option", "width=640", "--option", "height=360"] + extra)
         return try DtlsTestProcess(program, argv)
     }
 
@@ -271,17 +271,18 @@ import Testing
             registry = try Harness.registryForThisBuild(in: folder)
         }
 
-        func codeFile(identity: String) throws -> (path: String, token: String) {
+        /// A join code for `identity`; `ice`: its `ice=` servers (`URL[,USER,CREDENTIAL]`).
+        func codeFile(identity: String, ice: [String] = []) throws -> (path: String, token: String) {
             let token = try WhipTestServer.token(room: server.room, identity: identity)
             let made = try Harness.run("/usr/bin/python3", [RoomSessionTests.codeScript, "--kind", "whip", "--url", server.endpoint.absoluteString,
-                                                           "--token", token])
+                                                           "--token", token] + ice.flatMap { ["--ice", $0] })
             let path = folder + "/code-\(UUID().uuidString.prefix(6))"
             try made.stdout.trimmingCharacters(in: .whitespacesAndNewlines).write(toFile: path, atomically: true, encoding: .utf8)
             return (path, token)
         }
 
-        func agent(codeFile: String) throws -> DtlsTestProcess {
-            try RoomSessionTests.agent(in: namespace, registry: registry, codeFile: codeFile)
+        func agent(codeFile: String, extra: [String] = []) throws -> DtlsTestProcess {
+            try RoomSessionTests.agent(in: namespace, registry: registry, codeFile: codeFile, extra: extra)
         }
     }
 

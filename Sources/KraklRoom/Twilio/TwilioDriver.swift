@@ -178,12 +178,19 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
     }
 
     public func trickle(candidate: String, mid: String) {
-        state.withLock {
-            guard !candidates.contains(where: { $0.candidate == candidate }) else { return }
-            candidates.append((candidate, mid))
+        trickle(candidates: [candidate], mid: mid)
+    }
+
+    /// Cumulative, as twilio-video.js sends them: one `update` with every candidate so far, its revision one higher.
+    public func trickle(candidates new: [String], mid: String) {
+        let added = state.withLock {
+            let fresh = new.filter { candidate in !candidates.contains { $0.candidate == candidate } }
+            guard !fresh.isEmpty else { return false }
+            candidates += fresh.map { ($0, mid) }
             iceRevision += 1
+            return true
         }
-        publishIceState()
+        if added { publishIceState() }
     }
 
     /// No more local candidates will come: the next ICE update says `complete: true`.
