@@ -478,7 +478,7 @@ public final class SharingSession: @unchecked Sendable {
             guard let self, self.attempt == attempt, lifecycle.state == .joining else { return }
             let words = "no connection to the room's media server within \(Int(timeout)) s of its answer (ICE/DTLS)"
             // A relay that refused us is the reason to give, not the time that passed.
-            let stats = lock.withLock { publisher?.stats }
+            let stats = lock.withLock { self.publisher?.stats }
             if let stats, let refusal = stats.relayRefusal {
                 handle(.relayRefused(refusal, words + "; TURN: " + stats.relayErrors.joined(separator: "; ")))
             } else {

@@ -188,9 +188,11 @@ final class EventLog: @unchecked Sendable {
             object["event"] = "remote_bye"
             object["reason"] = reason
             if ended == nil { ended = (0, "the peer ended the session (RTCP BYE\(reason.map { ": \($0)" } ?? ""))") }
-        case .failed(let reason):
+        case .failed(let reason), .relayRefused(_, let reason):
+            // A relay's refusal is a failure to connect for the probe (3); its kind is in the event.
             object["event"] = "failed"
             object["reason"] = reason
+            if case .relayRefused(let refusal, _) = event { object["relay_refused"] = refusal.rawValue }
             if ended == nil { ended = (connected ? 4 : 3, "failed: \(reason)") }
         case .localCandidate(let candidate):
             object["event"] = "local_candidate"
@@ -257,7 +259,7 @@ func outcome(_ reason: EndReason) -> (status: Int32, result: String) {
     switch reason {
     case .userStopped: return (0, "ran \(seconds) s")
     case .joinRefused(let error): return (2, "the answer is not usable: \(error)")
-    case .connectionLost(let words): return (connected ? 4 : 3, words)
+    case .connectionLost(let words), .relayRefused(_, let words): return (connected ? 4 : 3, words)
     case .roomEnded(let words), .replaced(let words): return (0, words)
     case .sourceUnavailable(let error): return (5, "capture set-up failed: \(error)")
     case .sourceEnded(let words): return (5, "the source ended: \(words)")

@@ -173,7 +173,7 @@ extension CoturnServer {
             let failure = session.handshake()
             #expect(!session.handshakeDone, "a handshake completed on fuzzed bytes")
             if let failure {
-                reasons.insert(String(failure.prefix(60)))
+                reasons.insert(String(failure.reason.prefix(60)))
                 throw StunError.truncated(needed: 0, got: input.count)
             }
         }
