@@ -331,10 +331,14 @@ func rtcHandBuiltBye(ssrcs: [UInt32], reason: [UInt8]?) -> [UInt8] {
             }
             #expect(seen, "no krakl-rtc thread seen for a new publisher")
             loopThreads.formUnion(mine)
-            ports.formUnion(publisher.offer.candidates.map(\.port))
+            let own = publisher.offer.candidates.map(\.port)
+            #expect(!own.isEmpty, "a publisher without a socket")
+            ports.formUnion(own)
             publisher.close()
         }
-        #expect(ports.count == 50, "expected 50 distinct sockets, saw \(ports.count) ports")
+        // Not "50 distinct ports": a closed socket's ephemeral port may be handed out again (a full run here saw
+        // 49 of 50; ~4 % of runs by the birthday bound over Linux's 28,232 ephemeral ports).
+        print("50 publishers: \(ports.count) distinct ports, \(loopThreads.count) network threads")
         // Exact checks, immune to other suites running at the same time: these publishers' sockets and threads.
         #expect(RtcProcessCensus.wait(seconds: 5) { ports.isDisjoint(with: RtcProcessCensus.udpPorts()) },
                 "sockets left open: \(ports.intersection(RtcProcessCensus.udpPorts()).count)")
