@@ -72,8 +72,9 @@ func runTurnJoin(_ variant: TurnJoinVariant, index: Int, python: String, repoRoo
     let token = measure(python, ["-c", """
         import jwt, sys, time
         now = int(time.time())
-        print(jwt.encode({"iat": now, "nbf": now - 5, "exp": now + 600, "grants": {"identity": "Bench", "video": {"room": sys.argv[2]}}},
-                         sys.argv[1], algorithm="HS256"))
+        claims = {"jti": "SK-bench-%d" % now, "iss": "SK-bench", "sub": "AC-bench", "iat": now, "nbf": now - 5, "exp": now + 600,
+                  "grants": {"identity": "Bench", "video": {"room": sys.argv[2]}}}
+        print(jwt.encode(claims, sys.argv[1], algorithm="HS256", headers={"cty": "twilio-fpa;v=1"}))
         """, secret, room])
     guard token.status == 0 else { return TurnJoinRun(failure: "pyjwt: \(token.stderr)") }
     let code = folder + "/code"
@@ -92,7 +93,7 @@ func runTurnJoin(_ variant: TurnJoinVariant, index: Int, python: String, repoRoo
     defer { sharer.stop(grace: 5) }
     // The lines mode writes to stdout or stderr: look at both.
     guard sharer.poll(timeout: 30, { _ in (sharer.stdout + sharer.stderr).contains("sharing the screen") ? true : nil }) != nil else {
-        return TurnJoinRun(failure: "no share: \((sharer.stdout + sharer.stderr).suffix(600))")
+        return TurnJoinRun(failure: "no share: \((sharer.stdout + sharer.stderr).suffix(600).trimmingCharacters(in: .whitespacesAndNewlines))")
     }
     run.sharingMs = MonotonicClock.milliseconds() - started
     // The PATCHes, by the server's clock (time.monotonic(): CLOCK_MONOTONIC, as ours).
