@@ -78,6 +78,33 @@ import KraklRoom
         #expect(status == 0, "\(label): exit \(status.map(String.init) ?? "none"): \(agent.log.suffix(600))")
     }
 
+    /// TURN over TCP, relay-only: the candidate reaches the room the same way, and the status line
+    /// names the transport that leaves this machine.
+    @Test func aTcpRelayIsTrickledAndNamed() throws {
+        guard let room = try RoomSessionTests.WhipRoom(), let turn = try CoturnServer.start(in: room.namespace, extra: ["-v"]) else { return }
+        guard try CoturnServer.blockDirectUdp(in: room.namespace) else {
+            return skipTest("nft missing (Debian package nftables): direct UDP cannot be blocked")
+        }
+        let (code, _) = try room.codeFile(identity: "Ann")
+        let agent = try room.agent(codeFile: code, extra: ["--ice-server", "turn:127.0.0.2:3478?transport=tcp,u,p", "--ice-transport", "relay"])
+        defer { agent.stop() }
+        #expect(agent.waitFor("connected relay/tcp -> ", timeout: 30), "no relay/tcp pair in the status line: \(agent.log.suffix(800))")
+        #expect(Self.relayThenEnd(room.server), "the room was not sent the relay candidate and the end: \(room.server.requests("PATCH"))")
+        agent.signal(SIGTERM)
+        let (status, _) = RoomSessionTests.waitExit(agent, seconds: 10)
+        #expect(status == 0, "exit \(status.map(String.init) ?? "none"): \(agent.log.suffix(600))")
+        withExtendedLifetime(turn) {}
+    }
+
+    /// Whether the WHIP server got a relay candidate by PATCH, then end-of-candidates (waits, bounded).
+    static func relayThenEnd(_ server: WhipTestServer) -> Bool {
+        _ = whipPoll(timeout: 15) { server.requests("PATCH").contains { $0["end_of_candidates"] as? Bool == true } }
+        let patches = server.requests("PATCH")
+        guard let relay = patches.firstIndex(where: { ($0["candidates"] as? [String] ?? []).contains { kind($0) == "relay" } }),
+              let end = patches.firstIndex(where: { $0["end_of_candidates"] as? Bool == true }) else { return false }
+        return relay <= end
+    }
+
     /// Wrong TURN credentials, relay-only: not a lost connection (32) but the relay's refusal, 57.
     @Test func refusedCredentialsHaveTheirOwnStatus() throws {
         guard let room = try RoomSessionTests.WhipRoom(), let turn = try CoturnServer.start(in: room.namespace) else { return }
