@@ -168,21 +168,23 @@ import Testing
         return agent.exitedAtMs.map { $0 - drawnAt }
     }
 
-    @Test func x11ACodeAppearingAfterFiveSecondsOfScanningOnA1080pScreenIsFoundWithinOneSecond() throws {
+    @Test func x11ACodeAppearingAfterFiveSecondsOfScanningOnA1080pScreenIsFound() throws {
         guard let ms = try scanX11(width: 1920, height: 1080, pixels: 4, after: 5, identity: "X11 late") else { return }
         print(String(format: "scan x11 1920x1080, 4 px a module, drawn 5 s into the scan: found and exited %.0f ms after it was drawn", ms))
         // The 1 s target is measured by `krakl-bench scan` (docs/PERFORMANCE.md); a shared CI machine
-        // took 1.2 s once. Here: found while the scan ran, within its 10 s of looking.
+        // took 1.2 s once. Here: found while the scan ran; the 10 s bound (10× the target) only
+        // guards against a scan that never looks again.
         #expect(ms <= 10_000, "found \(ms) ms after the code appeared")
     }
 
     /// Small (2 px a module, the least a screen shows) and large (8 px) codes at 1080p and 4K.
     @Test(arguments: [(1920, 1080, 2), (1920, 1080, 8), (3840, 2160, 2), (3840, 2160, 8)])
-    func x11SmallAndLargeCodesAreFoundWithinOneSecond(width: Int, height: Int, pixels: Int) throws {
+    func x11SmallAndLargeCodesAreFound(width: Int, height: Int, pixels: Int) throws {
         guard let ms = try scanX11(width: width, height: height, pixels: pixels, after: 1, identity: "X11 \(width) \(pixels)") else { return }
         print(String(format: "scan x11 %dx%d, %d px a module: found and exited %.0f ms after it was drawn", width, height, pixels, ms))
         // The 1 s target is measured by `krakl-bench scan` (docs/PERFORMANCE.md); a shared CI machine
-        // took 1.2 s once. Here: found while the scan ran, within its 10 s of looking.
+        // took 1.2 s once. Here: found while the scan ran; the 10 s bound (10× the target) only
+        // guards against a scan that never looks again.
         #expect(ms <= 10_000, "found \(ms) ms after the code appeared")
     }
 

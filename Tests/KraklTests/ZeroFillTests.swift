@@ -93,7 +93,7 @@ import ZeroFill
         let stats = (try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: dir + "/stats.json")))) as? [String: Any] ?? [:]
         let released = stats["zero_fill_released_bytes"] as? Int ?? 0
         #expect(released >= 40 << 20, "released \(released) bytes")
-        guard let ffprobe = Harness.which("ffprobe") else { return }
+        guard let ffprobe = Harness.which("ffprobe") else { return skipTest("ffprobe is not installed (scripts/setup installs ffmpeg)") }
         let probe = try Harness.run(ffprobe, ["-v", "error", "-count_frames", "-show_entries", "stream=width,nb_read_frames", "-of", "csv=p=0", dir + "/out.webm"])
         #expect(probe.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "1920,\(stats["encoded_frames"] as? Int ?? -1)", "\(probe.stdout)")
     }
