@@ -34,8 +34,8 @@ struct RTCDtlsFuzzTests {
     }
 
     @Test func garbageNeverConnectsAFreshServer() throws {
-        let seed = UInt64(Date().timeIntervalSince1970 * 1000)
-        print("RTCDtlsFuzzTests seed \(seed)")
+        let seed = Self.seed(UInt64(Date().timeIntervalSince1970 * 1000))
+        print("RTCDtlsFuzzTests seed \(seed) (KRAKL_FUZZ_SEED=\(seed) runs it again)")
         var random = Random(state: seed)
         let server = try DtlsTransport(role: .server, certificate: try Certificate(), expectedFingerprint: try Certificate().fingerprint)
         var events: [DtlsEvent] = []
@@ -49,6 +49,12 @@ struct RTCDtlsFuzzTests {
         #expect(server.keys == nil)
     }
 
+    /// A new seed from the clock, or the one `KRAKL_FUZZ_SEED` names: a failure is reproduced from the
+    /// seed the failing run printed.
+    static func seed(_ fresh: UInt64) -> UInt64 {
+        ProcessInfo.processInfo.environment["KRAKL_FUZZ_SEED"].flatMap { UInt64($0) } ?? fresh
+    }
+
     /// Seeds that ended the session before the record filter (OpenSSL 3.0's
     /// fatal alert on short epoch-1 records): 56% of seeds did.
     static let fixedSeeds: [UInt64] = [1, 4, 6, 7, 12, 13, 14, 15, 16, 17, 18, 21, 25, 26]
@@ -59,8 +65,8 @@ struct RTCDtlsFuzzTests {
     }
 
     @Test func connectedPairSurvivesMutationsOfANewSeed() throws {
-        let seed = UInt64(Date().timeIntervalSince1970 * 1000) ^ 0x5eed
-        print("RTCDtlsFuzzTests seed \(seed)")
+        let seed = Self.seed(UInt64(Date().timeIntervalSince1970 * 1000) ^ 0x5eed)
+        print("RTCDtlsFuzzTests seed \(seed) (KRAKL_FUZZ_SEED=\(seed) runs it again)")
         try Self.survive(seed: seed)
     }
 

@@ -168,6 +168,9 @@ final class DtlsTestProcess {
         input.fileHandleForWriting.write(Data(line.utf8))
     }
 
+    /// Ends its standard input (Ctrl-D at a terminal).
+    func closeInput() { try? input.fileHandleForWriting.close() }
+
     /// Waits (bounded) for it to exit on its own.
     func waitForExit(seconds: Double) -> Bool { Harness.waitForExit(process, seconds: seconds) }
 
