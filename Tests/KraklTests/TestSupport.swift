@@ -84,23 +84,37 @@ enum Harness {
         process.arguments = arguments
         if let environment { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
         if let currentDirectory { process.currentDirectoryURL = URL(fileURLWithPath: currentDirectory) }
-        let out = Pipe(), err = Pipe()
-        process.standardOutput = out
-        process.standardError = err
+        // stdout and stderr are pipes of our own, read and closed with read(2)/close(2): given a Pipe,
+        // Foundation's run() closes the parent's write end with `try!`, which traps when that
+        // descriptor number was closed meanwhile by another thread's stale close (a CI run crashed
+        // so in ChaosTests), and FileHandle's reads trap the same way.
+        var outFds: [Int32] = [-1, -1], errFds: [Int32] = [-1, -1]
+        guard pipe(&outFds) == 0 else { throw POSIXError(.EMFILE) }
+        guard pipe(&errFds) == 0 else { Glibc.close(outFds[0]); Glibc.close(outFds[1]); throw POSIXError(.EMFILE) }
+        for fd in outFds + errFds { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+        process.standardOutput = FileHandle(fileDescriptor: outFds[1], closeOnDealloc: false)
+        process.standardError = FileHandle(fileDescriptor: errFds[1], closeOnDealloc: false)
         let input = Pipe()
         process.standardInput = stdin == nil ? FileHandle.nullDevice : input
-        // Read both pipes while it runs so a chatty child never blocks on a full pipe.
-        let group = DispatchGroup()
-        let outData = DataBox(), errData = DataBox()
-        for (pipe, box) in [(out, outData), (err, errData)] {
-            group.enter()
-            DispatchQueue.global().async { box.data = pipe.fileHandleForReading.readDataToEndOfFile(); group.leave() }
-        }
         // The handler is set before run(): a child that ends at once may
         // otherwise end before there is a handler to hear of it.
         let finished = DispatchSemaphore(value: 0)
         process.terminationHandler = { _ in finished.signal() }
-        try process.run()
+        do {
+            try process.run()
+        } catch {
+            for fd in outFds + errFds { Glibc.close(fd) }
+            throw error
+        }
+        Glibc.close(outFds[1])
+        Glibc.close(errFds[1])
+        // Read both pipes while it runs so a chatty child never blocks on a full pipe.
+        let group = DispatchGroup()
+        let outData = DataBox(), errData = DataBox()
+        for (fd, box) in [(outFds[0], outData), (errFds[0], errData)] {
+            group.enter()
+            DispatchQueue.global().async { box.data = Self.readToEnd(fd); group.leave() }
+        }
         if let stdin {
             input.fileHandleForWriting.write(Data(stdin.utf8))
             try? input.fileHandleForWriting.close()
@@ -117,9 +131,8 @@ enum Harness {
             }
         }
         group.wait()
-        // Our ends of the pipes now, not when Foundation lets the Process go (see reap).
-        try? out.fileHandleForReading.close()
-        try? err.fileHandleForReading.close()
+        Glibc.close(outFds[0])
+        Glibc.close(errFds[0])
         // Foundation traps on the status of a process it has not seen end.
         guard reap(process) else {
             return Result(status: -1, stdout: String(decoding: outData.data, as: UTF8.self),
@@ -324,6 +337,18 @@ extension Harness {
         let deadline = Date().addingTimeInterval(seconds)
         while process.isRunning && Date() < deadline { usleep(5_000) }
         return reap(process)
+    }
+
+    /// Everything `fd` gives until its end (or a read error), with read(2).
+    static func readToEnd(_ fd: Int32) -> Data {
+        var data = Data()
+        var buffer = [UInt8](repeating: 0, count: 65_536)
+        while true {
+            let n = Glibc.read(fd, &buffer, buffer.count)
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else { return data }
+            data.append(contentsOf: buffer[0..<n])
+        }
     }
 
     /// Whether `process` has ended; if so, lets Foundation release it. swift-corelibs-foundation's
