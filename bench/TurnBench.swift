@@ -36,6 +36,38 @@ func makeTurnBenchCertificates(in folder: String) throws -> (ca: String, cert: S
     return (folder + "/ca.pem", folder + "/server.pem", folder + "/server.key")
 }
 
+/// coturn in `namespace` on 127.0.0.2:3478 (user u:p, relay ports 20000-20100), with TLS on 5349
+/// when given a certificate and key; nil when it did not start within 15 s.
+func startBenchCoturn(in namespace: BenchNamespace, folder: String, tls: (cert: String, key: String)?) -> BenchChild? {
+    guard let coturn = BenchChild(BenchNamespace.ip, namespace.command("/usr/bin/turnserver", [
+        "-n", "--listening-ip=127.0.0.2", "--relay-ip=127.0.0.2", "--listening-port=3478", "--min-port=20000", "--max-port=20100",
+        "--lt-cred-mech", "--user=u:p", "--realm=krakl", "--no-dtls", "--no-cli", "--allow-loopback-peers", "--simple-log",
+        "--log-file=stdout",
+    ] + (tls.map { ["--cert=\($0.cert)", "--pkey=\($0.key)", "--tls-listening-port=5349"] } ?? ["--no-tls"])),
+                                  out: folder + "/coturn.out", err: folder + "/coturn.err") else { return nil }
+    guard coturn.poll(timeout: 15, { $0.contains("Total General servers") ? true : nil }) != nil else {
+        coturn.stop(grace: 1)
+        return nil
+    }
+    return coturn
+}
+
+extension BenchNamespace {
+    /// Drops every UDP packet arriving in the namespace but those to or from `ports` (numbers or
+    /// ranges): the relay becomes the only path. Nil when done, else nft's complaint.
+    func acceptOnlyUdp(ports: [String]) -> String? {
+        let rules = ports.flatMap { [["udp", "sport", $0, "accept"], ["udp", "dport", $0, "accept"]] } + [["meta", "l4proto", "udp", "drop"]]
+        let steps = [["add", "table", "inet", "krakl"],
+                     ["add", "chain", "inet", "krakl", "input", "{", "type", "filter", "hook", "input", "priority", "0", ";", "}"]]
+            + rules.map { ["add", "rule", "inet", "krakl", "input"] + $0 }
+        for step in steps {
+            let result = measure(Self.ip, command(Self.nft, step))
+            guard result.status == 0 else { return "nft: \(result.stderr)" }
+        }
+        return nil
+    }
+}
+
 /// One session's numbers: connect, and for a media session latency and CPU.
 struct TurnBenchRun {
     var connectMs = Double.nan
@@ -70,24 +102,11 @@ func runTurnBenchSession(_ path: TurnBenchPath, index: Int, certificates: (ca: S
     defer { coturn?.stop(grace: 1) }
     var iceArguments: [String] = []
     if path != .direct {
-        coturn = BenchChild(BenchNamespace.ip, namespace.command("/usr/bin/turnserver", [
-            "-n", "--listening-ip=127.0.0.2", "--relay-ip=127.0.0.2", "--listening-port=3478", "--min-port=20000", "--max-port=20100",
-            "--lt-cred-mech", "--user=u:p", "--realm=krakl", "--no-dtls", "--no-cli", "--allow-loopback-peers", "--simple-log",
-            "--log-file=stdout", "--cert=\(certificates.cert)", "--pkey=\(certificates.key)", "--tls-listening-port=5349",
-        ]), out: folder + "/coturn.out", err: folder + "/coturn.err")
-        guard let coturn, coturn.poll(timeout: 15, { $0.contains("Total General servers") ? true : nil }) != nil else {
-            return TurnBenchRun(failure: "coturn did not start")
-        }
+        coturn = startBenchCoturn(in: namespace, folder: folder, tls: (certificates.cert, certificates.key))
+        guard coturn != nil else { return TurnBenchRun(failure: "coturn did not start") }
         // Relay ports always pass; the TURN port over UDP only for the UDP relay; all other UDP is dropped.
-        var rules = [["udp", "sport", "20000-20100", "accept"], ["udp", "dport", "20000-20100", "accept"]]
-        if path == .udp { rules += [["udp", "sport", "3478", "accept"], ["udp", "dport", "3478", "accept"]] }
-        rules.append(["meta", "l4proto", "udp", "drop"])
-        let steps = [["add", "table", "inet", "krakl"],
-                     ["add", "chain", "inet", "krakl", "input", "{", "type", "filter", "hook", "input", "priority", "0", ";", "}"]]
-            + rules.map { ["add", "rule", "inet", "krakl", "input"] + $0 }
-        for step in steps {
-            let result = measure(BenchNamespace.ip, namespace.command(BenchNamespace.nft, step))
-            guard result.status == 0 else { return TurnBenchRun(failure: "nft: \(result.stderr)") }
+        if let failure = namespace.acceptOnlyUdp(ports: ["20000-20100"] + (path == .udp ? ["3478"] : [])) {
+            return TurnBenchRun(failure: failure)
         }
         switch path {
         case .udp: iceArguments = ["--ice-server", "turn:127.0.0.2,u,p"]

@@ -39,22 +39,9 @@ func runTurnJoin(_ variant: TurnJoinVariant, index: Int, python: String, repoRoo
     var coturn: BenchChild?
     defer { coturn?.stop(grace: 1) }
     if variant.relayed {
-        coturn = BenchChild(BenchNamespace.ip, namespace.command("/usr/bin/turnserver", [
-            "-n", "--listening-ip=127.0.0.2", "--relay-ip=127.0.0.2", "--listening-port=3478", "--min-port=20000", "--max-port=20100",
-            "--lt-cred-mech", "--user=u:p", "--realm=krakl", "--no-dtls", "--no-tls", "--no-cli", "--allow-loopback-peers", "--simple-log",
-            "--log-file=stdout",
-        ]), out: folder + "/coturn.out", err: folder + "/coturn.err")
-        guard let coturn, coturn.poll(timeout: 15, { $0.contains("Total General servers") ? true : nil }) != nil else {
-            return TurnJoinRun(failure: "coturn did not start")
-        }
-        let steps = [["add", "table", "inet", "krakl"],
-                     ["add", "chain", "inet", "krakl", "input", "{", "type", "filter", "hook", "input", "priority", "0", ";", "}"]]
-            + [["udp", "dport", "3478", "accept"], ["udp", "sport", "3478", "accept"], ["udp", "sport", "20000-20100", "accept"],
-               ["udp", "dport", "20000-20100", "accept"], ["meta", "l4proto", "udp", "drop"]].map { ["add", "rule", "inet", "krakl", "input"] + $0 }
-        for step in steps {
-            let result = measure(BenchNamespace.ip, namespace.command(BenchNamespace.nft, step))
-            guard result.status == 0 else { return TurnJoinRun(failure: "nft: \(result.stderr)") }
-        }
+        coturn = startBenchCoturn(in: namespace, folder: folder, tls: nil)
+        guard coturn != nil else { return TurnJoinRun(failure: "coturn did not start") }
+        if let failure = namespace.acceptOnlyUdp(ports: ["3478", "20000-20100"]) { return TurnJoinRun(failure: failure) }
     }
     let secret = "bench-secret", room = "bench-room"
     var serverArguments = [repoRoot + "/Tests/Fixtures/whip_server.py", "--secret", secret, "--room", room, "--seconds", "120"]
