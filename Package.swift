@@ -57,8 +57,9 @@ let package = Package(
         // The built-in viewer: a bounded HTTP/1.1 server, WHEP's rules and the viewer page, over a
         // ViewerPeerFactory protocol (the WebRTC answerer lives in KraklRTC).
         .target(name: "KraklViewer", dependencies: ["KraklCore"], swiftSettings: swift5),
-        // One sharing session: the lifecycle state machine and the only wiring of source,
-        // encoder, publisher and room driver (krakl-agent and krakl-rtc-probe are command lines over it).
+        // One sharing session: the lifecycle state machine, the one media path (source -> gate ->
+        // encoder -> feeds, for rooms, the viewer and recordings) and the session over it, the
+        // publisher and the room driver (krakl-agent and krakl-rtc-probe are command lines over it).
         .target(name: "KraklSession", dependencies: ["KraklCore", "KraklEncoder", "KraklRTC", "KraklRoom"], swiftSettings: swift5),
         // The agent's memset: large zero fills of private anonymous memory become
         // page releases (libvpx's 50 MB token-buffer clear at 1080p). Agent only.

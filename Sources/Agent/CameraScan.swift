@@ -8,7 +8,7 @@ import KraklCore
 enum CameraScan {
     /// `--scan --camera` found no camera (or none of that name): its own status, since the fix
     /// (plug one in, start WirePlumber, name another) differs from a scan that saw no code (50).
-    static let noCameraStatus: Int32 = 56
+    static let noCameraStatus = ExitCode.noCamera
     /// A scan looks at most 5 times a second (ScanCommand), so the camera hands over no more:
     /// converting the other 25 of a 30 fps camera's pictures would be the scan's largest cost.
     static let picturesPerSecond = 5

@@ -66,20 +66,20 @@ func runControlClient(_ command: ControlCommand, json: Bool) -> Int32 {
         case .watch:
             while let reply = try connection.nextReply(allowEnd: true) {
                 if json { print(reply.line) } else { print(ControlText.watchLine(reply.reply)) }
-                if !reply.reply.ok { return reply.reply.exitStatus ?? 63 }
+                if !reply.reply.ok { return reply.reply.exitStatus ?? ExitCode.daemonRefused }
             }
             return 0
         default:
-            guard var (reply, line) = try connection.nextReply(allowEnd: false) else { return 64 }
+            guard var (reply, line) = try connection.nextReply(allowEnd: false) else { return ExitCode.daemonReplyUnusable }
             // connect --scan: the scan's progress comes first, a line each.
             while reply.ok && reply.event == "scanning" {
                 print(json ? line : ControlText.watchLine(reply))
-                guard let next = try connection.nextReply(allowEnd: false) else { return 64 }
+                guard let next = try connection.nextReply(allowEnd: false) else { return ExitCode.daemonReplyUnusable }
                 (reply, line) = next
             }
             if !reply.ok {
                 fputs("krakl-agent: \(reply.error ?? "the daemon refused without saying why")\n", stderr)
-                return reply.exitStatus ?? 63
+                return reply.exitStatus ?? ExitCode.daemonRefused
             }
             if json { print(line) } else {
                 switch command {

@@ -16,7 +16,7 @@ func runDaemon(_ arguments: Arguments, logger: @escaping BackendLogger) -> Int32
         try KraklRTC.prepare()
     } catch {
         fputs("krakl-agent: the WebRTC stack cannot start: \(error)\n", stderr)
-        return 44
+        return ExitCode.failure
     }
     let daemon: ControlDaemon
     do {
@@ -27,7 +27,7 @@ func runDaemon(_ arguments: Arguments, logger: @escaping BackendLogger) -> Int32
         return error.exitStatus
     } catch {
         fputs("krakl-agent: the daemon cannot start: \(error)\n", stderr)
-        return 44
+        return ExitCode.failure
     }
     daemon.run()
     return 0
@@ -222,11 +222,11 @@ final class ControlDaemon: @unchecked Sendable {
                 let who = peer.map { "uid \($0)" } ?? "an unknown user"
                 logger("daemon", .warning, "refused a control connection from \(who)")
                 turnAway(connection, .failure("refused: this daemon belongs to uid \(getuid()) and takes requests from that user only (you are \(who))",
-                                              status: 62))
+                                              status: ExitCode.controlSocket))
                 continue
             }
             guard connections.count < Self.maximumConnections else {
-                turnAway(connection, .failure("too many control connections at once (\(Self.maximumConnections)); try again", status: 63))
+                turnAway(connection, .failure("too many control connections at once (\(Self.maximumConnections)); try again", status: ExitCode.daemonRefused))
                 continue
             }
             connections[fd] = connection
@@ -277,7 +277,7 @@ final class ControlDaemon: @unchecked Sendable {
             for piece in connection.splitter.feed(chunk[0..<n]) {
                 switch piece {
                 case .tooLong:
-                    reply(connection, .failure("request longer than \(ControlProtocol.maximumRequest / 1024) KB: ignored", status: 63))
+                    reply(connection, .failure("request longer than \(ControlProtocol.maximumRequest / 1024) KB: ignored", status: ExitCode.daemonRefused))
                 case .line(let bytes):
                     if bytes.allSatisfy({ $0 == 32 || $0 == 9 }) { continue }
                     handle(bytes, from: connection)
@@ -292,12 +292,12 @@ final class ControlDaemon: @unchecked Sendable {
         do {
             request = try JSONDecoder().decode(ControlRequest.self, from: Data(line))
         } catch {
-            reply(connection, .failure("malformed request: not a JSON object with \"v\" and \"cmd\" (\(Self.shortDescription(error)))", status: 63))
+            reply(connection, .failure("malformed request: not a JSON object with \"v\" and \"cmd\" (\(Self.shortDescription(error)))", status: ExitCode.daemonRefused))
             return
         }
         guard request.v == ControlProtocol.version else {
             reply(connection, .failure("protocol version \(request.v) is not spoken here (this daemon speaks \(ControlProtocol.version)): "
-                                       + "use the krakl-agent that started the daemon", status: 63))
+                                       + "use the krakl-agent that started the daemon", status: ExitCode.daemonRefused))
             return
         }
         switch request.cmd {
@@ -311,7 +311,7 @@ final class ControlDaemon: @unchecked Sendable {
             connection.watching = true
             reply(connection, ControlReply(ok: true, event: "status", status: currentStatus()))
         default:
-            reply(connection, .failure("unknown command \"\(request.cmd.prefix(40))\" (commands: status, connect, stop, watch)", status: 63))
+            reply(connection, .failure("unknown command \"\(request.cmd.prefix(40))\" (commands: status, connect, stop, watch)", status: ExitCode.daemonRefused))
         }
     }
 
@@ -361,20 +361,20 @@ final class ControlDaemon: @unchecked Sendable {
 
     private func connect(_ request: ControlRequest, from connection: ControlConnection) {
         guard !quitting else {
-            reply(connection, .failure("the daemon is quitting", status: 63))
+            reply(connection, .failure("the daemon is quitting", status: ExitCode.daemonRefused))
             return
         }
         guard scanner == nil else {
-            reply(connection, .failure("already scanning the screen for a join code; stop first (krakl-agent stop)", status: 63))
+            reply(connection, .failure("already scanning the screen for a join code; stop first (krakl-agent stop)", status: ExitCode.daemonRefused))
             return
         }
         if request.scan == true {
             guard request.code == nil && request.qr == nil else {
-                reply(connection, .failure("connect takes one of \"code\", \"qr\" or \"scan\"", status: 63))
+                reply(connection, .failure("connect takes one of \"code\", \"qr\" or \"scan\"", status: ExitCode.daemonRefused))
                 return
             }
             guard !controller.isActive else {
-                reply(connection, .failure("already sharing; stop first (krakl-agent stop)", status: 63))
+                reply(connection, .failure("already sharing; stop first (krakl-agent stop)", status: ExitCode.daemonRefused))
                 return
             }
             startScan(for: connection, camera: request.camera)
@@ -465,7 +465,7 @@ final class ControlDaemon: @unchecked Sendable {
                 pendingConnects += scans
             }
         case .found, .notFound(0, _):
-            failure = .failure("scanning stopped before a join code was found", status: 63)
+            failure = .failure("scanning stopped before a join code was found", status: ExitCode.daemonRefused)
         case .notFound(let status, let lastSaid):
             failure = .failure(lastSaid, status: status)
         case .failed(let error):
@@ -516,7 +516,7 @@ final class ControlDaemon: @unchecked Sendable {
         pendingConnects.removeAll()
         pendingStops.removeAll()
         // A connect that never got to share failed, even when the reason (a stop) is not a failure by itself.
-        let connectStatus = reason.exitStatus == 0 ? 63 : reason.exitStatus
+        let connectStatus = reason.exitStatus == 0 ? ExitCode.daemonRefused : reason.exitStatus
         let words = reason == .userStopped ? "stopped before sharing began (\(reason.description))" : reason.description
         for connection in connects {
             settle(connection, ControlReply(ok: false, event: "ended", error: words, exitStatus: connectStatus, status: idle))

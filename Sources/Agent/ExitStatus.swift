@@ -1,6 +1,7 @@
 import Glibc
 import KraklCore
 import KraklRoom
+import KraklScan
 import KraklSession
 import KraklViewer
 
@@ -30,6 +31,18 @@ extension HostError {
         case .outputFailed: return 23
         case .backendCrashed: return 24
         case .noValidFrames: return 25
+        }
+    }
+
+    /// Which of a recording run's failures gives its exit status (the first of these, then the first
+    /// said): the backend hung, an output failed, the encoder failed, no usable frame.
+    var recordingPrecedence: Int {
+        switch self {
+        case .backendHung: return 0
+        case .outputFailed: return 1
+        case .encoderFailed: return 2
+        case .noValidFrames: return 3
+        default: return 4
         }
     }
 
@@ -95,9 +108,59 @@ extension ControlError {
         switch self {
         case .alreadyRunning: return 60
         case .noDaemon: return 61
-        case .socket: return 62
-        case .badReply: return 64
+        case .socket: return ExitCode.controlSocket
+        case .badReply: return ExitCode.daemonReplyUnusable
         }
     }
 }
-// 63: the daemon refused the request (already sharing, malformed, unknown command): sent in its reply.
+
+extension JoinCodeError {
+    /// Exit statuses 39–43 (docs/exit-codes.md).
+    var exitStatus: Int32 {
+        switch self {
+        case .tokenExpired, .tokenNotYetValid: return 39
+        case .malformedCode: return 40
+        case .unsupportedVersion: return 41
+        case .malformedToken: return 42
+        case .roomMismatch, .noRoom: return 43
+        }
+    }
+}
+
+extension ImageFileError {
+    /// A picture given to --qr that cannot be read (docs/exit-codes.md).
+    var exitStatus: Int32 {
+        switch self {
+        case .tooLarge: return ExitCode.qrTooLarge
+        case .cannotOpen, .notAFile, .empty, .unknownFormat, .damaged: return ExitCode.qrUnreadable
+        }
+    }
+}
+
+/// The statuses that are no error type's mapping above, by name, so that every number the agent
+/// exits with is written in this file (docs/exit-codes.md says what each means).
+enum ExitCode {
+    static let done: Int32 = 0
+    static let usage: Int32 = 2
+    /// A recording run's source reported an error while capturing (and nothing worse happened).
+    static let sourceReportedError: Int32 = 13
+    /// Something on our side failed (the daemon's socket thread, the session's control loop).
+    static let failure: Int32 = 44
+    /// --qr: no QR code in the picture; the picture is unreadable; too large; a QR code that is no
+    /// join code; two or more different join codes.
+    static let qrNoCode: Int32 = 45
+    static let qrUnreadable: Int32 = 46
+    static let qrTooLarge: Int32 = 47
+    static let qrNotAJoinCode: Int32 = 48
+    static let qrSeveralCodes: Int32 = 49
+    /// --scan: no join code within --scan-timeout; the source (or camera) ended first; no camera.
+    static let scanTimedOut: Int32 = 50
+    static let scanSourceEnded: Int32 = 51
+    static let noCamera: Int32 = 56
+    /// The control socket cannot be made or used (also: a connection from another user, turned away).
+    static let controlSocket: Int32 = 62
+    /// The daemon refused the request (already sharing, malformed, unknown command): sent in its reply.
+    static let daemonRefused: Int32 = 63
+    /// The daemon's reply is unusable, or it closed the connection without one.
+    static let daemonReplyUnusable: Int32 = 64
+}

@@ -1,6 +1,7 @@
 import Foundation
 import Glibc
 import KraklCore
+import KraklEncoder
 import KraklRTC
 import KraklSession
 import KraklViewer
@@ -44,7 +45,7 @@ final class HomeScreen: @unchecked Sendable {
     /// The local preview viewer (`v`), from the first `v` until quitting.
     private var viewer: HomeViewer?
     /// Every session's frames go here; the viewer plugs into it when it starts.
-    private let viewerSink = LocalViewerSink()
+    private let viewerSink = FeedSink(nil, onlyCodec: .vp8)
 
     init(arguments: Arguments, logger: @escaping BackendLogger, signals: Int32, screen: TerminalScreen) throws {
         self.arguments = arguments
@@ -450,7 +451,7 @@ func runHome(_ arguments: Arguments, first: HomeStart?, logger: @escaping Backen
         try KraklRTC.prepare()
     } catch {
         fputs("krakl-agent: the WebRTC stack cannot start: \(error)\n", stderr)
-        return 44
+        return ExitCode.failure
     }
     let screen = TerminalScreen(environment: ProcessInfo.processInfo.environment)
     do throws(HostError) {
@@ -469,7 +470,7 @@ func runHome(_ arguments: Arguments, first: HomeStart?, logger: @escaping Backen
     } catch {
         screen.restore()
         fputs("krakl-agent: the home screen cannot start: \(error)\n", stderr)
-        return 44
+        return ExitCode.failure
     }
     home.run(first: first)
     return 0

@@ -13,16 +13,19 @@ final class HomeViewer: @unchecked Sendable {
     static let nothingShared = "Nothing is shared right now: the picture comes back when the agent shares into a room again."
 
     let server: ViewerServer
-    let feed: ViewerVideoFeed
-    /// The encoded frames of each room session go here too (SharingSession.alsoSendTo).
-    let sink: LocalViewerSink
+    let feed: VideoFeed
+    /// The encoded frames of each room session go here too (SharingSession.alsoSendTo): VP8 only,
+    /// as the viewer answers browsers and players with VP8 (they all offer it), so a room that
+    /// chose VP9 leaves the preview dark rather than sending frames its peers cannot decode. It
+    /// may be plugged in in the middle of a session: every session gets the sink, the feed comes later.
+    let sink: FeedSink
 
     /// Binds at once (a taken port throws here, with words for the screen), then serves.
     /// - Parameters:
     ///   - sink: where the sessions' frames already go; it feeds this viewer from now until `stop`.
     ///   - keyframe: asks the running session's encoder for a keyframe; any thread.
     ///   - viewersChanged: a viewer came or went; any thread.
-    init(_ arguments: Arguments, sink: LocalViewerSink, logger: @escaping BackendLogger, keyframe: @escaping @Sendable () -> Void,
+    init(_ arguments: Arguments, sink: FeedSink, logger: @escaping BackendLogger, keyframe: @escaping @Sendable () -> Void,
          viewersChanged: @escaping @Sendable () -> Void) throws(ViewerServerError) {
         let (factory, feed) = makeViewerAnswerer(arguments, logger: logger)
         self.feed = feed
@@ -52,26 +55,6 @@ final class HomeViewer: @unchecked Sendable {
         sink.feed = nil
         server.stop(reason: "the agent quit")
     }
-}
-
-/// The room sessions' encoded frames to the local viewer's peers, once there is a viewer (it
-/// may start in the middle of a session: every session gets this sink, the viewer plugs in).
-/// Only VP8 goes on: the viewer answers browsers and players with VP8 (they all offer it), so a
-/// room that chose VP9 leaves the preview dark rather than sending frames its peers cannot decode.
-final class LocalViewerSink: EncodedFrameSink, @unchecked Sendable {
-    private let lock = NSLock()
-    private var _feed: ViewerVideoFeed?
-    var feed: ViewerVideoFeed? {
-        get { lock.withLock { _feed } }
-        set { lock.withLock { _feed = newValue } }
-    }
-
-    func write(_ frame: EncodedFrame) throws(EncoderError) {
-        guard frame.codec == .vp8, let feed else { return }
-        feed.send(frame: frame.data, keyframe: frame.keyframe, captureNanoseconds: frame.timestampNs, width: frame.width, height: frame.height)
-    }
-
-    func finish() throws(EncoderError) {}
 }
 
 /// Opens a URL in the person's browser: `$BROWSER` when set (its first entry, if it is a

@@ -42,19 +42,6 @@ enum JoinCodeSource: Equatable {
     }
 }
 
-extension JoinCodeError {
-    /// Exit statuses 39–43 (docs/exit-codes.md).
-    var exitStatus: Int32 {
-        switch self {
-        case .tokenExpired, .tokenNotYetValid: return 39
-        case .malformedCode: return 40
-        case .unsupportedVersion: return 41
-        case .malformedToken: return 42
-        case .roomMismatch, .noRoom: return 43
-        }
-    }
-}
-
 /// The room driver a join code asks for.
 func makeDriver(_ invitation: Invitation, arguments: Arguments) -> RoomDriver {
     switch invitation.code.service {

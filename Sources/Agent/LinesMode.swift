@@ -294,13 +294,13 @@ func runLines(_ arguments: Arguments, first: LinesStart, logger: @escaping Backe
             try KraklRTC.prepare()
         } catch {
             fputs("krakl-agent: the WebRTC stack cannot start: \(error)\n", stderr)
-            return 44
+            return ExitCode.failure
         }
     }
     do {
         return try LinesMode(arguments: arguments, logger: logger, signals: control.readFD).run(first: first)
     } catch {
         fputs("krakl-agent: cannot start: \(error)\n", stderr)
-        return 44
+        return ExitCode.failure
     }
 }

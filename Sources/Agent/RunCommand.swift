@@ -2,81 +2,27 @@ import Foundation
 import KraklBackendABI
 import KraklCore
 import KraklEncoder
+import KraklSession
 import KraklViewer
 import ZeroFill
 
-/// Receives frames on the backend's thread: checks them, counts them,
-/// and wakes the main thread when the run should end.
-final class CaptureRun: FrameSink, @unchecked Sendable {
-    let statistics = CaptureStatistics()
-    let frameLimit: Int?
-    let logger: BackendLogger
-    let backend: String
+/// Why the run ends: the first reason given, from any thread (the backend's, the encoder's, a
+/// signal on the main thread), wakes the main thread once.
+final class RunEnding: @unchecked Sendable {
     private let lock = NSLock()
-    private var reason: String?
-    private var closed = false
-    private(set) var sourceError: String?
-    private(set) var encoderError: EncoderError?
-    /// Set before start(); receives every checked frame.
-    var pipeline: EncoderPipeline?
+    private var _reason: String?
 
-    private let gate: FrameGate
-
-    init(backend: String, frameLimit: Int?, logger: @escaping BackendLogger) {
-        gate = FrameGate(backend: backend, logger: logger)
-        self.backend = backend
-        self.frameLimit = frameLimit
-        self.logger = logger
-    }
-
-    /// Any thread, once: the encoder or one of its outputs failed; the run stops now.
-    func encoderFailed(_ error: EncoderError) {
-        lock.withLock { if encoderError == nil { encoderError = error } }
-        finish(error.output.map { "writing \($0.path) failed" } ?? "the encoder failed")
-    }
-
-    func frame(_ pointer: UnsafePointer<krakl_frame>) {
-        let received = DispatchTime.now().uptimeNanoseconds
-        // After the run's stop (a backend that overran stop() may still call) nothing is taken.
-        guard !lock.withLock({ closed }) else { return }
-        guard let info = gate.admit(pointer) else {
-            statistics.recordInvalid()
-            return
-        }
-        statistics.record(info, receivedNs: received)
-        pipeline?.submit(info)
-        if let frameLimit, statistics.frameCount >= frameLimit { finish("\(frameLimit) frames captured") }
-    }
-
-    func event(_ event: SourceEvent) {
-        switch event.kind {
-        case .sourceEnded:
-            finish("the source ended: \(event.message ?? "no reason given")")
-        case .formatChanged:
-            logger(backend, .info, "format changed to \(FrameCheck.formatName(event.format)) \(event.width)x\(event.height)")
-        case .error:
-            lock.withLock { sourceError = "\(event.message ?? "unspecified error") (\(errnoName(event.error)))" }
-            logger(backend, .error, event.message ?? "error \(event.error)")
-        case .unknown(let type):
-            logger(backend, .debug, "ignored unknown event type \(type)")
-        }
-    }
-
-    /// Any thread: the run should end (the first reason given is kept); wakes the main thread.
     func finish(_ reason: String) {
         let first: Bool = lock.withLock {
-            guard self.reason == nil else { return false }
-            self.reason = reason
+            guard _reason == nil else { return false }
+            _reason = reason
             return true
         }
         // Once: frames after --frames still arrive until stop(), and each need not write a byte.
         if first { ControlPipe.wake() }
     }
 
-    var finishReason: String? { lock.withLock { reason } }
-
-    /// After the source's stop: later frames are dropped unseen.
-    func close() { lock.withLock { closed = true } }
+    var reason: String? { lock.withLock { _reason } }
 }
 
 /// Why a signal ended the run (docs/exit-codes.md: each ends it like SIGTERM, exit 0).
@@ -143,7 +89,15 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     if let choice, !choice.why.isEmpty { print("krakl-agent: backend \(entry.name): \(choice.why)") }
     let control = ControlPipe.shared
     control.catchSignals([SIGPIPE, SIGUSR1])
-    let run = CaptureRun(backend: entry.name, frameLimit: arguments.frames, logger: logger)
+    let ending = RunEnding()
+    let run = MediaPath(backend: entry.name, frameLimit: arguments.frames, logger: logger) { event in
+        switch event {
+        case .sourceEnded(let words): ending.finish("the source ended: \(words)")
+        case .frameLimitReached(let count): ending.finish("\(count) frames captured")
+        case .encoderFailed(let error): ending.finish(error.output.map { "writing \($0.path) failed" } ?? "the encoder failed")
+        case .sourceError: break   // logged by the path; said again in the summary
+        }
+    }
 
     // Every output is opened (or its place checked) before the backend is created; the viewer's
     // port too, so a taken one ends the run before any sharing dialog.
@@ -161,19 +115,18 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
         statsFile = try arguments.statsJSON.map { (path) throws(EncoderError) in try OutputFile(path: path) }
         frameLog = try arguments.frameLog.map { (path) throws(EncoderError) in try FrameLog(path: path) }
         if let record = arguments.record {
-            run.pipeline = try EncoderPipeline(settings: arguments.encoder, dumpInput: arguments.dumpInput, frameLog: frameLog, output: { codec, width, height throws(EncoderError) in
+            try run.makeEncoder(settings: arguments.encoder, dumpInput: arguments.dumpInput, frameLog: frameLog,
+                                output: .recording({ codec, width, height throws(EncoderError) in
                 if record.lowercased().hasSuffix(".ivf") { return try IVFWriter(path: record, codec: codec, width: width, height: height) }
                 return try WebMWriter(path: record, codec: codec, width: width, height: height)
-            }, onFailure: { run.encoderFailed($0) }, onWarning: { logger(entry.name, .warning, $0) })
+            }))
         } else if let viewer {
             var settings = arguments.encoder
             // Viewers ask for what they miss (PLI, NACK), as in a room: no idle refresh unless asked for.
             if !arguments.refreshGiven { settings.refreshForReceiversThatAsk() }
-            let sink = ViewerFeedSink(viewer.feed)
-            let pipeline = try EncoderPipeline(settings: settings, dumpInput: arguments.dumpInput, frameLog: frameLog, output: { _, _, _ in sink },
-                                               onFailure: { run.encoderFailed($0) }, onWarning: { logger(entry.name, .warning, $0) })
-            viewer.attach(pipeline)
-            run.pipeline = pipeline
+            try run.makeEncoder(settings: settings, dumpInput: arguments.dumpInput, frameLog: frameLog,
+                                output: .feeds(steering: FeedSink(viewer.feed), also: []))
+            viewer.attach(run)
         }
     } catch {
         throw error.hostError
@@ -207,11 +160,11 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
         let e = arguments.encoder
         print("krakl-agent: recording \(e.codec) at \(e.bitrateKbps) kbit/s, at most \(e.maximumSize.width)x\(e.maximumSize.height) and \(Int(e.maximumFps)) fps, to \(record)")
     }
-    run.pipeline?.start()
+    run.start()
     do throws(HostError) {
         try source.start()
     } catch {
-        run.pipeline?.finish()
+        run.finish()
         throw error
     }
     viewer?.start()
@@ -223,10 +176,10 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     var printing = !arguments.quiet
     var steadyRSSKB = 0   // highest VmRSS sampled once a second after the first second
     var ticks = 0
-    while run.finishReason == nil {
+    while ending.reason == nil {
         let now = MonotonicClock.nanoseconds()
         if let end, now >= end {
-            run.finish("\(arguments.seconds!) seconds elapsed")
+            ending.finish("\(arguments.seconds!) seconds elapsed")
             break
         }
         if now >= nextTick {
@@ -242,19 +195,19 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
                 // EPIPE (the reader left) or EIO (the terminal is gone): nobody sees the status any more.
                 if ferror(stdout) != 0 {
                     printing = false
-                    run.finish("stdout was closed")
+                    ending.finish("stdout was closed")
                 }
             }
             continue
         }
         let deadline = min(nextTick, end ?? .max)
         switch control.wait(timeout: Double(deadline - now) / 1e9) {
-        case .signal(SIGUSR1): run.pipeline?.requestKeyframe()
-        case .signal(let number): run.finish(signalReason(number))
+        case .signal(SIGUSR1): run.requestKeyframe()
+        case .signal(let number): ending.finish(signalReason(number))
         case .timeout: break
         }
     }
-    let reason = run.finishReason ?? "stopped"
+    let reason = ending.reason ?? "stopped"
     if isTerminal && printing { print("") }
     // Viewers are told first (their peers close, the page says sharing ended), then the source stops.
     viewer?.stop(reason: reason)
@@ -263,7 +216,6 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     // outputs are completed before the source is stopped, so a stop() or destroy() that hangs (the
     // watchdog gives up on it after 2 + 3 s) adds no idle refreshes: `--seconds 2` on such a backend
     // left a 5.0 s recording of 61 frames. The summary is printed whatever happened.
-    run.close()
     completeEncoderOutputs(run, frameLog: frameLog)
     var sourceFailure: HostError?
     do throws(HostError) { try source.stop() } catch { sourceFailure = error }
@@ -315,10 +267,8 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     if let error = run.sourceError {
         fputs("krakl-agent: the source reported an error: \(error)\n", stderr)
     }
-    let order: [Int32] = [22, 23, 14, 25]
-    for status in order where failures.contains(where: { $0.exitStatus == status }) { return status }
-    if let first = failures.first { return first.exitStatus }
-    return run.sourceError == nil ? 0 : 13
+    if let decisive = failures.min(by: { $0.recordingPrecedence < $1.recordingPrecedence }) { return decisive.exitStatus }
+    return run.sourceError == nil ? ExitCode.done : ExitCode.sourceReportedError
 }
 
 /// What is left of the recording when writing `failed` (the recording or another output) stopped
@@ -337,12 +287,12 @@ func recordingAfterFailure(_ failed: String, record: String?, frames: Int) -> St
     return "capturing stopped when writing \(failed) failed; \(record) holds the \(frames) frame\(frames == 1 ? "" : "s") written before that"
 }
 
-/// The recording (through the encoder pipeline) or, without one, the frame log, completed; a
-/// failure becomes the run's encoder error.
-func completeEncoderOutputs(_ run: CaptureRun, frameLog: FrameLog?) {
-    run.pipeline?.finish()
+/// No more frames are taken and the recording (through the encoder) or, without one, the frame
+/// log is completed; a failure becomes the run's encoder error.
+func completeEncoderOutputs(_ run: MediaPath, frameLog: FrameLog?) {
+    run.finish()
     if run.pipeline == nil {
-        do throws(EncoderError) { try frameLog?.close() } catch { run.encoderFailed(error) }
+        do throws(EncoderError) { try frameLog?.close() } catch { run.outputFailed(error) }
     }
 }
 

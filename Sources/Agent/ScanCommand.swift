@@ -8,15 +8,6 @@ import KraklViewer
 // Exit statuses 45–49 (docs/exit-codes.md); an expired or unusable code
 // exits like the same code given to --join (39–43).
 
-extension ImageFileError {
-    var exitStatus: Int32 {
-        switch self {
-        case .tooLarge: return 47
-        case .cannotOpen, .notAFile, .empty, .unknownFormat, .damaged: return 46
-        }
-    }
-}
-
 /// Reads the QR codes in the picture at `path` and judges them. Returns the
 /// join code's text when there is one to join with (never with
 /// `scanOnly`, which prints its summary instead), and the exit status for
@@ -54,18 +45,18 @@ func judgeQRFile(path: String, now: Date = Date()) -> Result<(invitation: Invita
     let result = ScanResult.classify(QRScanner().scan(image), now: now)
     switch result {
     case .nothing:
-        return .failure(QRFileFailure(lines: ["no QR code found in \(path) (\(image.width)x\(image.height) pixels)"], status: 45))
+        return .failure(QRFileFailure(lines: ["no QR code found in \(path) (\(image.width)x\(image.height) pixels)"], status: ExitCode.qrNoCode))
     case .found(let invitation):
         return .success((invitation, "\(result)"))
     case .conflicting:
-        return .failure(QRFileFailure(lines: ["\(path): \(result)"], status: 49))
+        return .failure(QRFileFailure(lines: ["\(path): \(result)"], status: ExitCode.qrSeveralCodes))
     case .noUsableCode(let findings):
         // The most useful status: a code that was meant for us beats a foreign QR.
-        var status: Int32 = 48
+        var status = ExitCode.qrNotAJoinCode
         for finding in findings {
             switch finding {
             case .expired(let error): status = error.exitStatus
-            case .unusableJoinCode(let error) where status == 48: status = error.exitStatus
+            case .unusableJoinCode(let error) where status == ExitCode.qrNotAJoinCode: status = error.exitStatus
             default: break
             }
         }
@@ -151,13 +142,13 @@ func scanScreen(_ arguments: Arguments, logger: @escaping BackendLogger, host: S
         if firstPictureAt == nil && capture.progress.frames > 0 { firstPictureAt = now }
         if now - started >= arguments.scanTimeout * 1000 {
             host.say("no join code found within \(Int(arguments.scanTimeout)) s (\(capture.progress.frames) frames looked at)")
-            return (nil, 50)
+            return (nil, ExitCode.scanTimedOut)
         }
         // A source that ended may have shown the code in its last frames: they get their look first.
         let ended = capture.sourceEnded
         if let ended, !capture.hasChanges {
             host.say("the \(screenOrCamera) source ended before a join code was found: \(ended)")
-            return (nil, 51)
+            return (nil, ExitCode.scanSourceEnded)
         }
         if camera != nil && !hinted && now - started >= CameraScan.hintAfter * 1000 {
             hinted = true

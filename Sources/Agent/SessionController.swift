@@ -81,10 +81,10 @@ final class SessionController {
     /// the absolute path `qr`. Returns nil once the session was started (its progress arrives as
     /// events), or why it was not.
     func connect(code: String?, qr: String?) -> Refusal? {
-        guard session == nil else { return Refusal(message: "already sharing; stop first (krakl-agent stop)", status: 63) }
+        guard session == nil else { return Refusal(message: "already sharing; stop first (krakl-agent stop)", status: ExitCode.daemonRefused) }
         var text: String
         if let path = qr {
-            guard path.hasPrefix("/") else { return Refusal(message: "connect: the QR picture's path must be absolute (the client makes it so)", status: 63) }
+            guard path.hasPrefix("/") else { return Refusal(message: "connect: the QR picture's path must be absolute (the client makes it so)", status: ExitCode.daemonRefused) }
             switch readQRFile(path: path) {
             case .success(let found): text = found
             case .failure(let failure): return Refusal(message: failure.message, status: failure.status)
@@ -92,7 +92,7 @@ final class SessionController {
         } else if let code {
             text = code
         } else {
-            return Refusal(message: "connect needs \"code\" (the join code's text) or \"qr\" (a picture's path)", status: 63)
+            return Refusal(message: "connect needs \"code\" (the join code's text) or \"qr\" (a picture's path)", status: ExitCode.daemonRefused)
         }
         let invitation: Invitation
         do throws(JoinCodeError) {
@@ -113,7 +113,7 @@ final class SessionController {
         do {
             try session.start()
         } catch {
-            return Refusal(message: "cannot start the session: \(error)", status: 44)
+            return Refusal(message: "cannot start the session: \(error)", status: ExitCode.failure)
         }
         self.session = session
         sharingSince = nil

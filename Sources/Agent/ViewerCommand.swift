@@ -1,6 +1,7 @@
 import Foundation
 import KraklCore
 import KraklEncoder
+import KraklSession
 import KraklViewer
 
 // The built-in viewer run: `krakl-agent` without a join code shares the screen to its own
@@ -9,46 +10,37 @@ import KraklViewer
 
 /// The viewer's WebRTC side: answers each viewer's offer and fans the one encoded stream out to
 /// every peer. This is the one place where the answerer is plugged in.
-func makeViewerAnswerer(_ arguments: Arguments, logger: @escaping BackendLogger) -> (factory: ViewerPeerFactory, feed: ViewerVideoFeed) {
-    // The answerer (KraklRTC, issue 14 part 1): ICE-lite peers on the listen address, one fan-out.
-    // Without a network loop (cannot happen short of running out of descriptors) every offer gets a 501.
+func makeViewerAnswerer(_ arguments: Arguments, logger: @escaping BackendLogger) -> (factory: ViewerPeerFactory, feed: VideoFeed) {
+    // ICE-lite peers on the listen address, one fan-out. Without a network loop (cannot happen
+    // short of running out of descriptors) every offer gets a 500 that says why.
     do {
         let answerer = try RtcViewerAnswerer(listen: arguments.listen.host)
         return (answerer, answerer)
     } catch {
         logger("viewer", .error, "the viewer's WebRTC answerer could not start: \(error)")
-        let pending = PendingViewerAnswerer()
-        return (pending, pending)
+        let unavailable = UnavailableViewerAnswerer(reason: "\(error)")
+        return (unavailable, unavailable)
     }
 }
 
-/// Stands in for the answerer until it exists: every offer gets a clear 501, frames are dropped.
-final class PendingViewerAnswerer: ViewerPeerFactory, ViewerVideoFeed {
-    static let message = "the viewer's WebRTC answerer is not built yet (issue 14 part 1): this agent serves the page and WHEP, but cannot send video to a viewer"
+/// Stands in when the answerer could not start: every offer gets a clear error, frames are dropped.
+final class UnavailableViewerAnswerer: ViewerPeerFactory, VideoFeed {
+    let reason: String
+    init(reason: String) { self.reason = reason }
 
-    func makePeer(offer: String) throws(ViewerPeerError) -> ViewerPeer { throw .notImplemented(Self.message) }
+    func makePeer(offer: String) throws(ViewerPeerError) -> ViewerPeer {
+        throw .failure("the viewer's WebRTC answerer could not start (\(reason)): this agent serves the page and WHEP, but cannot send video to a viewer")
+    }
     func send(frame: [UInt8], keyframe: Bool, captureNanoseconds: UInt64, width: Int, height: Int) {}
     var onKeyframeRequest: (() -> Void)?
     var onBitrate: ((Int) -> Void)?
-}
-
-/// The encoder's output goes to every viewer.
-final class ViewerFeedSink: EncodedFrameSink {
-    let feed: ViewerVideoFeed
-    init(_ feed: ViewerVideoFeed) { self.feed = feed }
-
-    func write(_ frame: EncodedFrame) throws(EncoderError) {
-        feed.send(frame: frame.data, keyframe: frame.keyframe, captureNanoseconds: frame.timestampNs, width: frame.width, height: frame.height)
-    }
-
-    func finish() throws(EncoderError) {}
 }
 
 /// The viewer for one run: bound before the backend is made (a taken port ends the run before
 /// any sharing dialog), serving from `start` until `stop`.
 final class ViewerRun {
     let server: ViewerServer
-    let feed: ViewerVideoFeed
+    let feed: VideoFeed
 
     init(_ arguments: Arguments, logger: @escaping BackendLogger) throws(ViewerServerError) {
         let (factory, feed) = makeViewerAnswerer(arguments, logger: logger)
@@ -57,13 +49,11 @@ final class ViewerRun {
                                   requireToken: arguments.viewerToken ? true : nil)
     }
 
-    /// Connects the encoder both ways (keyframes for new viewers and on request, bitrate from the weakest).
-    func attach(_ pipeline: EncoderPipeline) {
-        feed.onKeyframeRequest = { [weak pipeline] in pipeline?.requestKeyframe() }
-        feed.onBitrate = { [weak pipeline] bps in pipeline?.setBitrate(kbps: max(bps / 1000, 1)) }
-        server.endpoint.onViewersChanged = { [weak pipeline] count, event in
+    /// A viewer that joins gets a keyframe at once (the feed's own feedback is the path's).
+    func attach(_ path: MediaPath) {
+        server.endpoint.onViewersChanged = { [weak path] count, event in
             print("krakl-agent: \(event); \(count) watching")
-            if event.hasSuffix("joined") { pipeline?.requestKeyframe() }
+            if event.hasSuffix("joined") { path?.requestKeyframe() }
         }
     }
 

@@ -92,7 +92,7 @@ do throws(HostError) {
         guard homeScreen else {
             fputs("krakl-agent: home is the interactive screen and needs a terminal (stdin and stdout)\(arguments.headless ? ", not --headless" : ""); "
                   + "without one use `krakl-agent --join @FILE` (a line per event) or the daemon (docs/daemon.md)\n", stderr)
-            exit(2)
+            exit(ExitCode.usage)
         }
         let first: HomeStart? = arguments.join.map { _ in .code("") } ?? arguments.qr.map { .picture(URL(fileURLWithPath: $0).path) }
             ?? (arguments.scan ? .scan : nil)

@@ -680,3 +680,6 @@ extension Publisher: PeerTransportDelegate {
     /// The peer's words without control characters (they end up in logs and terminals).
     static func printable(_ text: String) -> String { VideoSendStream.printable(text) }
 }
+
+/// A room's publisher is the encoder's feed: frames in, keyframe requests and the estimate out.
+extension Publisher: VideoFeed {}

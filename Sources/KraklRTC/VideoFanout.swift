@@ -117,3 +117,6 @@ public final class VideoFanout: @unchecked Sendable {
         if changed, let target { handler?(target) }
     }
 }
+
+/// The viewers' fan-out is fed like one room's publisher (MediaPath steers the encoder by it).
+extension VideoFanout: VideoFeed {}

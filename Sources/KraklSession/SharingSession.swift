@@ -98,10 +98,10 @@ public struct SharingTotals: Sendable {
     public var captureToEncodedMs: [Double] = []
 }
 
-/// One sharing session: owns the capture source, the encoder pipeline, the
-/// publisher and the room driver, and drives them by `SharingLifecycle`.
-/// It is the only place where those parts are wired together; krakl-agent
-/// and krakl-rtc-probe are command lines over it.
+/// One sharing session: owns the capture source, its `MediaPath` (gate →
+/// encoder → the publisher as its feed), the publisher and the room driver,
+/// and drives them by `SharingLifecycle`. krakl-agent (`--join`, the home
+/// screen, the daemon) and krakl-rtc-probe are command lines over it.
 ///
 /// Threads: lifecycle events are handled one at a time on the session's
 /// control loop (an `EventLoop`: its own thread, timers in it, and the
@@ -149,12 +149,13 @@ public final class SharingSession: @unchecked Sendable {
     private let lock = NSLock()
     private var source: (any CaptureSource)?
     private var selection: BackendSelection?
-    private var capture: SessionCapture?
-    private var pipeline: EncoderPipeline?
+    /// Source → encoder → publisher (made with the source; its encoder when the room has answered).
+    private var path: MediaPath?
     private var publisher: Publisher?
     /// The publisher's candidates on their way to the room (held until the room has answered).
     private var candidates: CandidateForwarder?
-    private var sink: PublisherSink?
+    /// The encoder's output to the publisher (its numbers are the status's).
+    private var sink: FeedSink?
     private var finishedReason: EndReason?
     /// The source is being made (prepareSource), and whether a leave began meanwhile: create() may
     /// wait for a person (the portal's dialog) or hang, and a stop must not wait for it.
@@ -212,8 +213,7 @@ public final class SharingSession: @unchecked Sendable {
     /// Asks the encoder for a keyframe (a local viewer that joined or lost packets); nothing before
     /// the encoder exists. Any thread; the caller rate-limits (VideoFanout does).
     public func requestKeyframe() {
-        let pipeline = lock.withLock { self.pipeline }
-        pipeline?.requestKeyframe()
+        lock.withLock { path }?.requestKeyframe()
     }
 
     /// The lifecycle's state; any thread (also from `onStateChange`, which runs on the control loop).
@@ -223,7 +223,7 @@ public final class SharingSession: @unchecked Sendable {
     public func status(window: Bool = true) -> SharingStatus {
         let state = self.state
         lock.lock()
-        let publisher = self.publisher, pipeline = self.pipeline, size = sink?.lastSize
+        let publisher = self.publisher, pipeline = path?.pipeline, size = sink?.lastSize
         let backend = selection.map { configuration.backendName == $0.entry.name ? configuration.backendLabel ?? $0.entry.name : $0.entry.name }
         lock.unlock()
         return SharingStatus(state: state, service: driver.service, identity: identity, room: room, roomDetails: driver.roomDetails, backend: backend,
@@ -236,8 +236,8 @@ public final class SharingSession: @unchecked Sendable {
     public var totals: SharingTotals {
         lock.lock()
         defer { lock.unlock() }
-        guard publisher != nil || pipeline != nil else { return lastTotals }
-        return SharingTotals(rtc: publisher?.stats, encoder: pipeline?.statistics.summary(), captureToEncodedMs: sink?.captureToEncodedMs ?? [])
+        guard publisher != nil || path?.pipeline != nil else { return lastTotals }
+        return SharingTotals(rtc: publisher?.stats, encoder: path?.pipeline?.statistics.summary(), captureToEncodedMs: sink?.captureToEncodedMs ?? [])
     }
 
     // MARK: - The lifecycle, on the control loop
@@ -351,21 +351,21 @@ public final class SharingSession: @unchecked Sendable {
     private func prepareSource() {
         // From here until the source exists (or failed), a leave does not queue behind this step.
         guard lock.withLock({ () -> Bool in makingSource = !leaveBegun; return makingSource }) else { return }
-        let made: Result<(BackendSelection, SessionCapture, any CaptureSource), HostError>
+        let made: Result<(BackendSelection, MediaPath, any CaptureSource), HostError>
         do throws(HostError) {
             let selection = try BackendSelection(registryPath: configuration.registryPath, name: configuration.backendName,
                                                  overrides: configuration.backendOptions, isolate: configuration.backendIsolation)
-            let capture = SessionCapture(backend: selection.entry.name, logger: logger) { [weak self] event in self?.post(event) }
-            made = .success((selection, capture, try selection.makeSource(sink: capture, logger: logger)))
+            let path = MediaPath(backend: selection.entry.name, logger: logger) { [weak self] event in self?.mediaEvent(event) }
+            made = .success((selection, path, try selection.makeSource(sink: path, logger: logger)))
         } catch {
             made = .failure(error)
         }
         lock.lock()
         makingSource = false
         let late = leaveBegun
-        if !late, case .success(let (selection, capture, source)) = made {
+        if !late, case .success(let (selection, path, source)) = made {
             self.selection = selection
-            self.capture = capture
+            self.path = path
             self.source = source
         }
         lock.unlock()
@@ -490,22 +490,21 @@ public final class SharingSession: @unchecked Sendable {
     private func makePipeline(codec: VideoCodec, publisher: Publisher) throws {
         var settings = configuration.encoder
         settings.codec = codec
-        let sink = PublisherSink(publisher)
-        let (capture, backend) = lock.withLock { (self.capture, self.selection?.entry.name ?? "session") }
-        let logger = self.logger
-        let output: any EncodedFrameSink & Sendable = alsoSendTo.map { EncodedFrameTee([sink, $0]) } ?? sink
-        let pipeline = try EncoderPipeline(settings: settings, dumpInput: configuration.dumpInput, output: { _, _, _ in output },
-                                           onFailure: { [weak self] error in self?.post(.failure("encoder: \(error.message)")) },
-                                           onWarning: { logger(backend, .warning, $0) })
-        // Weak: the pipeline's sink holds the publisher, so strong captures here would be a cycle
-        // that keeps encoder, sockets' event loop and libvpx's buffers alive after the session.
-        publisher.onKeyframeRequest = { [weak pipeline] in pipeline?.requestKeyframe() }
-        publisher.onBitrate = { [weak pipeline] bps in pipeline?.setBitrate(kbps: max(bps / 1000, 1)) }
-        capture?.pipeline = pipeline
-        lock.lock()
-        self.pipeline = pipeline
-        self.sink = sink
-        lock.unlock()
+        let sink = FeedSink(publisher, keepsTimes: true)
+        guard let path = lock.withLock({ self.path }) else { return }
+        try path.makeEncoder(settings: settings, dumpInput: configuration.dumpInput,
+                             output: .feeds(steering: sink, also: alsoSendTo.map { [$0] } ?? []))
+        lock.withLock { self.sink = sink }
+    }
+
+    /// The media path's news, on the capture or encoder thread: the source's end and the encoder's
+    /// failure end the session; the source's errors were logged.
+    private func mediaEvent(_ event: MediaPathEvent) {
+        switch event {
+        case .sourceEnded(let words): post(.sourceEnded(words))
+        case .encoderFailed(let error): post(.failure("encoder: \(error.message)"))
+        case .sourceError, .frameLimitReached: break
+        }
     }
 
     private func publisherEvent(_ event: PublisherEvent) {
@@ -535,8 +534,8 @@ public final class SharingSession: @unchecked Sendable {
     static let roomWordsGrace = 0.3
 
     private func startMedia() {
-        let (source, pipeline) = lock.withLock { (self.source, self.pipeline) }
-        pipeline?.start()
+        let (source, path) = lock.withLock { (self.source, self.path) }
+        path?.start()
         do throws(HostError) {
             try source?.start()
         } catch {
@@ -569,7 +568,7 @@ public final class SharingSession: @unchecked Sendable {
     /// then the source and encoder are freed.
     private func leave(_ reason: EndReason) {
         lock.lock()
-        let source = self.source, pipeline = self.pipeline, publisher = self.publisher, sink = self.sink
+        let source = self.source, path = self.path, publisher = self.publisher, sink = self.sink
         lock.unlock()
         // A backend that hangs in stop() or destroy() is given up after its budget (the source is
         // then dead): the room is still left and everything else freed.
@@ -579,109 +578,16 @@ public final class SharingSession: @unchecked Sendable {
         driver.leave()
         do throws(HostError) { try source?.destroy() } catch { hung = hung ?? error }
         if let hung, let source { logger(source.backendName, .error, "\(hung.description); the session left the room and freed everything else") }
-        pipeline?.finish()
-        let totals = SharingTotals(rtc: publisher?.stats, encoder: pipeline?.statistics.summary(), captureToEncodedMs: sink?.captureToEncodedMs ?? [])
+        path?.finish()
+        let totals = SharingTotals(rtc: publisher?.stats, encoder: path?.pipeline?.statistics.summary(), captureToEncodedMs: sink?.captureToEncodedMs ?? [])
         lock.lock()
         lastTotals = totals
         self.source = nil
-        self.capture = nil
-        self.pipeline = nil
+        self.path = nil
         self.sink = nil
         self.publisher = nil
         self.candidates = nil
         lock.unlock()
         post(.left)
     }
-}
-
-/// Frames from the backend's capture thread into the encoder, checked; the
-/// source's end and errors become lifecycle events.
-final class SessionCapture: FrameSink, @unchecked Sendable {
-    private let backend: String
-    private let logger: BackendLogger
-    private let report: (SharingLifecycle.Event) -> Void
-    private let gate: FrameGate
-    private let lock = NSLock()
-    private var _pipeline: EncoderPipeline?
-
-    init(backend: String, logger: @escaping BackendLogger, report: @escaping (SharingLifecycle.Event) -> Void) {
-        gate = FrameGate(backend: backend, logger: logger)
-        self.backend = backend
-        self.logger = logger
-        self.report = report
-    }
-
-    var pipeline: EncoderPipeline? {
-        get { lock.withLock { _pipeline } }
-        set { lock.withLock { _pipeline = newValue } }
-    }
-
-    func frame(_ pointer: UnsafePointer<krakl_frame>) {
-        guard let info = gate.admit(pointer) else { return }
-        pipeline?.submit(info)
-    }
-
-    func event(_ event: SourceEvent) {
-        switch event.kind {
-        case .sourceEnded:
-            report(.sourceEnded(event.message ?? "the backend gave no reason"))
-        case .error:
-            logger(backend, .error, "\(event.message ?? "unspecified error") (\(errnoName(event.error)))")
-        case .formatChanged:
-            logger(backend, .info, "format changed to \(FrameCheck.formatName(event.format)) \(event.width)x\(event.height)")
-        case .unknown(let type):
-            logger(backend, .debug, "ignored unknown event type \(type)")
-        }
-    }
-}
-
-/// One encoder's output to several sinks, in order (the room's publisher first). A sink that
-/// fails does not keep the frame from the others; the first failure is passed on.
-final class EncodedFrameTee: EncodedFrameSink, @unchecked Sendable {
-    let sinks: [EncodedFrameSink]
-    init(_ sinks: [EncodedFrameSink]) { self.sinks = sinks }
-
-    func write(_ frame: EncodedFrame) throws(EncoderError) {
-        var failure: EncoderError?
-        for sink in sinks {
-            do throws(EncoderError) { try sink.write(frame) } catch { failure = failure ?? error }
-        }
-        if let failure { throw failure }
-    }
-
-    func finish() throws(EncoderError) {
-        var failure: EncoderError?
-        for sink in sinks {
-            do throws(EncoderError) { try sink.finish() } catch { failure = failure ?? error }
-        }
-        if let failure { throw failure }
-    }
-}
-
-/// The encoder's output goes to the publisher.
-final class PublisherSink: EncodedFrameSink, @unchecked Sendable {
-    let publisher: Publisher
-    private let lock = NSLock()
-    /// Capture → encoded, ms, a frame each: the part of the end-to-end latency spent before the publisher.
-    private var encodedAfterMs: [Double] = []
-    private var size: (width: Int, height: Int)?
-
-    init(_ publisher: Publisher) { self.publisher = publisher }
-
-    var captureToEncodedMs: [Double] { lock.withLock { encodedAfterMs } }
-    /// The last encoded picture's size, for status screens.
-    var lastSize: (width: Int, height: Int)? { lock.withLock { size } }
-
-    func write(_ frame: EncodedFrame) throws(EncoderError) {
-        let waited = MonotonicClock.milliseconds() - Double(frame.timestampNs) / 1e6
-        lock.withLock {
-            // Bounded: a session of hours must not grow this without end (the probe reads percentiles).
-            if encodedAfterMs.count < 1_000_000 { encodedAfterMs.append(waited) }
-            size = (frame.width, frame.height)
-        }
-        publisher.send(frame: frame.data, keyframe: frame.keyframe, captureNanoseconds: frame.timestampNs,
-                       width: frame.width, height: frame.height)
-    }
-
-    func finish() throws(EncoderError) {}
 }

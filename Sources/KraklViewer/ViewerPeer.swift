@@ -88,14 +88,3 @@ public enum ViewerPeerError: Error, Equatable, CustomStringConvertible {
         }
     }
 }
-
-/// Encoded video for every viewer: one encoder, fanned out by the answerer.
-/// The agent's encoder pipeline writes into it; requests flow back up.
-public protocol ViewerVideoFeed: AnyObject {
-    /// Encoder thread: one encoded frame for every connected viewer.
-    func send(frame: [UInt8], keyframe: Bool, captureNanoseconds: UInt64, width: Int, height: Int)
-    /// A viewer asked for a keyframe (PLI/FIR, or it just joined); any thread.
-    var onKeyframeRequest: (() -> Void)? { get set }
-    /// The encoder's new target, bit/s (the weakest viewer's estimate, above a floor); any thread.
-    var onBitrate: ((Int) -> Void)? { get set }
-}

@@ -429,7 +429,11 @@ import Testing
         #expect(answering.0["rttMs"] != nil && answering.1.contains(" ms | loss"), "no round-trip time while the room answers: \(answering)")
         room.server.process.send(signal: SIGSTOP)
         defer { room.server.process.send(signal: SIGCONT) }
-        let silent = try poll { _, text in text.contains("rtt no reply from the room for") }
+        // The JSON and the text are two queries, the JSON first: wait until both say it (the text
+        // alone once passed with the JSON read a tenth of a second earlier, at exactly 2.0 s).
+        let silent = try poll { json, text in
+            text.contains("rtt no reply from the room for") && ((json["silentSeconds"] as? Double) ?? 0) > 2
+        }
         #expect(silent.1.contains("rtt no reply from the room for"), "\(silent.1)")
         #expect(((silent.0["silentSeconds"] as? Double) ?? 0) > 2, "\(silent.0)")
         room.server.process.send(signal: SIGCONT)

@@ -1,0 +1,51 @@
+import Foundation
+import KraklCore
+
+/// The encoder's output to a `VideoFeed` (a room's publisher, the viewers' fan-out): the one
+/// adapter between the encoder's `EncodedFrameSink` and the network side. It also keeps what the
+/// status screens and the probe read of the frames that went through: each frame's capture →
+/// encoded time and the last picture's size.
+public final class FeedSink: EncodedFrameSink, @unchecked Sendable {
+    /// Only frames of this codec go on (nil: all). The home screen's local viewer answers browsers
+    /// with VP8 only, so a room that chose VP9 leaves its preview dark rather than undecodable.
+    public let onlyCodec: VideoCodec?
+    /// Keep each frame's capture → encoded time (the room's sink: the probe reports percentiles).
+    public let keepsTimes: Bool
+    // Guards every var below: `write` runs on the encoder thread, the rest on any thread.
+    private let lock = NSLock()
+    private var _feed: (any VideoFeed)?
+    /// Capture → encoded, ms, a frame each: the part of the end-to-end latency spent before the network.
+    private var encodedAfterMs: [Double] = []
+    private var size: (width: Int, height: Int)?
+
+    /// - Parameter feed: where frames go; nil until one is plugged in with `feed` (the home screen's
+    ///   viewer may start in the middle of a session).
+    public init(_ feed: (any VideoFeed)?, onlyCodec: VideoCodec? = nil, keepsTimes: Bool = false) {
+        _feed = feed
+        self.onlyCodec = onlyCodec
+        self.keepsTimes = keepsTimes
+    }
+
+    public var feed: (any VideoFeed)? {
+        get { lock.withLock { _feed } }
+        set { lock.withLock { _feed = newValue } }
+    }
+
+    public var captureToEncodedMs: [Double] { lock.withLock { encodedAfterMs } }
+    /// The last encoded picture's size, for status screens.
+    public var lastSize: (width: Int, height: Int)? { lock.withLock { size } }
+
+    public func write(_ frame: EncodedFrame) throws(EncoderError) {
+        if let onlyCodec, frame.codec != onlyCodec { return }
+        let waited = MonotonicClock.milliseconds() - Double(frame.timestampNs) / 1e6
+        let feed = lock.withLock { () -> (any VideoFeed)? in
+            // Bounded: a session of hours must not grow this without end (the probe reads percentiles).
+            if keepsTimes, encodedAfterMs.count < 1_000_000 { encodedAfterMs.append(waited) }
+            size = (frame.width, frame.height)
+            return _feed
+        }
+        feed?.send(frame: frame.data, keyframe: frame.keyframe, captureNanoseconds: frame.timestampNs, width: frame.width, height: frame.height)
+    }
+
+    public func finish() throws(EncoderError) {}
+}
