@@ -16,6 +16,7 @@
 //  - per kind of picture: whether the agent reads it and how soon after the camera's first
 //    picture, against zbarimg (zbar's defaults, Debian zbar-tools) on the clip's first 10 frames.
 import Foundation
+import KraklBase
 import KraklCore
 
 func runCameraScanBench(rounds: Int) throws {

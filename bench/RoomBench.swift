@@ -13,6 +13,7 @@
 // (SIGTERM) → gone from listparticipants; then the room destroyed → the
 // agent's exit; and an idle agent between sessions: threads and CPU.
 import Foundation
+import KraklBase
 import KraklCore
 
 struct RoomJoin {

@@ -27,6 +27,7 @@
 //   bitrate     RTP bytes received over the same steady part
 // and, for krakl, where its resident memory is (/proc/PID/smaps).
 import Foundation
+import KraklBase
 import KraklCore
 
 struct RoomShareRun {

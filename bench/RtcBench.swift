@@ -23,6 +23,7 @@
 // the CPU of the receiver (all its threads, and its busiest thread) and of
 // the probe over the sending window, from /proc schedstat. Rounds run the
 // scenarios in rotating order, as the other benches do.
+import KraklBase
 import KraklCore
 import Foundation
 

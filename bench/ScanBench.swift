@@ -14,6 +14,7 @@
 //  - zbarimg (Debian zbar-tools) on the same screen as a PNG: its time per
 //    picture, and what that is as a share of a core at our 5 looks a second.
 import Foundation
+import KraklBase
 import KraklCore
 
 func runScanBench(rounds: Int) throws {

@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import KraklBase
 import KraklCore
 
 // krakl-bench turn --joins N: the agent's join through a TURN relay, as a person runs it

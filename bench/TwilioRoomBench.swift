@@ -12,6 +12,7 @@
 // and for a second agent SIGTERM → its `disconnect` at the emulator.
 import Foundation
 import Glibc
+import KraklBase
 import KraklCore
 
 func runTwilioRoomBench(joins: Int) throws {

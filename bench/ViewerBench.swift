@@ -13,6 +13,7 @@
 //  4. two viewers left, 5 % of the UDP to one dropped (nftables on its port): its decoded share
 //     against the clean viewer's over the same seconds, its longest still picture, and the other's.
 import Foundation
+import KraklBase
 import KraklCore
 
 /// One Chromium on the viewer page, driven by Tests/Fixtures/viewer_browser.py.

@@ -16,6 +16,7 @@
 // and peak RSS (wait4's ru_maxrss of the process).
 import Foundation
 import KraklBackendABI
+import KraklBase
 import KraklCore
 
 setvbuf(stdout, nil, _IOLBF, 0)

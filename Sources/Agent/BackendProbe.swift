@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import KraklBase
 import KraklCore
 
 /// Loads a backend library in a child process (this same executable, run with a hidden

@@ -1,4 +1,5 @@
 import Foundation
+import KraklBase
 import KraklCore
 
 /// `krakl-agent backends`: every registry entry and whether it loads.

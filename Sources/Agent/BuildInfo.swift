@@ -1,4 +1,5 @@
 import Foundation
+import KraklBase
 import KraklCore
 
 /// What `krakl-agent --version` says of this build.

@@ -1,4 +1,5 @@
 import Glibc
+import KraklBase
 import KraklCore
 
 /// `--scan --camera [NAME]`: the join code read off another device's screen with a camera. The

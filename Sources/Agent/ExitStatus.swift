@@ -1,4 +1,5 @@
 import Glibc
+import KraklBase
 import KraklCore
 import KraklRoom
 import KraklScan

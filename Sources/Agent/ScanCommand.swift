@@ -1,5 +1,6 @@
 import Foundation
 import KraklRoom
+import KraklBase
 import KraklCore
 import KraklScan
 import KraklViewer

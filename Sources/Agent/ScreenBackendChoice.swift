@@ -1,4 +1,5 @@
 import Foundation
+import KraklBase
 import KraklCore
 
 /// Which backend shows "the screen" when the person named none: one choice for every entry point

@@ -1,4 +1,5 @@
 import Glibc
+import KraklBase
 import KraklCore
 
 /// The terminal under the home screen: raw mode (termios), the alternate screen, its size, and

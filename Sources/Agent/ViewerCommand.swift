@@ -1,4 +1,5 @@
 import Foundation
+import KraklBase
 import KraklCore
 import KraklEncoder
 import KraklSession

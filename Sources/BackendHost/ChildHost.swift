@@ -1,5 +1,6 @@
 import Foundation
 import KraklBackendABI
+import KraklBase
 import KraklCore
 
 /// The backend's sink inside the child: frames into the ring, events up the socket.

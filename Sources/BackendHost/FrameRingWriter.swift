@@ -1,6 +1,7 @@
 import CBackendHost
 import Foundation
 import KraklBackendABI
+import KraklBase
 import KraklCore
 
 /// Damage as a list of rectangles or "all of it", merged into a bounding box past a cap.

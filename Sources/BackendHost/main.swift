@@ -8,6 +8,7 @@
 // meant to be run by hand. The protocol is in Sources/KraklCore/Isolation/IsolationWire.swift.
 import CBackendHost
 import Foundation
+import KraklBase
 import KraklCore
 
 let words = CommandLine.arguments

@@ -1,3 +1,4 @@
+import KraklBase
 import Glibc
 
 /// Text a backend hands the host (log lines, event messages, error messages, source names,

@@ -1,3 +1,4 @@
+import KraklBase
 /// A created capture source the host drives: a backend loaded into this process
 /// (`BackendSource`) or one running in a child process (`IsolatedBackendSource`).
 /// The agent's commands, the sharing session and the scanner hold one of these and

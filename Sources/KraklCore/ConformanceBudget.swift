@@ -1,3 +1,4 @@
+import KraklBase
 import Glibc
 
 /// The time each step of the suite may take, from `--timeout` (T). The

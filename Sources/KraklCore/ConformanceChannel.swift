@@ -1,3 +1,4 @@
+import KraklBase
 import Glibc
 
 /// The child's side of the pipe to the parent (fd 3): one line per step, so

@@ -1,3 +1,4 @@
+import KraklBase
 import KraklBackendABI
 
 /// A way a backend broke the delivery contract of krakl_backend.h that the host repaired or

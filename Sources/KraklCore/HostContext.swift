@@ -1,3 +1,4 @@
+import KraklBase
 import Glibc
 import KraklBackendABI
 

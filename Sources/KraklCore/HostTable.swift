@@ -1,3 +1,4 @@
+import KraklBase
 import KraklBackendABI
 
 /// The C entry points a `krakl_host` holds, one per callback of the ABI.

@@ -1,3 +1,4 @@
+import KraklBase
 import Foundation
 
 /// Where an installed agent keeps its own files (scripts/install, scripts/package-deb;

@@ -1,3 +1,4 @@
+import KraklBase
 import Foundation
 import Glibc
 

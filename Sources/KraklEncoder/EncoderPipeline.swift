@@ -1,4 +1,5 @@
 import Foundation
+import KraklBase
 import KraklCore
 
 /// Capture → I420 → libvpx → an EncodedFrameSink, driven by damage.

@@ -1,3 +1,4 @@
+import KraklBase
 import KraklCore
 
 /// How frames are encoded. Defaults suit a screen shared into a call.

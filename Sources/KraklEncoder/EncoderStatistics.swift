@@ -1,4 +1,5 @@
 import Foundation
+import KraklBase
 import KraklCore
 
 /// What the encoder did, in total and per status-line window; read from any thread.

@@ -1,4 +1,5 @@
 import Foundation
+import KraklBase
 import KraklCore
 
 /// The encoder's output to a `VideoFeed` (a room's publisher, the viewers' fan-out): the one

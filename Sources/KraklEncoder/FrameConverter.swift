@@ -1,6 +1,7 @@
 import CYuv
 import Glibc
 import KraklBackendABI
+import KraklBase
 import KraklCore
 
 /// The encoder's picture size for a source size: the source itself when it

@@ -1,5 +1,5 @@
 import Foundation
-import KraklCore
+import KraklBase
 
 /// One HTTP exchange as the room drivers see it: a request with a
 /// time-out, and the status, headers and body that came back. Redirects are
@@ -74,7 +74,7 @@ public final class HTTPClient: @unchecked Sendable {
     /// before its own checks fails when a cancel came in between (it found nothing running then).
     private var cancels: UInt64 = 0
     private var running: [ObjectIdentifier: HTTPConnection] = [:]
-    private var tls: TLSContext?
+    private var tls: TLSClientContext?
 
     /// - Parameters:
     ///   - caFile: trust only the certificates in this PEM file (tests); nil: the system store.
@@ -113,7 +113,7 @@ public final class HTTPClient: @unchecked Sendable {
         var context = tls
         lock.unlock()
         if secure && context == nil {
-            context = try TLSContext(caFile: caFile)
+            context = try HTTPConnection.tlsContext(caFile: caFile)
             lock.withLock { tls = context }
         }
         let bareHost = host.hasPrefix("[") ? String(host.dropFirst().dropLast()) : host

@@ -1,7 +1,7 @@
 import COpenSSL
 import Foundation
 import Glibc
-import KraklCore
+import KraklBase
 
 /// One TCP connection (plain, or TLS through OpenSSL with the peer's
 /// certificate checked against the system CA store, or a given CA file, and
@@ -48,7 +48,7 @@ final class HTTPConnection: @unchecked Sendable {
     /// (HTTP CONNECT), and the handshake runs inside it with `host`'s name. Call once.
     /// `tunnel`: go through the proxy by CONNECT even without TLS (a `ws://` WebSocket: a forwarding
     /// proxy would not pass the upgraded connection on).
-    func open(host: String, port: Int, tls: TLSContext?, what: String, proxy: HTTPProxy? = nil, tunnel alwaysTunnel: Bool = false) throws(RoomError) {
+    func open(host: String, port: Int, tls: TLSClientContext?, what: String, proxy: HTTPProxy? = nil, tunnel alwaysTunnel: Bool = false) throws(RoomError) {
         var hints = addrinfo()
         hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
         hints.ai_family = AF_UNSPEC
@@ -214,18 +214,11 @@ final class HTTPConnection: @unchecked Sendable {
         throw failed("\(step): refused with \(status)\(reason)\(hint)")
     }
 
-    private func handshake(_ tls: TLSContext, host: String, what: String) throws(RoomError) {
+    private func handshake(_ tls: TLSClientContext, host: String, what: String) throws(RoomError) {
         guard let ssl = SSL_new(tls.context) else { throw .unreachable("\(what): TLS set-up failed") }
         self.ssl = ssl
         SSL_set_fd(ssl, fd)
-        _ = krakl_ssl_set_tlsext_host_name(ssl, host)   // SNI
-        // The certificate must name this host (an IP literal is checked as one).
-        if IPLiteral.bytes(host) != nil {
-            let parameters = SSL_get0_param(ssl)
-            X509_VERIFY_PARAM_set1_ip_asc(parameters, host)
-        } else {
-            SSL_set1_host(ssl, host)
-        }
+        TLSClientContext.expect(ssl, server: host)
         while true {
             ERR_clear_error()
             let result = SSL_connect(ssl)
@@ -241,12 +234,11 @@ final class HTTPConnection: @unchecked Sendable {
         }
     }
 
-    static func openSSLError() -> String {
-        let code = ERR_get_error()
-        guard code != 0 else { return "the connection closed" }
-        var buffer = [CChar](repeating: 0, count: 256)
-        ERR_error_string_n(code, &buffer, buffer.count)
-        return String(cString: buffer)
+    static func openSSLError() -> String { OpenSSLErrors.drain() ?? "the connection closed" }
+
+    /// The client context for HTTPS and WSS, its failure as the room's.
+    static func tlsContext(caFile: String?) throws(RoomError) -> TLSClientContext {
+        do throws(TLSSetupError) { return try TLSClientContext(caFile: caFile) } catch { throw .unreachable("TLS: \(error)") }
     }
 
     /// Writes all of `bytes` before the deadline (`until`, else the connection's).
@@ -326,24 +318,4 @@ final class HTTPConnection: @unchecked Sendable {
             }
         }
     }
-}
-
-/// An OpenSSL client context: TLS 1.2 or newer, peer verification against the system CA store
-/// (Debian: /etc/ssl/certs) or the PEM file given.
-final class TLSContext: @unchecked Sendable {
-    let context: OpaquePointer
-
-    init(caFile: String?) throws(RoomError) {
-        guard let context = SSL_CTX_new(TLS_client_method()) else { throw .unreachable("TLS: cannot make an OpenSSL context") }
-        self.context = context
-        _ = krakl_ssl_ctx_set_min_tls12(context)
-        SSL_CTX_set_verify(context, SSL_VERIFY_PEER, nil)
-        let loaded = caFile.map { SSL_CTX_load_verify_locations(context, $0, nil) } ?? SSL_CTX_set_default_verify_paths(context)
-        guard loaded == 1 else {
-            SSL_CTX_free(context)
-            throw .unreachable("TLS: cannot load the trusted certificates\(caFile.map { " from \($0)" } ?? "")")
-        }
-    }
-
-    deinit { SSL_CTX_free(context) }
 }

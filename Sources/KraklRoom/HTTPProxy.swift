@@ -1,6 +1,6 @@
 import Foundation
 import Glibc
-import KraklCore
+import KraklBase
 
 /// An HTTP proxy that signalling goes through (`http://[user:password@]host[:port]`). Only plain
 /// HTTP proxies: no `https://` proxy (TLS to the proxy itself) and no SOCKS.

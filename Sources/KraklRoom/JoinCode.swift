@@ -1,5 +1,5 @@
 import Foundation
-import KraklCore
+import KraklBase
 
 /// A join code: what a conference page shows as a QR code so the agent can
 /// join its room. docs/join-codes.md is the specification; in short:

@@ -1,5 +1,5 @@
 import Foundation
-import KraklCore
+import KraklBase
 
 /// The HTTP rules a WHIP client applies between requests, as pure
 /// functions: where a Location leads, whether a hop may be taken, where the

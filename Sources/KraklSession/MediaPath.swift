@@ -1,5 +1,6 @@
 import Foundation
 import KraklBackendABI
+import KraklBase
 import KraklCore
 import KraklEncoder
 

@@ -1,5 +1,5 @@
 import Foundation
-import KraklCore
+import KraklBase
 
 /// One HTTP/1.1 request as the viewer's server received it (RFC 9112),
 /// already checked against the server's bounds.

@@ -1,6 +1,6 @@
 import Foundation
 import Glibc
-import KraklCore
+import KraklBase
 
 /// The server's bounds. Every connection is closed after one response, so
 /// a connection's whole life is bounded by the two time-outs.

@@ -1,6 +1,6 @@
 import Foundation
 import Glibc
-import KraklCore
+import KraklBase
 
 /// Where the viewer listens: an IP literal and a port (`--listen ADDR[:PORT]`).
 /// Names are not resolved: the address is chosen deliberately, and whether

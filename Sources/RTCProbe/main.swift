@@ -15,6 +15,7 @@
 // 4 connection lost (consent expired), 5 capture or encoder failure.
 import Foundation
 import KraklBackendABI
+import KraklBase
 import KraklCore
 import KraklEncoder
 import KraklRTC

@@ -1,6 +1,7 @@
 import Foundation
 import Glibc
 import KraklBackendABI
+@testable import KraklBase
 @testable import KraklCore
 import KraklRoom
 import KraklRTC

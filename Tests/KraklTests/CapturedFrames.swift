@@ -1,5 +1,6 @@
 import Foundation
 import KraklBackendABI
+@testable import KraklBase
 @testable import KraklCore
 
 /// A frame copied out of a backend callback: tightly packed planes and

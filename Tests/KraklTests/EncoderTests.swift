@@ -1,6 +1,7 @@
 import Foundation
 import KraklBackendABI
 import Testing
+@testable import KraklBase
 @testable import KraklCore
 @testable import KraklEncoder
 

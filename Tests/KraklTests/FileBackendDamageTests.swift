@@ -2,6 +2,7 @@ import Foundation
 import FrameStamp
 import KraklBackendABI
 import Testing
+@testable import KraklBase
 @testable import KraklCore
 
 /// The file backend's reported damage must match the pixels that actually

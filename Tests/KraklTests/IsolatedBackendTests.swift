@@ -1,6 +1,7 @@
 import Foundation
 import KraklBackendABI
 import Testing
+@testable import KraklBase
 @testable import KraklCore
 
 /// Isolated mode: a backend in krakl-backend-host, frames through the shared ring. The

@@ -1,4 +1,5 @@
 import Testing
+@testable import KraklBase
 @testable import KraklCore
 
 @Suite("JSON and option parsing")

@@ -1,3 +1,4 @@
+import KraklBase
 import KraklCore
 import Foundation
 import Glibc

@@ -4,7 +4,7 @@ import Testing
 /// The loss-protection rules on their own (the publisher's loopback and aiortc tests cover them on the wire).
 @Suite struct RTCLossProtectionTests {
     let ms: UInt64 = 1_000_000
-    var configuration: PublisherConfiguration { PublisherConfiguration() }
+    var configuration: VideoSendConfiguration { VideoSendConfiguration() }
 
     /// Sends a frame's packets at `at` and returns them.
     func sendFrame(_ p: inout LossProtection, _ sequences: [UInt16], at: UInt64) {
@@ -72,7 +72,7 @@ import Testing
     }
 
     @Test func zeroFramePacketsTurnsItOff() {
-        var c = PublisherConfiguration()
+        var c = VideoSendConfiguration()
         c.protectedFramePackets = 0
         var p = LossProtection(configuration: c)
         p.receiverReport(lossFraction: 0.2, now: 0)

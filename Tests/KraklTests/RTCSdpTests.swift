@@ -207,7 +207,7 @@ enum SdpFixtures {
         #expect(try IceCandidate(parsing: texts[1]).ip == nil)
         #expect(try IceCandidate(parsing: texts[2]).ip == IPAddress("::1"))
         #expect(IceCandidate.priority(kind: .host) == 2_130_706_431)
-        #expect(throws: SdpError.self) { try IceCandidate(parsing: "candidate:1 1 udp x 1.2.3.4 5 typ host") }
-        #expect(throws: SdpError.self) { try IceCandidate(parsing: "candidate:1 1 udp 1 1.2.3.4 5 typ host generation") }
+        #expect(throws: IceCandidateError.self) { try IceCandidate(parsing: "candidate:1 1 udp x 1.2.3.4 5 typ host") }
+        #expect(throws: IceCandidateError.self) { try IceCandidate(parsing: "candidate:1 1 udp 1 1.2.3.4 5 typ host generation") }
     }
 }

@@ -1,3 +1,4 @@
+import KraklBase
 import Foundation
 import Testing
 @testable import KraklRTC
@@ -160,7 +161,7 @@ extension CoturnServer {
 /// the handshake waiting or fail it with a reason; none completes it, none crashes.
 @Suite struct TurnTlsFuzzTests {
     @Test func fuzzedServerBytesNeverCompleteOrCrashTheHandshake() throws {
-        let context = try TurnTlsContext(caFile: nil)
+        let context = try TLSClientContext(caFile: nil)
         let random32 = (0..<32).map { UInt8(truncatingIfNeeded: $0 &* 37 &+ 11) }
         let serverHello: [UInt8] = [0x16, 0x03, 0x03, 0x00, 0x2A, 0x02, 0x00, 0x00, 0x26, 0x03, 0x03] + random32 + [0x00, 0x13, 0x01, 0x00]
         let samples: [[UInt8]] = [serverHello, [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x28], [0x17, 0x03, 0x03, 0x00, 0x04, 1, 2, 3, 4],

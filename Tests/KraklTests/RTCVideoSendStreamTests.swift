@@ -1,3 +1,4 @@
+import KraklBase
 import KraklCore
 import Foundation
 @testable import KraklRTC
@@ -16,8 +17,8 @@ final class SendStreamHarness {
 
     init(rtxPayloadType: UInt8? = 97,
          extensions: [RtpHeaderExtensionKind: UInt8] = [.mid: 1, .absSendTime: 2, .transportWideSequence: 3],
-         configure: (inout PublisherConfiguration) -> Void = { _ in }) {
-        var configuration = PublisherConfiguration()
+         configure: (inout VideoSendConfiguration) -> Void = { _ in }) {
+        var configuration = VideoSendConfiguration()
         configuration.protectedFramePackets = 0  // copies are their own test (RTCPublisherLoopbackTests)
         configure(&configuration)
         let parameters = VideoSendParameters(codec: .vp8, payloadType: 96, rtxPayloadType: rtxPayloadType,

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import KraklBase
 import KraklCore
 
 /// Ctrl-C while the agent waits on a room server that accepted the connection and never answers:

@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import KraklBase
 import KraklCore
 @testable import KraklRoom
 import Testing

@@ -1,6 +1,7 @@
 import Foundation
 import KraklBackendABI
 import Testing
+@testable import KraklBase
 @testable import KraklCore
 
 /// The X11 backend against a real X server (Xvfb started by the test).

@@ -1,6 +1,7 @@
 import Foundation
 import KraklBackendABI
 import Testing
+@testable import KraklBase
 @testable import KraklCore
 
 /// Y4M playback, judged by ffmpeg: the file is written by ffmpeg, and the

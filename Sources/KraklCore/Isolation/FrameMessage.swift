@@ -1,3 +1,4 @@
+import KraklBase
 import KraklBackendABI
 
 /// Where each plane and the cursor image of a frame sit in one slot of the ring: planes with

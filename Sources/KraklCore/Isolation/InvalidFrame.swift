@@ -1,3 +1,4 @@
+import KraklBase
 import KraklBackendABI
 
 /// A frame whose pixels cannot be copied (unknown format, impossible size, NULL plane, short

@@ -1,5 +1,5 @@
 import Foundation
-import KraklCore
+import KraklBase
 
 /// Twilio Programmable Video rooms (docs/rooms.md, "Twilio"): a WebSocket to Twilio's signaling
 /// server carrying TCMP frames with RSP v2 messages, as twilio-video.js speaks them.

@@ -1,6 +1,6 @@
 import COpenSSL
 import Foundation
-import KraklCore
+import KraklBase
 
 /// A WebSocket client connection (RFC 6455) on the room drivers' own HTTP/TLS connection: `ws://`
 /// and `wss://` (the certificate checked against the system CA store and the host name), through an
@@ -111,7 +111,7 @@ public final class WebSocket: @unchecked Sendable {
         let proxies: ProxySettings
         if let given = options.proxies { proxies = given } else { proxies = try ProxySettings.from(environment: ProcessInfo.processInfo.environment) }
         let proxy = httpForm.url.flatMap { proxies.proxy(for: $0) }
-        let tls = secure ? try TLSContext(caFile: options.caFile) : nil
+        let tls = secure ? try HTTPConnection.tlsContext(caFile: options.caFile) : nil
 
         let connection = try HTTPConnection(timeout: options.handshakeTimeout, what: what)
         if let attempt, !attempt.attach(connection) { throw .unreachable("\(what): cancelled (leaving)") }

@@ -1,4 +1,4 @@
-import KraklCore
+import KraklBase
 
 /// A send-only video offer with one bundled m-section, in the shape browsers
 /// write (RFC 8829 §5.2), so SFUs written against Chrome's offers accept it.
@@ -77,13 +77,6 @@ public struct SdpVideoOffer: Sendable {
             (c.isASCII && (c.properties.isAlphabetic || ("0"..."9").contains(c) || allowed.contains(c))) ? Character(c) : "-"
         })
         return id.isEmpty ? "krakl-screen" : id
-    }
-
-    /// ICE credentials from the RFC 8839 §5.4 alphabet: 4 ufrag and 24 pwd characters (≥ 22 required).
-    public static func randomIceCredentials() -> (ufrag: String, pwd: String) {
-        let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
-        func random(_ n: Int) -> String { String((0..<n).map { _ in alphabet.randomElement()! }) }
-        return (random(4), random(24))
     }
 
     /// The offer text, CRLF line ends.

@@ -1,5 +1,5 @@
 /// Which media packets to send again unasked, and when: the publisher's loss protection for small
-/// frames (the rules and why are at `PublisherConfiguration.protectedFramePackets`).
+/// frames (the rules and why are at `VideoSendConfiguration.protectedFramePackets`).
 ///
 /// Pure state (no clock, no socket), driven by the publisher's network thread: it reports frames as
 /// they are queued, packets as they leave, and the receiver's loss reports; it asks `takeDue(now:)`
@@ -19,7 +19,7 @@ struct LossProtection: Sendable {
     /// First and second copies, each queue in due order (a queue per copy keeps both sorted).
     private var due = [RingQueue<(dueNs: UInt64, sequence: UInt16)>](repeating: RingQueue(), count: 2)
 
-    init(configuration: PublisherConfiguration) {
+    init(configuration: VideoSendConfiguration) {
         framePackets = configuration.protectedFramePackets
         delay = configuration.protectionDelay
         hold = configuration.protectionHold

@@ -1,3 +1,4 @@
+import KraklBase
 import COpenSSL
 
 /// A fresh ECDSA P-256 key and a self-signed X.509 certificate for one

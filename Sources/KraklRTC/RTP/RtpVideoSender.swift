@@ -1,4 +1,4 @@
-import KraklCore
+import KraklBase
 
 /// Turns encoded frames into RTP packets for one video stream: the codec's
 /// packetizer, consecutive sequence numbers, the 90 kHz clock, the marker on

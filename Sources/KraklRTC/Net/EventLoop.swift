@@ -1,5 +1,5 @@
 import Foundation
-import KraklCore
+import KraklBase
 import Glibc
 
 /// A single-threaded event loop on its own thread (not Swift concurrency):

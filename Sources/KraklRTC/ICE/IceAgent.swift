@@ -8,9 +8,11 @@ public struct IceCredentials: Equatable, Sendable {
         self.pwd = pwd
     }
 
+    /// From the RFC 8839 §5.4 alphabet: 4 ufrag and 24 pwd characters (≥ 22 required).
     public static func random() -> IceCredentials {
-        let (ufrag, pwd) = SdpVideoOffer.randomIceCredentials()
-        return IceCredentials(ufrag: ufrag, pwd: pwd)
+        let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
+        func random(_ n: Int) -> String { String((0..<n).map { _ in alphabet.randomElement()! }) }
+        return IceCredentials(ufrag: random(4), pwd: random(24))
     }
 }
 

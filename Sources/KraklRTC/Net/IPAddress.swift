@@ -1,5 +1,5 @@
 import Glibc
-import KraklCore
+import KraklBase
 
 /// An IPv4 or IPv6 address as raw network-order bytes (4 or 16 of them).
 public enum IPAddress: Hashable, Sendable, CustomStringConvertible {

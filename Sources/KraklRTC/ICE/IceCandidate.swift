@@ -41,12 +41,12 @@ public struct IceCandidate: Hashable, Sendable, CustomStringConvertible {
     public var transportAddress: TransportAddress? { ip.map { TransportAddress(ip: $0, port: port) } }
 
     /// Parses an `a=candidate:` value or a trickled `candidate:` string (with or without the prefix).
-    public init(parsing text: String) throws {
+    public init(parsing text: String) throws(IceCandidateError) {
         var body = Substring(text.trimmingSpaces)
         if body.hasPrefix("a=") { body = body.dropFirst(2) }
         if body.hasPrefix("candidate:") { body = body.dropFirst("candidate:".count) }
         let f = body.split(separator: " ", omittingEmptySubsequences: true).map(String.init)
-        func bad(_ why: String) -> SdpError { .badCandidate(text, why) }
+        func bad(_ why: String) -> IceCandidateError { IceCandidateError(text: text, why: why) }
         guard f.count >= 8 else { throw bad("needs at least 8 fields, has \(f.count)") }
         guard let component = Int(f[1]), (1...256).contains(component) else { throw bad("component \"\(f[1])\" is not 1-256") }
         guard let priority = UInt32(f[3]) else { throw bad("priority \"\(f[3])\" is not a 32-bit number") }
@@ -99,4 +99,13 @@ extension StringProtocol {
         while let c = s.last, c == " " || c == "\t" || c == "\r" || c == "\n" { s.removeLast() }
         return s
     }
+}
+
+/// A candidate that cannot be read (RFC 8839 §5.1): ICE's own error, so that ICE needs nothing of
+/// SDP; an SDP parser reports it as `SdpError.badCandidate`.
+public struct IceCandidateError: Error, Equatable, CustomStringConvertible {
+    public let text: String
+    public let why: String
+
+    public var description: String { "ICE candidate \"\(text.prefix(100))\" is malformed: \(why)" }
 }

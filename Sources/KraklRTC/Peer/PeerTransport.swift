@@ -1,4 +1,4 @@
-import KraklCore
+import KraklBase
 import Foundation
 import Glibc
 
@@ -64,7 +64,7 @@ final class PeerTransport {
     /// sends to such an address goes down the stream instead of a UDP socket.
     private var turnStreams: [TransportAddress: TurnStreamConnection] = [:]
     /// For `turns:` servers, made with the first one (it loads the trusted certificates).
-    private var turnTlsContext: TurnTlsContext?
+    private var turnTlsContext: TLSClientContext?
 
     /// Gathers host candidates (binding one UDP socket per address) and makes the session's certificate.
     /// Nothing runs until `start()`.
@@ -186,16 +186,16 @@ final class PeerTransport {
     /// Network thread: starts a TCP connection to each TURN server reached over TCP or TLS.
     func openTurnStreams(_ servers: [TurnServer]) {
         for server in servers where server.transport.isStream && turnStreams[server.address] == nil {
-            var tls: (context: TurnTlsContext, name: String)?
+            var tls: (context: TLSClientContext, name: String)?
             if server.transport == .tls {
-                do throws(NetworkError) {
-                    let context: TurnTlsContext
-                    if let made = turnTlsContext { context = made } else { context = try TurnTlsContext(caFile: configuration.turnCAFile) }
+                do throws(TLSSetupError) {
+                    let context: TLSClientContext
+                    if let made = turnTlsContext { context = made } else { context = try TLSClientContext(caFile: configuration.turnCAFile) }
                     turnTlsContext = context
                     tls = (context, server.tlsName ?? "\(server.address.ip)")
                 } catch {
                     // Unusable trusted certificates: this relay fails at once, saying why.
-                    if case .socket(let text) = error { failRelaySoon(server.address, reason: text) } else { failRelaySoon(server.address, reason: "\(error)") }
+                    failRelaySoon(server.address, reason: error.description)
                     continue
                 }
             }

@@ -1,3 +1,4 @@
+import KraklBase
 import Glibc
 
 /// A TCP connection to a TURN server (RFC 8656 §3.1), plain or with TLS on it (`turns:`), on the
@@ -23,14 +24,14 @@ final class TurnStreamConnection {
     /// Called once, just before the socket is closed (to stop watching it while the fd is still ours).
     var onClose: (() -> Void)?
     /// For `turns:`: the context and the name the certificate must be for; TLS starts once TCP is connected.
-    private let tlsSetUp: (context: TurnTlsContext, name: String)?
+    private let tlsSetUp: (context: TLSClientContext, name: String)?
     private var tls: TurnTlsSession?
     /// Messages written before the TLS handshake finished (sealed once it has).
     private var waitingForHandshake: [UInt8] = []
 
     /// Starts connecting; `connected` or `failed` follow through the loop's writable watch.
     /// With `tls`, a TLS client handshake follows, checking the server's certificate for `name`.
-    init(server: TransportAddress, tls: (context: TurnTlsContext, name: String)? = nil) throws {
+    init(server: TransportAddress, tls: (context: TLSClientContext, name: String)? = nil) throws {
         self.server = server
         self.tlsSetUp = tls
         let family = server.ip.isIPv6 ? AF_INET6 : AF_INET

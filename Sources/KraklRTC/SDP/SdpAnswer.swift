@@ -1,4 +1,4 @@
-import KraklCore
+import KraklBase
 
 /// Why an answer cannot be used. Each message says what the answer lacked and
 /// what a working answer contains, so a room driver can log it as is.
@@ -47,6 +47,11 @@ public enum SdpError: Error, Equatable, CustomStringConvertible {
         case .offerNotAnswerable(let why):
             return "SDP offer cannot be answered: \(why)"
         }
+    }
+
+    /// An a=candidate value read by ICE, its failure as SDP's.
+    static func candidate(_ text: String) throws(SdpError) -> IceCandidate {
+        do throws(IceCandidateError) { return try IceCandidate(parsing: text) } catch { throw .badCandidate(error.text, error.why) }
     }
 }
 
@@ -176,7 +181,7 @@ public struct SdpAnswer: Sendable {
         }
         self.extensions = extensions
 
-        candidates = try video.values("candidate").map { try IceCandidate(parsing: $0) }
+        candidates = try video.values("candidate").map(SdpError.candidate)
         endOfCandidates = video.has("end-of-candidates") || document.session.has("end-of-candidates")
     }
 

@@ -1,4 +1,4 @@
-import KraklCore
+import KraklBase
 import Foundation
 
 /// What a send stream was negotiated to: read from an answer to our offer (`SdpAnswer`) or from the
@@ -73,7 +73,7 @@ public final class VideoSendStream {
     /// Why a datagram did not leave (the transport's answer to `transmit`).
     public enum TransmitResult { case sent, sendFailed, protectFailed }
 
-    public let configuration: PublisherConfiguration
+    public let configuration: VideoSendConfiguration
     public let parameters: VideoSendParameters
     public let ssrc: UInt32
     public let rtxSSRC: UInt32
@@ -111,7 +111,7 @@ public final class VideoSendStream {
     private var mediaOctetCount: UInt32 = 0
     private var roundTripMilliseconds: Double?
 
-    public init(configuration: PublisherConfiguration, parameters: VideoSendParameters, ssrc: UInt32, rtxSSRC: UInt32, cname: String,
+    public init(configuration: VideoSendConfiguration, parameters: VideoSendParameters, ssrc: UInt32, rtxSSRC: UInt32, cname: String,
                 stats: RtcStatsCell = RtcStatsCell()) {
         self.configuration = configuration
         self.parameters = parameters

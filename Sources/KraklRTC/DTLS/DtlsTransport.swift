@@ -1,3 +1,4 @@
+import KraklBase
 import COpenSSL
 
 /// Which end of the DTLS handshake we are. In WebRTC it follows the SDP

@@ -1,4 +1,4 @@
-import KraklCore
+import KraklBase
 import Foundation
 
 /// One encoder, several peers: hands each encoded frame to every publisher added, sets the encoder's

@@ -1,4 +1,4 @@
-import KraklCore
+import KraklBase
 
 /// A remote offer, read for answering it with our one send-only video stream: a browser's or a WHEP
 /// player's recvonly offer, usually with audio and video and sometimes a data channel.
@@ -162,7 +162,7 @@ public struct SdpRemoteOffer: Sendable {
         rtcpReducedSize = video.has("rtcp-rsize")
         connectionAddress = video.connection ?? document.session.connection
         port = video.port
-        candidates = try video.values("candidate").prefix(64).map { try IceCandidate(parsing: $0) }
+        candidates = try video.values("candidate").prefix(64).map(SdpError.candidate)
     }
 
     static func fmtp(_ text: String) -> [String: String] {

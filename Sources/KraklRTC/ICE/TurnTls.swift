@@ -1,28 +1,5 @@
 import COpenSSL
-
-/// The OpenSSL client context for `turns:` servers (RFC 8656 §3.1, RFC 7065): TLS 1.2 or newer,
-/// the server's certificate verified against the system CA store (Debian: /etc/ssl/certs; OpenSSL
-/// also honours SSL_CERT_FILE) or only against the PEM file given. One per peer connection.
-final class TurnTlsContext {
-    let context: OpaquePointer
-
-    /// Wraps SSL_CTX_new(TLS_client_method()), SSL_CTX_set_verify and SSL_CTX_load_verify_locations
-    /// (or SSL_CTX_set_default_verify_paths without `caFile`).
-    init(caFile: String?) throws(NetworkError) {
-        guard let context = SSL_CTX_new(TLS_client_method()) else { throw .socket("TURN over TLS: cannot make an OpenSSL context") }
-        _ = krakl_ssl_ctx_set_min_tls12(context)
-        SSL_CTX_set_verify(context, SSL_VERIFY_PEER, nil)
-        let loaded = caFile.map { SSL_CTX_load_verify_locations(context, $0, nil) } ?? SSL_CTX_set_default_verify_paths(context)
-        guard loaded == 1 else {
-            ERR_clear_error()
-            SSL_CTX_free(context)
-            throw .socket("cannot load trusted certificates \(caFile.map { "from \($0) (it must be a PEM file of CA certificates)" } ?? "from the system store")")
-        }
-        self.context = context
-    }
-
-    deinit { SSL_CTX_free(context) }
-}
+import KraklBase
 
 /// One TLS client session that owns no socket: ciphertext from the server is fed in, ciphertext
 /// for the server is taken out (memory BIOs, as for DTLS), so the connection keeps its own
@@ -36,7 +13,7 @@ final class TurnTlsSession {
 
     /// SSL_new with memory BIOs, SNI (names only, RFC 6066 §3) and the name or IP address checked
     /// against the certificate (SSL_set1_host / X509_VERIFY_PARAM_set1_ip_asc).
-    init(context: TurnTlsContext, name: String) throws(NetworkError) {
+    init(context: TLSClientContext, name: String) throws(NetworkError) {
         guard let ssl = SSL_new(context.context) else { throw .socket("TURN over TLS: SSL_new failed") }
         guard let incoming = BIO_new(BIO_s_mem()), let outgoing = BIO_new(BIO_s_mem()) else {
             SSL_free(ssl)
@@ -49,12 +26,7 @@ final class TurnTlsSession {
         self.incoming = incoming
         self.outgoing = outgoing
         self.name = name
-        if IPAddress(name) != nil {
-            X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), name)
-        } else {
-            _ = krakl_ssl_set_tlsext_host_name(ssl, name)
-            SSL_set1_host(ssl, name)
-        }
+        TLSClientContext.expect(ssl, server: name)
         SSL_set_connect_state(ssl)
     }
 
@@ -122,12 +94,5 @@ final class TurnTlsSession {
         _ = SSL_shutdown(ssl)
     }
 
-    private static func openSSLError() -> String {
-        let code = ERR_get_error()
-        guard code != 0 else { return "no OpenSSL error" }
-        var buffer = [CChar](repeating: 0, count: 256)
-        ERR_error_string_n(code, &buffer, buffer.count)
-        ERR_clear_error()
-        return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-    }
+    private static func openSSLError() -> String { OpenSSLErrors.drain() ?? "no OpenSSL error" }
 }

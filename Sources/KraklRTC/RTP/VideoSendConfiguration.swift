@@ -1,0 +1,49 @@
+/// How one video stream is paced, repaired and adapted (`VideoSendStream`, `LossProtection`): the part
+/// of a publisher's configuration the RTP side reads, so that it needs nothing of ICE or signalling.
+public struct VideoSendConfiguration: Sendable {
+    /// Encoder bitrate bounds and start, bits per second.
+    public var minimumBitrate = 150_000.0
+    public var maximumBitrate = 4_000_000.0
+    public var startBitrate = 2_500_000.0
+    /// Pacing rate = this × the target bitrate.
+    public var pacingFactor = 2.5
+    /// The first keyframe after connecting probes the path (`StartupProbe`): its packets leave in
+    /// clusters at 2, 4, 8 … × the pacing rate, up to this many bits per second, until feedback says
+    /// the path did not carry them. At or below pacingFactor × startBitrate it is off.
+    /// Measured (docs/PERFORMANCE.md, issue 17): the first picture of a 1080p scrolling screen
+    /// ~650 ms after connecting without it.
+    public var startupProbeCeiling = 60_000_000.0
+    public var maximumPayloadSize = 1200
+    public var pacerCapacity = 2048
+    public var historyCapacity = 2048
+    /// Keyframe requests reach the encoder at most this often.
+    public var keyframeRequestInterval: UInt64 = 300_000_000
+    /// A NACK asking for more packets than this gets a keyframe instead of retransmissions.
+    public var nackBurstLimit = 64
+    public var senderReportInterval: UInt64 = 1_000_000_000
+    /// Loss protection for small frames: until the first receiver report says the path loses nothing,
+    /// and while the receiver has reported loss (a NACK, or a receiver report with loss) within
+    /// `protectionHold`, every packet of a frame of at most `protectedFramePackets` packets is sent
+    /// again `protectionDelay` later (on RTX when negotiated),
+    /// and a second time after twice that while the last receiver report said `secondCopyLoss` or more.
+    /// Repetition is what forward error correction amounts to for a frame of one packet; it costs
+    /// little (such frames are small: typing, a cursor). It matters for receivers that ask for a lost
+    /// packet only once: aiortc re-asks only when it sees a new gap, and with one packet a frame it then
+    /// releases one frame per arriving packet, so a lost NACK or retransmission stalled it until the
+    /// next loss and left a backlog that never drained (measured at 5 % loss: 88–94 % of typing frames
+    /// decoded, freezes to 1.2 s). With one copy a packet lost with its copy and its NACK or
+    /// retransmission still stalled aiortc in about one session of ten (0.9–1.9 s); at 5 % loss a
+    /// second copy makes that ~1 in 10 000 packets' worth rarer. The copies wait longer than a frame
+    /// interval on purpose: the next frame's packet then still reaches the receiver first, so a lost
+    /// packet still shows as a gap and the NACK (which lists every packet still missing) stays the fast
+    /// path; an immediate copy hid those gaps. 0 packets turns it off.
+    public var protectedFramePackets = 2
+    public var protectionDelay: UInt64 = 50_000_000
+    public var secondCopyLoss = 0.02
+    public var protectionHold: UInt64 = 10_000_000_000
+    /// Answerer only: the playout delay asked of a receiver whose offer has the playout-delay header
+    /// extension (Chromium's does); nil leaves the extension out of the answer. We never offer it.
+    public var playoutDelay: PlayoutDelay?
+
+    public init() {}
+}
