@@ -174,12 +174,12 @@ struct Arguments {
             case "--refresh":
                 let text = try value(for: flag)
                 guard let s = Double(text), s >= 0, s <= 3600 else { throw .usage("--refresh \(text): give seconds from 0 (off) to 3600") }
-                encoder.refreshInterval = s
+                encoder.refreshInterval = .seconds(s)
                 refreshGiven = true
             case "--keyframe-interval":
                 let text = try value(for: flag)
                 guard let s = Double(text), s >= 0, s <= 3600 else { throw .usage("--keyframe-interval \(text): give seconds from 0 (on request only) to 3600") }
-                encoder.keyframeInterval = s
+                encoder.keyframeInterval = .seconds(s)
             case "--encoder-threads":
                 let text = try value(for: flag)
                 guard let n = Int(text), (0...16).contains(n) else { throw .usage("--encoder-threads \(text): give 0 (automatic) to 16") }

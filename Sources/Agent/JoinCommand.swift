@@ -81,7 +81,7 @@ func sharingConfiguration(_ arguments: Arguments, invitation: Invitation, logger
     configuration.publisher.startBitrate = min(max(configuration.publisher.startBitrate, configuration.publisher.minimumBitrate),
                                                configuration.publisher.maximumBitrate)
     if !arguments.addresses.isEmpty { configuration.publisher.addresses.allowed = arguments.addresses }
-    configuration.connectTimeout = arguments.connectTimeout
+    configuration.connectTimeout = .seconds(arguments.connectTimeout)
     configuration.publisher.label = invitation.identity
     // A WHIP server may name STUN servers in its answer (Link headers): candidates may trickle then.
     // Twilio's TURN servers (iced) reach ICE with the answer, and candidates trickle in updates.

@@ -235,7 +235,7 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
         print(String(format: "encoded: %d frames (%d keyframes, %d refreshes), %.0f kbit/s, encode p50 %.2f ms p99 %.2f ms, active blocks %.1f%%, %d captured frames merged into later ones, %d dropped by rate control",
                      e.frames, e.keyframes, e.refreshFrames, e.bitrateKbps, e.encodeMs.p50, e.encodeMs.p99, e.activeShareMean * 100, e.skippedFrames, e.droppedFrames))
         if e.correctedTimestamps > 0 { print("corrected \(e.correctedTimestamps) backend timestamps (stepped back, jumped or stood still)") }
-        if e.coalescedKeyframeRequests > 0 { print("merged \(e.coalescedKeyframeRequests) keyframe requests into earlier ones (at most one keyframe per \(pipeline.settings.keyframeRequestSpacing) s)") }
+        if e.coalescedKeyframeRequests > 0 { print("merged \(e.coalescedKeyframeRequests) keyframe requests into earlier ones (at most one keyframe per \(pipeline.settings.keyframeRequestSpacing.inSeconds) s)") }
         if let record = arguments.record {
             let written = pipeline.outputStarted ? record : "none (no frame was encoded)"
             print(String(format: "encoder path CPU: %.2f s (conversion on the capture thread + encoder thread); recording: %@", e.cpuSeconds, written))

@@ -170,7 +170,7 @@ final class SessionController {
     /// Once a second while a session runs: the rates are measured and the owner told.
     private func startTicker() {
         guard ticker == nil else { return }
-        ticker = loop.schedule(afterNanoseconds: 1_000_000_000) { [weak self] in self?.tick() }
+        ticker = loop.schedule(after: .seconds(1)) { [weak self] in self?.tick() }
     }
 
     private func stopTicker() {

@@ -222,7 +222,7 @@ public final class EncoderPipeline: @unchecked Sendable {
         var cap = FrameRateCap(interval: UInt64(1e9 / settings.maximumFps))
         var lastKeyframeNs: UInt64?
         var lastPts: Int64 = -1
-        let refreshNs = UInt64(settings.refreshInterval * 1e9)
+        let refreshNs = settings.refreshInterval.inNanoseconds
         // Settle refreshes (refreshNs 0): counted from the last change; none before the first picture.
         var lastChangeNs: UInt64?
         var settleDone = 0
@@ -231,7 +231,7 @@ public final class EncoderPipeline: @unchecked Sendable {
             guard let changed = lastChangeNs, settleDone < settings.settleRefreshes else { return nil }
             return changed + (1_000_000_000 << UInt64(min(settleDone, 20)))
         }
-        let keyframeNs = UInt64(settings.keyframeInterval * 1e9)
+        let keyframeNs = settings.keyframeInterval.inNanoseconds
 
         // Damage of a frame libvpx dropped: the next frame must encode it too.
         var carried = DamageAccumulator()
@@ -347,7 +347,7 @@ public final class EncoderPipeline: @unchecked Sendable {
                           refreshAt: UInt64?, followUpAt: UInt64?) -> Work? {
         condition.lock()
         defer { condition.unlock() }
-        let keyframeSpacing = UInt64(settings.keyframeRequestSpacing * 1e9)
+        let keyframeSpacing = settings.keyframeRequestSpacing.inNanoseconds
         var keyframeNow = false, refreshDue = false, followUpDue = false
         while true {
             // Stopping drains the slot: the last captured picture is encoded too.

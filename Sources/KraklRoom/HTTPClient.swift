@@ -12,9 +12,9 @@ public struct HTTPRequest: Sendable {
     public var headers: [(name: String, value: String)]
     public var body: Data?
     /// Seconds until the whole exchange is given up.
-    public var timeout: Double
+    public var timeout: Duration
 
-    public init(method: String, url: URL, headers: [(name: String, value: String)] = [], body: Data? = nil, timeout: Double = 10) {
+    public init(method: String, url: URL, headers: [(name: String, value: String)] = [], body: Data? = nil, timeout: Duration = .seconds(10)) {
         self.method = method
         self.url = url
         self.headers = headers
@@ -117,7 +117,7 @@ public final class HTTPClient: @unchecked Sendable {
             lock.withLock { tls = context }
         }
         let bareHost = host.hasPrefix("[") ? String(host.dropFirst().dropLast()) : host
-        let connection = try HTTPConnection(timeout: request.timeout, what: what)
+        let connection = try HTTPConnection(timeout: request.timeout.inSeconds, what: what)
         let key = ObjectIdentifier(connection)
         lock.lock()
         if invalidated { lock.unlock(); connection.cancel(); throw .unreachable("\(what): the HTTP client was closed") }

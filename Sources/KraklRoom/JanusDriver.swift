@@ -18,15 +18,15 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
     /// How long each part may take. Every request and wait is bounded.
     public struct Timeouts: Sendable {
         /// One HTTP request (create, attach, the POST of a message).
-        public var request: Double = 5
+        public var request: Duration = .seconds(5)
         /// An asynchronous reply on the long-poll (`joined`, `configured` with the answer).
-        public var event: Double = 10
+        public var event: Duration = .seconds(10)
         /// All of `leave()`: unpublish, leave, detach, destroy, stopping the long-poll.
-        public var leave: Double = 2
+        public var leave: Duration = .seconds(2)
         /// One long-poll GET (Janus answers within 30 s, with a keepalive if nothing happened).
-        public var longPoll: Double = 40
+        public var longPoll: Duration = .seconds(40)
         /// The long-poll failing this long (Janus gone) ends the session as connection-lost.
-        public var lostContact: Double = 15
+        public var lostContact: Duration = .seconds(15)
 
         public init() {}
     }
@@ -198,9 +198,9 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
         state.broadcast()
         state.unlock()
 
-        let deadline = Date().addingTimeInterval(timeouts.leave)
+        let deadline = Date().addingTimeInterval(timeouts.leave.inSeconds)
         // Keep a little of the budget for stopping the long-poll.
-        let stepsEnd = deadline.addingTimeInterval(-min(0.3, timeouts.leave / 4))
+        let stepsEnd = deadline.addingTimeInterval(-min(0.3, timeouts.leave.inSeconds / 4))
         var answering = true
         func step(_ name: String, _ path: [String], _ request: JanusRequest) {
             let remaining = stepsEnd.timeIntervalSinceNow
@@ -281,7 +281,7 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
         let response: HTTPResponse
         do {
             response = try control.send(HTTPRequest(method: "POST", url: url(path), headers: [(name: "Content-Type", value: "application/json")],
-                                                    body: body, timeout: timeout ?? timeouts.request), unlessCancelledSince: joining ? epoch : nil)
+                                                    body: body, timeout: .seconds(timeout ?? timeouts.request.inSeconds)), unlessCancelledSince: joining ? epoch : nil)
         } catch {
             if case .unreachable(let message) = error { throw .unreachable("\(step): \(message)") }
             throw error
@@ -334,7 +334,7 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
     }
 
     private func waitForReply(_ transaction: String, step: String) throws(RoomError) -> JanusMessage {
-        let deadline = Date().addingTimeInterval(timeouts.event)
+        let deadline = Date().addingTimeInterval(timeouts.event.inSeconds)
         state.lock()
         defer { state.unlock() }
         // Bounded: a wait returns false at the deadline; wake-ups only re-check.
@@ -344,7 +344,7 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
             if abandoned { throw .unreachable("\(step): the join was stopped") }
             if let gone = sessionGone { throw .unreachable("\(step): \(gone)") }
             if !state.wait(until: deadline), arrived[transaction] == nil {
-                throw .unreachable("\(step): no answer from Janus within \(Self.seconds(timeouts.event)) s")
+                throw .unreachable("\(step): no answer from Janus within \(Self.seconds(timeouts.event.inSeconds)) s")
             }
         }
     }
@@ -357,7 +357,7 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
         // Best effort: a lost candidate costs at most a slower connect.
         _ = try? post(["\(sessionID)", "\(handleID)"],
                       JanusRequest(janus: "trickle", transaction: nextTransaction(), token: token, candidate: candidate),
-                      step: "trickle", timeout: min(timeouts.request, 2))
+                      step: "trickle", timeout: min(timeouts.request.inSeconds, 2))
     }
 
     // MARK: The long-poll
@@ -435,10 +435,10 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
             }
             let since = failingSince ?? Date()
             failingSince = since
-            if Date().timeIntervalSince(since) >= timeouts.lostContact {
+            if Date().timeIntervalSince(since) >= timeouts.lostContact.inSeconds {
                 let why: String
                 if case .failure(let error) = outcome { why = "\(error)" } else { why = "no usable reply" }
-                sessionEnded("lost contact with the Janus server for \(Self.seconds(timeouts.lostContact)) s: \(why)")
+                sessionEnded("lost contact with the Janus server for \(Self.seconds(timeouts.lostContact.inSeconds)) s: \(why)")
                 return
             }
             // A failing poll is retried after a pause that leave() cuts short.

@@ -1,19 +1,19 @@
 import Foundation
 
-/// How long the WHIP driver waits, in seconds. Give whole seconds: FoundationNetworking passes
-/// a request's time-out to libcurl as an integer, so a fraction is cut off.
+/// How long the WHIP driver waits.
 public struct WhipTimeouts: Sendable, Equatable {
     /// A publish (all its redirect hops together, not counting a Retry-After wait) or a restart
     /// PATCH, from sending to the whole reply.
-    public var request: Double
+    public var request: Duration
     /// The DELETE on leave.
-    public var leave: Double
+    public var leave: Duration
     /// One trickle PATCH (best effort, so short).
-    public var trickle: Double
+    public var trickle: Duration
     /// The longest `Retry-After` obeyed; a server asking for more is failed at once.
-    public var longestRetryAfter: Double
+    public var longestRetryAfter: Duration
 
-    public init(request: Double = 10, leave: Double = 2, trickle: Double = 2, longestRetryAfter: Double = 10) {
+    public init(request: Duration = .seconds(10), leave: Duration = .seconds(2), trickle: Duration = .seconds(2),
+                longestRetryAfter: Duration = .seconds(10)) {
         self.request = request
         self.leave = leave
         self.trickle = trickle
@@ -97,18 +97,18 @@ public final class WhipDriver: RoomDriver, @unchecked Sendable {
         var hops = 0
         var waited = false
         // One budget for every hop, so redirects cannot stretch a join past the time-out.
-        var deadline = Date().addingTimeInterval(timeouts.request)
+        var deadline = Date().addingTimeInterval(timeouts.request.inSeconds)
         while true {
             let epoch = client.cancelEpoch   // before the check: an abandon after it still stops the POST
             try checkNotLeft()
             let remaining = deadline.timeIntervalSinceNow
             guard remaining > 0.05 else {
-                throw .unreachable("POST \(endpoint.redactedForLog): no answer within \(Int(timeouts.request.rounded())) s (\(hops) redirects)")
+                throw .unreachable("POST \(endpoint.redactedForLog): no answer within \(Int(timeouts.request.inSeconds.rounded())) s (\(hops) redirects)")
             }
             // Whole seconds: FoundationNetworking hands libcurl the time-out as an integer (1.99 s became 1 s).
             let response = try client.send(HTTPRequest(method: "POST", url: url, headers: headers(for: url, [
                 ("Content-Type", "application/sdp"), ("Accept", "application/sdp"),
-            ]), body: Data(offer.utf8), timeout: max(1, remaining.rounded())), unlessCancelledSince: epoch)
+            ]), body: Data(offer.utf8), timeout: .seconds(max(1, remaining.rounded()))), unlessCancelledSince: epoch)
             switch response.status {
             case 200, 201:
                 return try accept(response, offer: offer)
@@ -129,7 +129,7 @@ public final class WhipDriver: RoomDriver, @unchecked Sendable {
                 let failure = RoomError.serverError(status: response.status, message: error.serverMessage)
                 guard !waited else { throw failure }
                 guard let value = response.header("Retry-After"), let seconds = WhipHttpRules.retryAfterSeconds(value) else { throw failure }
-                guard seconds <= timeouts.longestRetryAfter else {
+                guard seconds <= timeouts.longestRetryAfter.inSeconds else {
                     throw .serverError(status: response.status, message: error.serverMessage + " (asks to retry after \(Int(seconds.rounded())) s)")
                 }
                 waited = true
@@ -213,7 +213,7 @@ public final class WhipDriver: RoomDriver, @unchecked Sendable {
         }
     }
 
-    /// Best effort, blocking for at most `timeouts.trickle`: one PATCH per candidate, with the
+    /// Best effort, blocking for at most `timeouts.trickle.inSeconds`: one PATCH per candidate, with the
     /// current offer's credentials so the server can tell which ICE session it belongs to. A server
     /// that answers 405 or 501 does not take trickle; nothing more is sent to it until a restart.
     public func trickle(candidate: String, mid: String) {

@@ -27,13 +27,13 @@ public enum HostNameResolver {
 
     /// Every distinct address of each name (IPv4 first, in resolver order), all looked up at
     /// once and waited for together: the whole call returns within about `timeout`.
-    public static func resolve(_ names: [String], timeout: Double) -> [String: Result<[IPAddress], Failure>] {
+    public static func resolve(_ names: [String], timeout: Duration) -> [String: Result<[IPAddress], Failure>] {
         let unique = Array(Set(names))
         let lookups = unique.map { name in (name, Lookup(name: name)) }
-        let deadline = DispatchTime.now() + timeout
+        let deadline = DispatchTime.now() + timeout.inSeconds
         var results: [String: Result<[IPAddress], Failure>] = [:]
         for (name, lookup) in lookups {
-            results[name] = lookup.wait(until: deadline) ?? .failure(.timedOut(name: name, seconds: timeout))
+            results[name] = lookup.wait(until: deadline) ?? .failure(.timedOut(name: name, seconds: timeout.inSeconds))
         }
         return results
     }

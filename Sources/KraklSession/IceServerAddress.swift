@@ -48,7 +48,7 @@ public struct ResolvedIceServers: Sendable {
     /// Resolves every server's host name (all at once, at most `timeout` in all; A and AAAA), then
     /// makes one STUN address or TURN server per address found: the ICE agent tries all of them
     /// (those of a family without a local address are dropped there).
-    public static func resolve(_ servers: [IceServer], timeout: Double = 2) -> ResolvedIceServers {
+    public static func resolve(_ servers: [IceServer], timeout: Duration = .seconds(2)) -> ResolvedIceServers {
         let names = HostNameResolver.resolve(servers.compactMap(\.hostNameToResolve), timeout: timeout)
         var resolved = ResolvedIceServers()
         for server in servers {

@@ -22,9 +22,9 @@ public struct SharingConfiguration: Sendable {
     /// STUN/TURN servers by URL (join code, command line): resolved when joining (host names with
     /// getaddrinfo, at most `resolveTimeout` s, every address used) and added to `publisher`'s.
     public var iceServers: [IceServer] = []
-    public var resolveTimeout = 2.0
+    public var resolveTimeout: Duration = .seconds(2)
     /// ICE + DTLS must be up this long after the answer, else the session ends as connection-lost.
-    public var connectTimeout = 15.0
+    public var connectTimeout: Duration = .seconds(15)
     /// Also write every encoded picture as raw I420 (tests measure PSNR with it).
     public var dumpInput: String?
     /// Capture and encoding start at the room's answer, so the first keyframe is (nearly) ready when
@@ -34,7 +34,7 @@ public struct SharingConfiguration: Sendable {
     /// No answer to ICE consent checks for this long while sharing: the path is taken as broken and
     /// ICE is restarted through the room (consent checks go every 5 s ± 20 %, so this is two missed;
     /// consent itself expires after 30 s, RFC 7675).
-    public var restartAfter = 12.0
+    public var restartAfter: Duration = .seconds(12)
 
     public init() {
         // In a room, receivers ask for what they miss (NACK, PLI/FIR; an SFU forwards a new
@@ -254,7 +254,7 @@ public final class SharingSession: @unchecked Sendable {
 
     /// A timer on the control loop; call on the loop.
     private func after(_ seconds: Double, _ handler: @escaping () -> Void) -> EventLoop.TimerID? {
-        loopLock.withLock { loop }?.schedule(afterNanoseconds: UInt64(seconds * 1e9), handler)
+        loopLock.withLock { loop }?.schedule(after: .seconds(seconds), handler)
     }
 
     private func cancelTimer(_ id: EventLoop.TimerID?) {
@@ -312,8 +312,8 @@ public final class SharingSession: @unchecked Sendable {
             pathWatch?.responses = responses
             pathWatch?.changedAt = now
             if lifecycle.state == .reconnecting { handle(.connected) }
-        } else if lifecycle.state == .sharing, now - watch.changedAt >= configuration.restartAfter * 1000 {
-            handle(.connectionInterrupted("no answer to ICE consent checks for \(Int(configuration.restartAfter)) s"))
+        } else if lifecycle.state == .sharing, now - watch.changedAt >= configuration.restartAfter.inMilliseconds {
+            handle(.connectionInterrupted("no answer to ICE consent checks for \(Int(configuration.restartAfter.inSeconds)) s"))
         }
     }
 
@@ -473,7 +473,7 @@ public final class SharingSession: @unchecked Sendable {
     /// (a timer left pending kept each ended session, with its driver, alive for 15 s).
     private func armConnectTimer(attempt: Int) {
         guard self.attempt == attempt, lifecycle.state == .joining else { return }
-        let timeout = configuration.connectTimeout
+        let timeout = configuration.connectTimeout.inSeconds
         cancelTimer(connectTimer)
         connectTimer = after(timeout) { [weak self] in
             guard let self, self.attempt == attempt, lifecycle.state == .joining else { return }

@@ -120,7 +120,7 @@ do {
         case "--dump-input": dumpInput = value(flag)
         case "--vp9-first": configuration.codecs = [.vp9, .vp8]
         case "--startup-probe-ceiling": configuration.startupProbeCeiling = number(flag)
-        case "--refresh": encoderSettings.refreshInterval = number(flag)
+        case "--refresh": encoderSettings.refreshInterval = .seconds(number(flag))
         case "--media-at-connect": mediaAtConnect = true
         case "--help", "-h":
             print(usage)
@@ -211,7 +211,7 @@ sessionConfiguration.backendName = backendName
 sessionConfiguration.backendOptions = options.map { (key: $0.0, value: $0.1) }
 sessionConfiguration.encoder = encoderSettings
 sessionConfiguration.publisher = configuration
-sessionConfiguration.connectTimeout = connectTimeout
+sessionConfiguration.connectTimeout = .seconds(connectTimeout)
 sessionConfiguration.dumpInput = dumpInput
 sessionConfiguration.mediaStartsAtAnswer = !mediaAtConnect
 sessionConfiguration.iceServers = iceServers

@@ -321,7 +321,7 @@ struct EncoderPipelineTests {
     @Test func aRequestDuringTheKeyframesHandOverIsServedByTheNextKeyframe() throws {
         let collector = Collector()
         var settings = EncoderSettings()
-        settings.keyframeRequestSpacing = 0.1
+        settings.keyframeRequestSpacing = .milliseconds(100)
         let pipeline = try EncoderPipeline(settings: settings, output: { _, _, _ in collector }, onFailure: { Issue.record("\($0)") })
         var asked = false
         collector.onWrite = { [weak pipeline] frame in

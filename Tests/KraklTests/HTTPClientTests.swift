@@ -143,21 +143,21 @@ import Testing
     @Test func plainAndVerifiedTLS() throws {
         let plain = try PythonServer()
         let client = HTTPClient()
-        let reply = try client.send(HTTPRequest(method: "GET", url: URL(string: "http://127.0.0.1:\(plain.port)/plain?q=1")!, timeout: 5))
+        let reply = try client.send(HTTPRequest(method: "GET", url: URL(string: "http://127.0.0.1:\(plain.port)/plain?q=1")!, timeout: .seconds(5)))
         #expect(reply.status == 200 && String(decoding: reply.body, as: UTF8.self) == "you asked for /plain?q=1")
 
         let folder = try Harness.temporaryDirectory()
         guard let made = try Self.certificates(in: folder) else { return }
         let tls = try PythonServer(certificate: (made.cert, made.key))
         // Trusted CA, the certificate's name.
-        let secure = try HTTPClient(caFile: made.ca).send(HTTPRequest(method: "GET", url: URL(string: "https://localhost:\(tls.port)/tls")!, timeout: 5))
+        let secure = try HTTPClient(caFile: made.ca).send(HTTPRequest(method: "GET", url: URL(string: "https://localhost:\(tls.port)/tls")!, timeout: .seconds(5)))
         #expect(String(decoding: secure.body, as: UTF8.self) == "you asked for /tls")
         // The system store does not know our test CA.
-        #expect { try HTTPClient().send(HTTPRequest(method: "GET", url: URL(string: "https://localhost:\(tls.port)/")!, timeout: 5)) } throws: { error in
+        #expect { try HTTPClient().send(HTTPRequest(method: "GET", url: URL(string: "https://localhost:\(tls.port)/")!, timeout: .seconds(5))) } throws: { error in
             "\(error)".contains("not trusted")
         }
         // The same server by an address the certificate does not name: refused, though the CA is trusted.
-        #expect { try HTTPClient(caFile: made.ca).send(HTTPRequest(method: "GET", url: URL(string: "https://127.0.0.1:\(tls.port)/")!, timeout: 5)) } throws: { error in
+        #expect { try HTTPClient(caFile: made.ca).send(HTTPRequest(method: "GET", url: URL(string: "https://127.0.0.1:\(tls.port)/")!, timeout: .seconds(5))) } throws: { error in
             "\(error)".contains("not trusted for 127.0.0.1")
         }
     }
@@ -166,7 +166,7 @@ import Testing
         let silent = try PythonServer(hang: true)
         let url = URL(string: "http://127.0.0.1:\(silent.port)/hang")!
         let start = MonotonicClock.milliseconds()
-        #expect { try HTTPClient().send(HTTPRequest(method: "GET", url: url, timeout: 1)) } throws: { error in
+        #expect { try HTTPClient().send(HTTPRequest(method: "GET", url: url, timeout: .seconds(1))) } throws: { error in
             "\(error)".contains("no reply within 1 s")
         }
         let timedOut = MonotonicClock.milliseconds() - start
@@ -177,7 +177,7 @@ import Testing
         final class Box: @unchecked Sendable { var error: Error? }
         let box = Box()
         Thread.detachNewThread {
-            do { _ = try client.send(HTTPRequest(method: "GET", url: url, timeout: 30)) } catch { box.error = error }
+            do { _ = try client.send(HTTPRequest(method: "GET", url: url, timeout: .seconds(30))) } catch { box.error = error }
             ended.signal()
         }
         usleep(300_000)  // let the request reach its wait (the bound below does not depend on it)

@@ -14,7 +14,7 @@ import KraklSession
                        IceServer(url: "turns:127.0.0.2", username: "u", credential: "secret-pw"),
                        IceServer(url: "turns:127.0.0.2?transport=udp", username: "u", credential: "secret-pw"),
                        IceServer(url: "turn:127.0.0.2")]
-        let resolved = ResolvedIceServers.resolve(servers, timeout: 2)
+        let resolved = ResolvedIceServers.resolve(servers, timeout: .seconds(2))
         #expect(resolved.stunServers == [TransportAddress(ip: IPAddress("127.0.0.2")!, port: 3478)])
         #expect(resolved.turnServers == [TurnServer(address: TransportAddress(ip: IPAddress("::1")!, port: 3479), username: "u", password: "secret-pw"),
                                          TurnServer(address: TransportAddress(ip: IPAddress("127.0.0.2")!, port: 3478), username: "u", password: "secret-pw",
@@ -29,7 +29,7 @@ import KraklSession
     }
 
     @Test func localhostResolvesFromTheHostsFile() {
-        let result = HostNameResolver.resolve(["localhost"], timeout: 2)["localhost"]
+        let result = HostNameResolver.resolve(["localhost"], timeout: .seconds(2))["localhost"]
         guard case .success(let addresses) = result else {
             Issue.record("localhost did not resolve: \(String(describing: result))")
             return

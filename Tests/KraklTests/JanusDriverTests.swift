@@ -53,7 +53,7 @@ final class JanusTestbed {
         let deadline = Date().addingTimeInterval(5)
         var ready = false
         while !ready && Date() < deadline {
-            ready = (try? bed.http.send(HTTPRequest(method: "GET", url: api.appendingPathComponent("info"), timeout: 0.5)))?.status == 200
+            ready = (try? bed.http.send(HTTPRequest(method: "GET", url: api.appendingPathComponent("info"), timeout: .seconds(0.5))))?.status == 200
             if !ready { usleep(50_000) }
         }
         try #require(ready, "Janus with token auth did not answer: \((try? String(contentsOfFile: f + "/janus.log", encoding: .utf8)) ?? "")")
@@ -99,7 +99,7 @@ final class JanusTestbed {
         if let token { body["token"] = token }
         let data = try JSONSerialization.data(withJSONObject: body)
         let url = path.isEmpty ? Self.api : Self.api.appendingPathComponent(path)
-        let reply = try http.send(HTTPRequest(method: "POST", url: url, headers: [(name: "Content-Type", value: "application/json")], body: data, timeout: 5))
+        let reply = try http.send(HTTPRequest(method: "POST", url: url, headers: [(name: "Content-Type", value: "application/json")], body: data, timeout: .seconds(5)))
         return try #require(try JSONSerialization.jsonObject(with: reply.body) as? [String: Any], "not JSON: \(reply.firstLine)")
     }
 
@@ -395,7 +395,7 @@ func threadCount() -> Int { (try? FileManager.default.contentsOfDirectory(atPath
         // Janus hung (SIGSTOP): the step that timed out is named, within the time-out.
         let pid = try #require(janus.pid)
         var quick = JanusDriver.Timeouts()
-        quick.request = 1
+        quick.request = .seconds(1)
         kill(pid, SIGSTOP)
         // kill() returns before every thread has stopped; a loaded CI run once had Janus answer
         // "create" after it. Wait (bounded) until each of its threads shows state T.
@@ -441,7 +441,7 @@ func threadCount() -> Int { (try? FileManager.default.contentsOfDirectory(atPath
         guard let janus = try JanusTestbed.start(in: inside.folder) else { return }
         defer { janus.stop() }
         var timeouts = JanusDriver.Timeouts()
-        timeouts.lostContact = 2
+        timeouts.lostContact = .seconds(2)
         let (_, peer, driver, events) = try Self.joined(janus, identity: "Ada", timeouts: timeouts)
         defer { peer.publisher.close() }
 

@@ -86,13 +86,13 @@ import Testing
         let tls = try HTTPClientTests.PythonServer(certificate: (made.cert, made.key))
         let through = ProxySettings(https: proxy.address, http: proxy.address)
 
-        let reply = try HTTPClient(proxies: through).send(HTTPRequest(method: "GET", url: URL(string: "http://127.0.0.1:\(plain.port)/plain?q=1")!, timeout: 10))
+        let reply = try HTTPClient(proxies: through).send(HTTPRequest(method: "GET", url: URL(string: "http://127.0.0.1:\(plain.port)/plain?q=1")!, timeout: .seconds(10)))
         #expect(reply.status == 200 && String(decoding: reply.body, as: UTF8.self) == "you asked for /plain?q=1")
         #expect(proxy.waitForLog("Request (file descriptor") { $0.contains("GET http://127.0.0.1:\(plain.port)/plain?q=1 HTTP/1.1") },
                 "no absolute-form request in the proxy's log: \(proxy.log)")
 
         // TLS inside the tunnel: the certificate is checked for localhost, the name in the URL, not the proxy's.
-        let secure = try HTTPClient(caFile: made.ca, proxies: through).send(HTTPRequest(method: "GET", url: URL(string: "https://localhost:\(tls.port)/tls")!, timeout: 10))
+        let secure = try HTTPClient(caFile: made.ca, proxies: through).send(HTTPRequest(method: "GET", url: URL(string: "https://localhost:\(tls.port)/tls")!, timeout: .seconds(10)))
         #expect(String(decoding: secure.body, as: UTF8.self) == "you asked for /tls")
         #expect(proxy.waitForLog("CONNECT localhost:\(tls.port) HTTP/1.1"), "no CONNECT in the proxy's log: \(proxy.log)")
 
@@ -100,9 +100,9 @@ import Testing
         let seen = proxy.requests
         var bypass = through
         bypass.noProxy = NoProxyList("localhost,127.0.0.1")
-        let direct = try HTTPClient(caFile: made.ca, proxies: bypass).send(HTTPRequest(method: "GET", url: URL(string: "https://localhost:\(tls.port)/direct")!, timeout: 10))
+        let direct = try HTTPClient(caFile: made.ca, proxies: bypass).send(HTTPRequest(method: "GET", url: URL(string: "https://localhost:\(tls.port)/direct")!, timeout: .seconds(10)))
         #expect(String(decoding: direct.body, as: UTF8.self) == "you asked for /direct")
-        _ = try HTTPClient(proxies: bypass).send(HTTPRequest(method: "GET", url: URL(string: "http://127.0.0.1:\(plain.port)/direct")!, timeout: 10))
+        _ = try HTTPClient(proxies: bypass).send(HTTPRequest(method: "GET", url: URL(string: "http://127.0.0.1:\(plain.port)/direct")!, timeout: .seconds(10)))
         #expect(proxy.requests == seen, "NO_PROXY hosts went through the proxy: \(proxy.log)")
     }
 
@@ -115,14 +115,14 @@ import Testing
         var good = proxy.address
         good.username = "alice"
         good.password = "s3cret-pw"
-        let reply = try HTTPClient(proxies: ProxySettings(http: good)).send(HTTPRequest(method: "GET", url: URL(string: "http://127.0.0.1:\(plain.port)/auth")!, timeout: 10))
+        let reply = try HTTPClient(proxies: ProxySettings(http: good)).send(HTTPRequest(method: "GET", url: URL(string: "http://127.0.0.1:\(plain.port)/auth")!, timeout: .seconds(10)))
         #expect(reply.status == 200, "http with the right credentials")
-        let secure = try HTTPClient(caFile: made.ca, proxies: ProxySettings(https: good)).send(HTTPRequest(method: "GET", url: URL(string: "https://localhost:\(tls.port)/auth")!, timeout: 10))
+        let secure = try HTTPClient(caFile: made.ca, proxies: ProxySettings(https: good)).send(HTTPRequest(method: "GET", url: URL(string: "https://localhost:\(tls.port)/auth")!, timeout: .seconds(10)))
         #expect(secure.status == 200, "https with the right credentials")
 
         // No credentials: 407 whichever way. (tinyproxy 1.11 answers wrong ones in absolute form with 401 and
         // WWW-Authenticate, which cannot be told from the room server's own 401: docs/rooms.md says so.)
-        #expect { try HTTPClient(proxies: ProxySettings(http: proxy.address)).send(HTTPRequest(method: "GET", url: URL(string: "http://127.0.0.1:\(plain.port)/auth")!, timeout: 10)) } throws: { error in
+        #expect { try HTTPClient(proxies: ProxySettings(http: proxy.address)).send(HTTPRequest(method: "GET", url: URL(string: "http://127.0.0.1:\(plain.port)/auth")!, timeout: .seconds(10))) } throws: { error in
             guard case .proxyFailed(let name, let message)? = error as? RoomError else { return false }
             print("proxy refusal: \(error)")
             return name == "proxy 127.0.0.1:\(proxy.port)" && message.contains("407") && message.contains("give them in the proxy URL")
@@ -130,7 +130,7 @@ import Testing
         var wrong = good
         wrong.password = "not-the-pw"
         for settings in [ProxySettings(https: proxy.address), ProxySettings(https: wrong)] {
-            #expect { try HTTPClient(caFile: made.ca, proxies: settings).send(HTTPRequest(method: "GET", url: URL(string: "https://localhost:\(tls.port)/")!, timeout: 10)) } throws: { error in
+            #expect { try HTTPClient(caFile: made.ca, proxies: settings).send(HTTPRequest(method: "GET", url: URL(string: "https://localhost:\(tls.port)/")!, timeout: .seconds(10))) } throws: { error in
                 guard case .proxyFailed(let name, let message)? = error as? RoomError else { return false }
                 print("proxy refusal: \(error)")
                 let hint = settings.https?.username == nil ? "give them in the proxy URL" : "did not accept the credentials"
@@ -142,7 +142,7 @@ import Testing
 
         // CONNECT to a port the proxy does not allow (ConnectPort 443 only): 403, the proxy named.
         guard let strict = try Tinyproxy(["ConnectPort 443"]) else { return }
-        #expect { try HTTPClient(proxies: ProxySettings(https: strict.address)).send(HTTPRequest(method: "GET", url: URL(string: "https://127.0.0.1:\(plain.port)/")!, timeout: 10)) } throws: { error in
+        #expect { try HTTPClient(proxies: ProxySettings(https: strict.address)).send(HTTPRequest(method: "GET", url: URL(string: "https://127.0.0.1:\(plain.port)/")!, timeout: .seconds(10))) } throws: { error in
             guard case .proxyFailed(let name, let message)? = error as? RoomError else { return false }
             print("proxy refusal: \(error)")
             return name == "proxy 127.0.0.1:\(strict.port)" && message.contains("CONNECT 127.0.0.1:\(plain.port)") && message.contains("403")
@@ -155,7 +155,7 @@ import Testing
         let silent = try SilentListener()
         let settings = ProxySettings(https: HTTPProxy(host: "127.0.0.1", port: silent.port))
         let url = URL(string: "https://room.test/whip/endpoint")!
-        #expect { try HTTPClient(proxies: settings).send(HTTPRequest(method: "POST", url: url, timeout: 1)) } throws: { error in
+        #expect { try HTTPClient(proxies: settings).send(HTTPRequest(method: "POST", url: url, timeout: .seconds(1))) } throws: { error in
             guard case .proxyFailed(let name, let message)? = error as? RoomError else { return false }
             print("silent proxy: \(error)")
             return name == "proxy 127.0.0.1:\(silent.port)" && message.contains("no answer to CONNECT within 1 s")
@@ -168,7 +168,7 @@ import Testing
         let ended = DispatchSemaphore(value: 0)
         let box = WhipResultBox<HTTPResponse>()
         Thread.detachNewThread {
-            box.result = Result { try client.send(HTTPRequest(method: "POST", url: url, timeout: 60)) }
+            box.result = Result { try client.send(HTTPRequest(method: "POST", url: url, timeout: .seconds(60))) }
             ended.signal()
         }
         // Until the connection is accepted by the kernel (bounded); cancelling earlier would also end it.

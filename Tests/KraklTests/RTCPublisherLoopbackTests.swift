@@ -277,7 +277,7 @@ final class RtcCallbackLog: @unchecked Sendable {
         defer { session.publisher.close() }
         let (publisher, peer, offer, log, configuration) = (session.publisher, session.peer, session.offer, session.log, session.configuration)
         #expect(session.connect(), "not connected: \(log.events) \(peer.dtlsEvents)")
-        let delay = configuration.protectionDelay
+        let delay = configuration.protectionDelay.inNanoseconds
         func media() -> [RtpPacket] { peer.rtp.filter { $0.ssrc == offer.ssrc } }
         func copies(of sequence: UInt16) -> [UInt64] {
             zip(peer.rtp, peer.rtpArrivals).compactMap { packet, arrival in

@@ -330,7 +330,7 @@ func rtcTransportFeedback(mediaSSRC: UInt32, base: UInt16, count: UInt16, feedba
     }
 
     @Test func keyframeRequestsAreRateLimitedAcrossPeers() throws {
-        let fanout = VideoFanout(keyframeInterval: 200_000_000)
+        let fanout = VideoFanout(keyframeInterval: .milliseconds(200))
         let requests = Locked(0)
         fanout.onKeyframeRequest = { requests.withLock { $0 += 1 } }
         let a = try Self.peer(), b = try Self.peer()

@@ -98,7 +98,7 @@ final class TwilioTestRoom {
             body = Data(form.map { "\($0.key)=\($0.value.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? "")" }.joined(separator: "&").utf8)
         }
         let response = try rest.send(HTTPRequest(method: method, url: URL(string: "http://127.0.0.1:\(restPort)\(path)")!, headers: headers,
-                                                 body: body, timeout: 10))
+                                                 body: body, timeout: .seconds(10)))
         return (response.status, (try? JSONSerialization.jsonObject(with: response.body)) as? [String: Any] ?? [:])
     }
 

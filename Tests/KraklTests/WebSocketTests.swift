@@ -45,7 +45,7 @@ import Testing
 
     static func options(handshake: Double = 5) -> WebSocket.Options {
         var options = WebSocket.Options()
-        options.handshakeTimeout = handshake
+        options.handshakeTimeout = .seconds(handshake)
         options.proxies = .direct
         return options
     }
@@ -102,7 +102,7 @@ import Testing
     @Test func anIdleSocketIsPingedAndTheServerAnswers() throws {
         guard let server = try Server() else { return }
         var options = Self.options()
-        options.pingAfterIdle = 0.3
+        options.pingAfterIdle = .milliseconds(300)
         let socket = try WebSocket.connect(to: server.url("/idle"), options: options)
         // 1.5 s of silence: pings go out every 0.3 s, the library answers each, the socket stays open.
         #expect(socket.receive(until: Self.deadline(1.5)) == .timedOut)

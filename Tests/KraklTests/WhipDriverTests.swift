@@ -249,7 +249,7 @@ import Testing
     @Test func silentServerIsUnreachableWithinTheTimeout() throws {
         guard let rig = try Rig(["--hang"]) else { return }
         defer { rig.close() }
-        let driver = rig.driver(timeouts: WhipTimeouts(request: 2))
+        let driver = rig.driver(timeouts: WhipTimeouts(request: .seconds(2)))
         defer { driver.leave() }
         let start = Self.monotonicMs()
         let error = #expect(throws: RoomError.self) { _ = try driver.publish(offer: rig.publisher.offerSDP, identity: "Ann") }

@@ -54,7 +54,7 @@ public final class Certificate {
         guard let bio = BIO_new(BIO_s_mem()) else { return "" }
         defer { BIO_free(bio) }
         guard PEM_write_bio_X509(bio, x509) == 1 else { return "" }
-        return DtlsBio.readAll(bio).map { String(decoding: $0, as: UTF8.self) } ?? ""
+        return MemoryBio.readAll(bio).map { String(decoding: $0, as: UTF8.self) } ?? ""
     }
 
     /// The sha-256 fingerprint of a DER-encoded certificate (X509_digest).

@@ -2,16 +2,6 @@ import COpenSSL
 
 /// Memory-BIO plumbing for a DTLS connection that never owns a socket.
 enum DtlsBio {
-    /// Everything pending in a memory BIO, or nil when it is empty.
-    static func readAll(_ bio: OpaquePointer) -> [UInt8]? {
-        let pending = Int(BIO_ctrl_pending(bio))
-        guard pending > 0 else { return nil }
-        var bytes = [UInt8](repeating: 0, count: pending)
-        let read = bytes.withUnsafeMutableBytes { BIO_read(bio, $0.baseAddress, Int32(pending)) }
-        guard read > 0 else { return nil }
-        return Array(bytes[0..<Int(read)])
-    }
-
     /// Splits the byte stream OpenSSL wrote (whole DTLS records back to back:
     /// a memory BIO loses the datagram boundaries) into records and packs
     /// them into datagrams of at most `mtu` bytes, in order. Several records

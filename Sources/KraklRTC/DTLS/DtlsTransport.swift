@@ -215,7 +215,7 @@ public final class DtlsTransport {
         }
         guard !kept.isEmpty else { return output }
         // One datagram at a time: leftovers must never merge with the next datagram.
-        _ = DtlsBio.readAll(readBio)
+        _ = MemoryBio.readAll(readBio)
         let written = kept.withUnsafeBytes { BIO_write(readBio, $0.baseAddress, Int32($0.count)) }
         guard written == kept.count else { return output }
         let alertsBefore = alertsRead
@@ -390,7 +390,7 @@ public final class DtlsTransport {
 
     /// Moves what OpenSSL wrote (flights, alerts, close_notify) into datagrams.
     private func flush(_ output: inout DtlsOutput) {
-        guard let stream = DtlsBio.readAll(writeBio) else { return }
+        guard let stream = MemoryBio.readAll(writeBio) else { return }
         output.datagrams += DtlsBio.datagrams(from: stream, mtu: mtu)
     }
 

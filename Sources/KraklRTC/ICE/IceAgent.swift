@@ -1,3 +1,4 @@
+import KraklBase
 /// ICE credentials of one side (RFC 8445 §5.3).
 public struct IceCredentials: Equatable, Sendable {
     public var ufrag: String
@@ -19,20 +20,20 @@ public struct IceCredentials: Equatable, Sendable {
 /// Timing of the agent; the defaults follow RFC 8445 and RFC 7675.
 public struct IceConfiguration: Sendable {
     /// Pacing of new checks, Ta (§14.2: 50 ms).
-    public var checkInterval: UInt64 = 50_000_000
+    public var checkInterval: Duration = .milliseconds(50)
     /// First retransmission timeout of a check; doubles each time (RFC 8489 §6.2.1).
-    public var initialRto: UInt64 = 200_000_000
-    public var maximumRto: UInt64 = 1_600_000_000
+    public var initialRto: Duration = .milliseconds(200)
+    public var maximumRto: Duration = .milliseconds(1600)
     /// Transmissions of one check before its pair fails (Rc = 7).
     public var maximumTransmissions = 7
     /// Controlling side: how long after the first success to wait for better pairs before nominating.
-    public var nominationWait: UInt64 = 150_000_000
+    public var nominationWait: Duration = .milliseconds(150)
     /// RFC 7675 §5.1: a consent check every 5 s, randomized ±20 %.
-    public var consentInterval: UInt64 = 5_000_000_000
+    public var consentInterval: Duration = .seconds(5)
     /// RFC 7675 §5.1: consent expires 30 s after the last response.
-    public var consentTimeout: UInt64 = 30_000_000_000
+    public var consentTimeout: Duration = .seconds(30)
     /// Give up when no pair is selected this long after the remote description arrived.
-    public var connectTimeout: UInt64 = 15_000_000_000
+    public var connectTimeout: Duration = .seconds(15)
 
     public init() {}
 }
@@ -456,11 +457,11 @@ public final class IceAgent {
         for relay in relays { consider(relay.client.nextDeadline) }
         if needsNomination, controlling, nominating == nil, let best = checkList.bestSucceeded, let firstSuccessAt {
             // Nominate at once when no better pair is still possible, else after the wait.
-            consider(checkList.higherPriorityPending(than: best.key) ? firstSuccessAt + configuration.nominationWait : firstSuccessAt)
+            consider(checkList.higherPriorityPending(than: best.key) ? firstSuccessAt + configuration.nominationWait.inNanoseconds : firstSuccessAt)
         }
         consider(nextConsentAt)
-        if selected != nil, phase == .connected || phase == .disconnected { consider(lastConsentAt + configuration.consentTimeout) }
-        if selected == nil, let remoteSetAt, phase == .checking { consider(remoteSetAt + configuration.connectTimeout) }
+        if selected != nil, phase == .connected || phase == .disconnected { consider(lastConsentAt + configuration.consentTimeout.inNanoseconds) }
+        if selected == nil, let remoteSetAt, phase == .checking { consider(remoteSetAt + configuration.connectTimeout.inNanoseconds) }
         return deadline
     }
 
@@ -487,7 +488,7 @@ public final class IceAgent {
             }
             var next = transaction
             next.transmissions += 1
-            next.rto = min(next.rto * 2, configuration.maximumRto)
+            next.rto = min(next.rto * 2, configuration.maximumRto.inNanoseconds)
             next.nextRetransmit = now + next.rto
             transactions[id] = next
             transmits.append(IceTransmit(localBase: next.localBase, to: next.to, bytes: next.bytes))
@@ -502,13 +503,13 @@ public final class IceAgent {
             if key == nil { key = checkList.nextOrdinaryCheck() }
             if let key, let pair = checkList[key] {
                 sendCheck(pair, useCandidate: controlling && nominating == key, now: now)
-                nextCheckAt = now + configuration.checkInterval
+                nextCheckAt = now + configuration.checkInterval.inNanoseconds
             }
         }
         // Nomination once better pairs had their chance.
         if controlling, nominating == nil, needsNomination, let firstSuccessAt {
             if let best = checkList.bestSucceeded,
-               now >= firstSuccessAt + configuration.nominationWait || !checkList.higherPriorityPending(than: best.key) {
+               now >= firstSuccessAt + configuration.nominationWait.inNanoseconds || !checkList.higherPriorityPending(than: best.key) {
                 nominate(best, now: now)
             }
         }
@@ -517,19 +518,19 @@ public final class IceAgent {
             sendConsent(pair, now: now)
             nextConsentAt = now + randomizedConsentInterval()
         }
-        if selected != nil, phase == .connected || phase == .disconnected, now > lastConsentAt + configuration.consentTimeout {
+        if selected != nil, phase == .connected || phase == .disconnected, now > lastConsentAt + configuration.consentTimeout.inNanoseconds {
             phase = .failed
             nextConsentAt = nil
             transactions.removeAll()
             events.append(.consentExpired)
         }
-        if selected == nil, phase == .checking, let remoteSetAt, now >= remoteSetAt + configuration.connectTimeout {
+        if selected == nil, phase == .checking, let remoteSetAt, now >= remoteSetAt + configuration.connectTimeout.inNanoseconds {
             phase = .failed
             let tried = checkList.pairs.count
             let turn = relayErrors.isEmpty ? "" : "; TURN: " + relayErrors.joined(separator: "; ")
             events.append(.failed((tried == 0
-                ? "ICE failed: the answer gave no usable candidate (IPv4/IPv6 UDP on an address family we have) within \(configuration.connectTimeout / 1_000_000_000) s"
-                : "ICE failed: none of \(tried) candidate pairs answered a connectivity check within \(configuration.connectTimeout / 1_000_000_000) s") + turn))
+                ? "ICE failed: the answer gave no usable candidate (IPv4/IPv6 UDP on an address family we have) within \(configuration.connectTimeout.inNanoseconds / 1_000_000_000) s"
+                : "ICE failed: none of \(tried) candidate pairs answered a connectivity check within \(configuration.connectTimeout.inNanoseconds / 1_000_000_000) s") + turn))
         }
     }
 
@@ -739,7 +740,7 @@ public final class IceAgent {
         let bytes = request.encoded(integrityKey: StunMessage.shortTermKey(password: remote.pwd), fingerprint: true)
         transactions[request.transactionID] = Transaction(kind: .check(pair.key, useCandidate: useCandidate), bytes: bytes,
                                                           localBase: pair.localBase, to: pair.remoteAddress,
-                                                          rto: configuration.initialRto, nextRetransmit: now + configuration.initialRto,
+                                                          rto: configuration.initialRto.inNanoseconds, nextRetransmit: now + configuration.initialRto.inNanoseconds,
                                                           password: remote.pwd)
         if pair.state != .succeeded { checkList.setState(pair.key, .inProgress) }
         checksSent += 1
@@ -780,7 +781,7 @@ public final class IceAgent {
     }
 
     private func randomizedConsentInterval() -> UInt64 {
-        let base = Double(configuration.consentInterval)
+        let base = Double(configuration.consentInterval.inNanoseconds)
         return UInt64(base * Double.random(in: 0.8...1.2, using: &generator))
     }
 

@@ -1,3 +1,4 @@
+import KraklBase
 import Glibc
 
 /// A TURN server and the long-term credentials for it (RFC 8656 §9.2). Time-limited REST
@@ -125,14 +126,14 @@ public enum RelayRefusal: String, Equatable, Sendable {
 /// Timing and bounds of a TURN client.
 public struct TurnConfiguration: Sendable {
     /// First retransmission timeout of a request; doubles up to `maximumRto` (RFC 8489 §6.2.1).
-    public var initialRto: UInt64 = 250_000_000
-    public var maximumRto: UInt64 = 2_000_000_000
+    public var initialRto: Duration = .milliseconds(250)
+    public var maximumRto: Duration = .seconds(2)
     /// Transmissions of one request before it times out (0.25+0.5+1+2+2+2 s ≈ 8 s with the defaults).
     public var maximumTransmissions = 6
     /// The allocation lifetime to ask for (RFC 8656 §7.2: the server may shorten it).
     public var requestedLifetime: UInt32 = 600
     /// Permissions last 300 s and channel bindings 600 s (RFC 8656 §9, §12); renewed this long before.
-    public var renewalMargin: UInt64 = 60_000_000_000
+    public var renewalMargin: Duration = .seconds(60)
     /// 438 retries allowed in a row for one request.
     public var maximumStaleNonceRetries = 3
     /// Peers one allocation talks to (ICE pairs per remote address); further ones are refused.
@@ -289,7 +290,7 @@ public final class TurnClient {
             }
             var next = transaction
             next.transmissions += 1
-            next.rto = min(next.rto * 2, configuration.maximumRto)
+            next.rto = min(next.rto * 2, configuration.maximumRto.inNanoseconds)
             next.nextRetransmit = now + next.rto
             transactions[id] = next
             // A stream delivers or breaks: no retransmission (RFC 8489 §6.2.2), same time limit.
@@ -485,7 +486,7 @@ public final class TurnClient {
             guard permissions[ip] != nil else { return }
             permissions[ip]!.installed = true
             permissions[ip]!.pending = false
-            permissions[ip]!.refreshAt = now + Self.seconds(300) - min(configuration.renewalMargin, Self.seconds(150))
+            permissions[ip]!.refreshAt = now + Self.seconds(300) - min(configuration.renewalMargin.inNanoseconds, Self.seconds(150))
             let queued = permissions[ip]!.queue
             permissions[ip]!.queue.removeAll()
             for (peer, data) in queued { outgoing.append(sendIndication(data, to: peer)) }
@@ -495,7 +496,7 @@ public final class TurnClient {
             let wasBound = channels[peer]!.bound
             channels[peer]!.bound = true
             channels[peer]!.pending = false
-            channels[peer]!.refreshAt = now + Self.seconds(600) - min(configuration.renewalMargin, Self.seconds(300))
+            channels[peer]!.refreshAt = now + Self.seconds(600) - min(configuration.renewalMargin.inNanoseconds, Self.seconds(300))
             if !wasBound { events.append(.channelBound(peer: peer, channel: number)) }
         }
     }
@@ -506,7 +507,7 @@ public final class TurnClient {
             lifetime = configuration.requestedLifetime
         }
         let total = Self.seconds(UInt64(lifetime))
-        refreshAt = now + (total > 2 * configuration.renewalMargin ? total - configuration.renewalMargin : total / 2)
+        refreshAt = now + (total > 2 * configuration.renewalMargin.inNanoseconds ? total - configuration.renewalMargin.inNanoseconds : total / 2)
     }
 
     private static func seconds(_ s: UInt64) -> UInt64 { s * 1_000_000_000 }
@@ -569,7 +570,7 @@ public final class TurnClient {
             guard let permission = permissions[ip] else { return }
             if permission.installed {
                 permissions[ip]!.pending = false  // keeps working until it expires; retried at the next refresh time
-                permissions[ip]!.refreshAt = permission.refreshAt + configuration.renewalMargin / 4
+                permissions[ip]!.refreshAt = permission.refreshAt + configuration.renewalMargin.inNanoseconds / 4
             } else {
                 permissions[ip] = nil
                 for (peer, channel) in channels where peer.ip == ip {
@@ -620,7 +621,7 @@ public final class TurnClient {
                                   attributes: attributes)
         let bytes = message.encoded(integrityKey: authenticated ? key : nil, fingerprint: true)
         transactions[message.transactionID] = Transaction(kind: kind, bytes: bytes, authenticated: authenticated, staleRetries: staleRetries,
-                                                          rto: configuration.initialRto, nextRetransmit: now + configuration.initialRto,
+                                                          rto: configuration.initialRto.inNanoseconds, nextRetransmit: now + configuration.initialRto.inNanoseconds,
                                                           firstSent: now)
         requestsSent += 1
         outgoing.append(bytes)

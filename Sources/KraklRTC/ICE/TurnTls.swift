@@ -85,7 +85,7 @@ final class TurnTlsSession {
     }
 
     /// Ciphertext OpenSSL wrote (handshake, records, alerts), for the socket.
-    func takeOutgoing() -> [UInt8] { DtlsBio.readAll(outgoing) ?? [] }
+    func takeOutgoing() -> [UInt8] { MemoryBio.readAll(outgoing) ?? [] }
 
     /// close_notify into `takeOutgoing()` (not waiting for the server's).
     func shutDown() {

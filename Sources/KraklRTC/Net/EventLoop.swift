@@ -155,9 +155,10 @@ public final class EventLoop: @unchecked Sendable {
         return id
     }
 
+    /// Runs `handler` once, `delay` from now.
     @discardableResult
-    public func schedule(afterNanoseconds delay: UInt64, _ handler: @escaping () -> Void) -> TimerID {
-        schedule(at: MonotonicClock.nanoseconds() &+ delay, handler)
+    public func schedule(after delay: Duration, _ handler: @escaping () -> Void) -> TimerID {
+        schedule(at: MonotonicClock.nanoseconds() &+ delay.inNanoseconds, handler)
     }
 
     /// Cancels a timer that has not fired; harmless for one that has.

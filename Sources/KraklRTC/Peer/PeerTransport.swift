@@ -392,7 +392,7 @@ final class PeerTransport {
                     $0.relayRefusal = ice.relayRefusal
                 }
             case .consentExpired:
-                let seconds = configuration.ice.consentTimeout / 1_000_000_000
+                let seconds = configuration.ice.consentTimeout.inNanoseconds / 1_000_000_000
                 // An ICE-lite side asks nothing: what stopped is the peer's checking (a closed tab, a lost path).
                 end(.connectionLost(role.iceLite ? "ICE consent expired: no consent check from the peer for \(seconds) s (RFC 7675)"
                                                  : "ICE consent expired: no answer to consent checks for \(seconds) s (RFC 7675)"),

@@ -15,7 +15,7 @@ import Foundation
 /// triggered them (a coalesced keyframe request on a Dispatch timer thread) and must not block.
 public final class VideoFanout: @unchecked Sendable {
     public let floorBitrate: Int
-    public let keyframeInterval: UInt64
+    public let keyframeInterval: Duration
     /// Ask the encoder for a keyframe. Set before adding peers.
     public var onKeyframeRequest: (() -> Void)? {
         get { lock.withLock { keyframeHandler } }
@@ -39,11 +39,11 @@ public final class VideoFanout: @unchecked Sendable {
 
     /// - Parameters:
     ///   - floorBitrate: the encoder never gets less than this, whatever one peer estimates (bits/s).
-    ///   - keyframeInterval: keyframe requests reach the encoder at most this often (ns).
-    public init(floorBitrate: Int = 300_000, keyframeInterval: UInt64 = 300_000_000) {
+    ///   - keyframeInterval: keyframe requests reach the encoder at most this often.
+    public init(floorBitrate: Int = 300_000, keyframeInterval: Duration = .milliseconds(300)) {
         self.floorBitrate = floorBitrate
         self.keyframeInterval = keyframeInterval
-        limiter = KeyframeRequestLimiter(interval: keyframeInterval)
+        limiter = KeyframeRequestLimiter(interval: keyframeInterval.inNanoseconds)
     }
 
     /// The peers frames go to now.

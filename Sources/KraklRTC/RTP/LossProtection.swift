@@ -1,3 +1,4 @@
+import KraklBase
 /// Which media packets to send again unasked, and when: the publisher's loss protection for small
 /// frames (the rules and why are at `VideoSendConfiguration.protectedFramePackets`).
 ///
@@ -21,8 +22,8 @@ struct LossProtection: Sendable {
 
     init(configuration: VideoSendConfiguration) {
         framePackets = configuration.protectedFramePackets
-        delay = configuration.protectionDelay
-        hold = configuration.protectionHold
+        delay = configuration.protectionDelay.inNanoseconds
+        hold = configuration.protectionHold.inNanoseconds
         secondCopyLoss = configuration.secondCopyLoss
     }
 

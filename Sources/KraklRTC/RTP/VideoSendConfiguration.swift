@@ -17,10 +17,10 @@ public struct VideoSendConfiguration: Sendable {
     public var pacerCapacity = 2048
     public var historyCapacity = 2048
     /// Keyframe requests reach the encoder at most this often.
-    public var keyframeRequestInterval: UInt64 = 300_000_000
+    public var keyframeRequestInterval: Duration = .milliseconds(300)
     /// A NACK asking for more packets than this gets a keyframe instead of retransmissions.
     public var nackBurstLimit = 64
-    public var senderReportInterval: UInt64 = 1_000_000_000
+    public var senderReportInterval: Duration = .seconds(1)
     /// Loss protection for small frames: until the first receiver report says the path loses nothing,
     /// and while the receiver has reported loss (a NACK, or a receiver report with loss) within
     /// `protectionHold`, every packet of a frame of at most `protectedFramePackets` packets is sent
@@ -38,9 +38,9 @@ public struct VideoSendConfiguration: Sendable {
     /// packet still shows as a gap and the NACK (which lists every packet still missing) stays the fast
     /// path; an immediate copy hid those gaps. 0 packets turns it off.
     public var protectedFramePackets = 2
-    public var protectionDelay: UInt64 = 50_000_000
+    public var protectionDelay: Duration = .milliseconds(50)
     public var secondCopyLoss = 0.02
-    public var protectionHold: UInt64 = 10_000_000_000
+    public var protectionHold: Duration = .seconds(10)
     /// Answerer only: the playout delay asked of a receiver whose offer has the playout-delay header
     /// extension (Chromium's does); nil leaves the extension out of the answer. We never offer it.
     public var playoutDelay: PlayoutDelay?

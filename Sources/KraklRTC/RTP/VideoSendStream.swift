@@ -133,7 +133,7 @@ public final class VideoSendStream {
         startupProbe = StartupProbe(baseRate: configuration.startBitrate * configuration.pacingFactor,
                                     ceiling: configuration.startupProbeCeiling)
         sentTimes = Array(repeating: nil, count: 8192)
-        keyframeLimiter = KeyframeRequestLimiter(interval: configuration.keyframeRequestInterval)
+        keyframeLimiter = KeyframeRequestLimiter(interval: configuration.keyframeRequestInterval.inNanoseconds)
         stats.update { $0.targetBitrate = estimator.target }
     }
 
@@ -145,7 +145,7 @@ public final class VideoSendStream {
     /// for a keyframe: the receiver has nothing to decode from.
     public func start(now: UInt64, keyframeReady: Bool = false) {
         media = true
-        nextSenderReportAt = now + configuration.senderReportInterval / 2
+        nextSenderReportAt = now + configuration.senderReportInterval.inNanoseconds / 2
         reportBitrate(force: true, now: now)
         if !keyframeReady { requestKeyframe(now: now) }
     }
@@ -214,7 +214,7 @@ public final class VideoSendStream {
             if pathReady, let report = senderReport(now: now, unixNanoseconds: unixNanoseconds()), transmit(report, true) != .protectFailed {
                 stats.update { $0.senderReportsSent += 1 }
             }
-            nextSenderReportAt = now + configuration.senderReportInterval
+            nextSenderReportAt = now + configuration.senderReportInterval.inNanoseconds
         }
         queueDueCopies(now: now)
         if pathReady { pump(now: now, clock: clock, transmit: transmit) }

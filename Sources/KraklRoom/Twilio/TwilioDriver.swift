@@ -17,16 +17,16 @@ import KraklBase
 public final class TwilioDriver: RoomDriver, @unchecked Sendable {
     public struct Timeouts: Sendable {
         /// Each `hello` waits this long for `welcome`; three hellos at most (as the SDK).
-        public var welcome = 5.0
+        public var welcome: Duration = .seconds(5)
         public var hellos = 3
         /// After `welcome`, the server's `iced` (then we connect without its ICE servers).
-        public var iced = 5.0
+        public var iced: Duration = .seconds(5)
         /// From the first byte to `connected`, in all.
-        public var join = 15.0
+        public var join: Duration = .seconds(15)
         /// Leaving: `disconnect`, `bye`, close 1000 and the server's close, in all.
-        public var leave = 2.0
+        public var leave: Duration = .seconds(2)
         /// The reconnect window when the server names none (`options.session_timeout`).
-        public var defaultSessionTimeout = 30.0
+        public var defaultSessionTimeout: Duration = .seconds(30)
         public init() {}
     }
 
@@ -106,12 +106,12 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
         self.token = token
         self.room = room
         self.timeouts = timeouts
-        sessionTimeout = timeouts.defaultSessionTimeout
+        sessionTimeout = timeouts.defaultSessionTimeout.inSeconds
         socketOptions = WebSocket.Options()
         socketOptions.caFile = caFile
         socketOptions.proxies = proxies
         // TCMP heartbeats already tell a dead line; our own WebSocket pings would only add traffic.
-        socketOptions.pingAfterIdle = 60
+        socketOptions.pingAfterIdle = .seconds(60)
     }
 
     /// "room RM…, participant PA…, track MT…", as far as known: for status lines.
@@ -127,7 +127,7 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
     // MARK: - RoomDriver
 
     public func publish(offer: String, identity: String) throws(RoomError) -> RoomAnswer {
-        let deadline = MonotonicClock.nanoseconds() + UInt64(timeouts.join * 1e9)
+        let deadline = MonotonicClock.nanoseconds() + UInt64(timeouts.join.inSeconds * 1e9)
         state.lock()
         guard phase == .idle, !abandoned else {
             state.unlock()
@@ -157,8 +157,8 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
         startReader()
 
         // iced (or its time-out), then connect.
-        try wait(until: min(deadline, MonotonicClock.nanoseconds() + UInt64((timeouts.welcome * Double(timeouts.hellos) + timeouts.iced) * 1e9))) {
-            iced != nil || (welcomed && MonotonicClock.nanoseconds() >= welcomedAt + UInt64(timeouts.iced * 1e9))
+        try wait(until: min(deadline, MonotonicClock.nanoseconds() + UInt64((timeouts.welcome.inSeconds * Double(timeouts.hellos) + timeouts.iced.inSeconds) * 1e9))) {
+            iced != nil || (welcomed && MonotonicClock.nanoseconds() >= welcomedAt + UInt64(timeouts.iced.inSeconds * 1e9))
         }
         let userAgent = "krakl-agent (Linux)"
         let connect = TwilioMessages.connect(token: token, room: room, trackID: trackID, peerConnectionID: peerConnectionID,
@@ -234,7 +234,7 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
         state.unlock()
         attempt?.cancel()
 
-        let deadline = MonotonicClock.nanoseconds() + UInt64(timeouts.leave * 1e9)
+        let deadline = MonotonicClock.nanoseconds() + UInt64(timeouts.leave.inSeconds * 1e9)
         if let socket {
             if let wasSession { try? socket.send(text: TwilioMessages.msg(TwilioMessages.disconnect(session: wasSession))) }
             try? socket.send(text: TwilioMessages.bye)
@@ -306,7 +306,7 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
             let now = MonotonicClock.nanoseconds()
             guard now < deadline else {
                 if !welcomed { throw .unreachable("Twilio signaling \(url.redactedForLog): no welcome in answer to our hello") }
-                throw .unreachable("Twilio signaling \(url.redactedForLog): no connected within \(Int(timeouts.join)) s of joining")
+                throw .unreachable("Twilio signaling \(url.redactedForLog): no connected within \(Int(timeouts.join.inSeconds)) s of joining")
             }
             _ = state.wait(until: Date(timeIntervalSinceNow: min(Double(deadline - now) / 1e9, 0.25)))
         }
@@ -350,14 +350,14 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
                 }
                 wake = min(wake, beat, lastReceived + 3 * negotiated)
             } else if hellos > 0, phase == .joining || phase == .reconnecting {
-                let welcomeBy = helloSentAt + UInt64(timeouts.welcome * 1e9)
+                let welcomeBy = helloSentAt + UInt64(timeouts.welcome.inSeconds * 1e9)
                 if now >= welcomeBy {
                     if hellos >= timeouts.hellos, phase == .reconnecting {
                         socketLost(socket, "no welcome after \(hellos) hellos on the new socket")
                         continue
                     }
                     if hellos >= timeouts.hellos {
-                        failJoin(.unreachable("Twilio signaling \(url.redactedForLog): no welcome after \(hellos) hellos (\(Int(timeouts.welcome)) s each)"))
+                        failJoin(.unreachable("Twilio signaling \(url.redactedForLog): no welcome after \(hellos) hellos (\(Int(timeouts.welcome.inSeconds)) s each)"))
                         return
                     }
                     try? sendHello(on: socket, body: phase == .reconnecting ? syncBody() : nil)
@@ -652,7 +652,7 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
             let attempt = WebSocket.Attempt()
             state.withLock { self.attempt = attempt }
             var options = socketOptions
-            options.handshakeTimeout = min(options.handshakeTimeout, max(0.1, Double(until - min(until, MonotonicClock.nanoseconds())) / 1e9))
+            options.handshakeTimeout = min(options.handshakeTimeout, .nanoseconds(max(100_000_000, until - min(until, MonotonicClock.nanoseconds()))))
             if let fresh = try? WebSocket.connect(to: url, options: options, attempt: attempt) {
                 let keep = state.withLock { () -> Bool in
                     guard self.phase == .reconnecting else { return false }

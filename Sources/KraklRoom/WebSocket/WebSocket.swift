@@ -14,15 +14,15 @@ import KraklBase
 public final class WebSocket: @unchecked Sendable {
     public struct Options: Sendable {
         /// TCP connect, proxy CONNECT, TLS and the upgrade, in all.
-        public var handshakeTimeout = 10.0
+        public var handshakeTimeout: Duration = .seconds(10)
         /// One message, all its fragments (RFC 6455 leaves the cap to the endpoint).
         public var maximumMessage = 1 << 20
         /// The server's whole upgrade reply head.
         public var maximumHandshakeHead = 16_384
         /// Silence before we ping (nil: never).
-        public var pingAfterIdle: Double? = 20
+        public var pingAfterIdle: Duration? = .seconds(20)
         /// A send that cannot finish within this (a peer that stopped reading) fails the connection.
-        public var sendTimeout = 10.0
+        public var sendTimeout: Duration = .seconds(10)
         /// Trust only this PEM file (tests); nil: the system store.
         public var caFile: String?
         /// nil: the process's environment (HTTPS_PROXY, HTTP_PROXY, NO_PROXY as curl reads them).
@@ -113,7 +113,7 @@ public final class WebSocket: @unchecked Sendable {
         let proxy = httpForm.url.flatMap { proxies.proxy(for: $0) }
         let tls = secure ? try HTTPConnection.tlsContext(caFile: options.caFile) : nil
 
-        let connection = try HTTPConnection(timeout: options.handshakeTimeout, what: what)
+        let connection = try HTTPConnection(timeout: options.handshakeTimeout.inSeconds, what: what)
         if let attempt, !attempt.attach(connection) { throw .unreachable("\(what): cancelled (leaving)") }
         try connection.open(host: bareHost, port: port, tls: tls, what: what, proxy: proxy, tunnel: true)
 
@@ -195,7 +195,7 @@ public final class WebSocket: @unchecked Sendable {
         var generator = SystemRandomNumberGenerator()
         let mask: [UInt8] = (0..<4).map { _ in generator.next() }
         let frame = WebSocketFrameEncoder.frame(opcode, payload: payload, mask: mask)
-        let deadline = MonotonicClock.nanoseconds() + UInt64(options.sendTimeout * 1e9)
+        let deadline = MonotonicClock.nanoseconds() + options.sendTimeout.inNanoseconds
         sendLock.lock()
         defer { sendLock.unlock() }
         try connection.write(frame, what: "WebSocket \(url.redactedForLog)", until: deadline)
@@ -260,11 +260,11 @@ public final class WebSocket: @unchecked Sendable {
             // Our own ping when the line has been quiet; a second quiet span after it ends the connection.
             var wakeAt = deadline
             if let idle = options.pingAfterIdle {
-                let span = UInt64(idle * 1e9)
+                let span = idle.inNanoseconds
                 let now = MonotonicClock.nanoseconds()
                 if let sent = pingSentAt {
                     if now >= sent + span {
-                        return end(.closed(code: 1006, reason: "no answer to our ping within \(Int(idle)) s", byServer: false), sendCode: nil)
+                        return end(.closed(code: 1006, reason: "no answer to our ping within \(Int(idle.inSeconds)) s", byServer: false), sendCode: nil)
                     }
                     wakeAt = min(wakeAt, sent + span)
                 } else if now >= lastReceived + span {
