@@ -1,3 +1,4 @@
+import Glibc
 import Foundation
 import KraklBase
 import KraklCore

@@ -39,8 +39,8 @@ func runControlClient(_ command: ControlCommand, json: Bool) -> Int32 {
         request = ControlRequest("connect", qr: absolute)
     case .connect(.code(let source)):
         if case .argument = source {
-            fputs("krakl-agent: warning: a join code given as an argument is visible to every user of this computer (ps); "
-                  + "prefer connect @FILE or connect -\n", stderr)
+            StandardStream.error("krakl-agent: warning: a join code given as an argument is visible to every user of this computer (ps); "
+                  + "prefer connect @FILE or connect -\n")
         }
         do throws(HostError) {
             let text = try source.read().trimmingCharacters(in: .whitespacesAndNewlines)
@@ -49,13 +49,13 @@ func runControlClient(_ command: ControlCommand, json: Bool) -> Int32 {
             // code is refused with the code's own words and status even when no daemon runs.
             if case .link = source {
                 do throws(JoinCodeError) { _ = try Invitation.read(text, now: Date()) } catch {
-                    fputs("krakl-agent: \(error.description)\n", stderr)
+                    StandardStream.error("krakl-agent: \(error.description)\n")
                     return error.exitStatus
                 }
             }
             request = ControlRequest("connect", code: text)
         } catch {
-            fputs("krakl-agent: \(error.description)\n", stderr)
+            StandardStream.error("krakl-agent: \(error.description)\n")
             return error.exitStatus
         }
     }
@@ -79,7 +79,7 @@ func runControlClient(_ command: ControlCommand, json: Bool) -> Int32 {
                 (reply, line) = next
             }
             if !reply.ok {
-                fputs("krakl-agent: \(reply.error ?? "the daemon refused without saying why")\n", stderr)
+                StandardStream.error("krakl-agent: \(reply.error ?? "the daemon refused without saying why")\n")
                 return reply.exitStatus ?? ExitCode.daemonRefused
             }
             if json { print(line) } else {
@@ -92,7 +92,7 @@ func runControlClient(_ command: ControlCommand, json: Bool) -> Int32 {
             return 0
         }
     } catch {
-        fputs("krakl-agent: \(error.description)\n", stderr)
+        StandardStream.error("krakl-agent: \(error.description)\n")
         return error.exitStatus
     }
 }

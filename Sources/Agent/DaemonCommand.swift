@@ -16,7 +16,7 @@ func runDaemon(_ arguments: Arguments, logger: @escaping BackendLogger) -> Int32
     do {
         try KraklRTC.prepare()
     } catch {
-        fputs("krakl-agent: the WebRTC stack cannot start: \(error)\n", stderr)
+        StandardStream.error("krakl-agent: the WebRTC stack cannot start: \(error)\n")
         return ExitCode.failure
     }
     let daemon: ControlDaemon
@@ -24,10 +24,10 @@ func runDaemon(_ arguments: Arguments, logger: @escaping BackendLogger) -> Int32
         let place = try DaemonPlace.claim()
         daemon = try ControlDaemon(place: place, arguments: arguments, signals: control.readFD, logger: logger)
     } catch let error as ControlError {
-        fputs("krakl-agent: \(error.description)\n", stderr)
+        StandardStream.error("krakl-agent: \(error.description)\n")
         return error.exitStatus
     } catch {
-        fputs("krakl-agent: the daemon cannot start: \(error)\n", stderr)
+        StandardStream.error("krakl-agent: the daemon cannot start: \(error)\n")
         return ExitCode.failure
     }
     daemon.run()

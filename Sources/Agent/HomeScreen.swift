@@ -451,14 +451,14 @@ func runHome(_ arguments: Arguments, first: HomeStart?, logger: @escaping Backen
     do {
         try KraklRTC.prepare()
     } catch {
-        fputs("krakl-agent: the WebRTC stack cannot start: \(error)\n", stderr)
+        StandardStream.error("krakl-agent: the WebRTC stack cannot start: \(error)\n")
         return ExitCode.failure
     }
     let screen = TerminalScreen(environment: ProcessInfo.processInfo.environment)
     do throws(HostError) {
         try screen.enter()
     } catch {
-        fputs("krakl-agent: \(error.description)\n", stderr)
+        StandardStream.error("krakl-agent: \(error.description)\n")
         return error.exitStatus
     }
     let home: HomeScreen
@@ -470,7 +470,7 @@ func runHome(_ arguments: Arguments, first: HomeStart?, logger: @escaping Backen
         home = try HomeScreen(arguments: arguments, logger: screenLogger, signals: control.readFD, screen: screen)
     } catch {
         screen.restore()
-        fputs("krakl-agent: the home screen cannot start: \(error)\n", stderr)
+        StandardStream.error("krakl-agent: the home screen cannot start: \(error)\n")
         return ExitCode.failure
     }
     home.run(first: first)

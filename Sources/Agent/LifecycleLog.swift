@@ -1,4 +1,6 @@
+import Glibc
 import Foundation
+import KraklBase
 import KraklSession
 
 /// The non-interactive lifecycle's lines (--join without the home screen): the words the agent
@@ -39,7 +41,7 @@ struct LifecycleLog {
                room: String? = nil, identity: String? = nil, error: Bool = false) {
         switch format {
         case .text:
-            if error { fputs("krakl-agent: \(words)\n", stderr) } else { print("krakl-agent: \(words)") }
+            if error { StandardStream.error("krakl-agent: \(words)\n") } else { print("krakl-agent: \(words)") }
         case .json:
             write(Line(time: Self.now(), event: event, state: state?.name, message: words, reason: reason?.name,
                        exitStatus: reason?.exitStatus, room: room, identity: identity))

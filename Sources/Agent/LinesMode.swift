@@ -151,7 +151,7 @@ final class LinesMode: @unchecked Sendable {
                 self?.scanEnded(outcome)
             }
         } catch {
-            fputs("krakl-agent: \(error.description)\n", stderr)
+            StandardStream.error("krakl-agent: \(error.description)\n")
             finish(error.exitStatus)
         }
     }
@@ -163,7 +163,7 @@ final class LinesMode: @unchecked Sendable {
 
     private func scanProgress(_ line: String) {
         guard !arguments.quiet, scanner != nil else { return }
-        if isTerminal { print("\r\u{1B}[K" + line, terminator: ""); fflush(stdout) } else { print(line) }
+        if isTerminal { print("\r\u{1B}[K" + line, terminator: ""); StandardStream.flushOutput() } else { print(line) }
     }
 
     private func scanEnded(_ outcome: ScreenScanJob.Outcome) {
@@ -179,7 +179,7 @@ final class LinesMode: @unchecked Sendable {
         case .notFound(let status, _):
             finish(status)
         case .failed(let error):
-            fputs("krakl-agent: \(error.description)\n", stderr)
+            StandardStream.error("krakl-agent: \(error.description)\n")
             finish(error.exitStatus)
         }
     }
@@ -277,15 +277,15 @@ final class LinesMode: @unchecked Sendable {
         let link = now.path.map { "\(connection) \($0)" } ?? connection
         let line = String(format: "%@ | %@ as \"%@\" | %@ | %@ | rtt %@ | loss %@ | %5.0f kbit/s | %4.1f fps",
                           session.state.name, now.room ?? "-", identity, now.service ?? "-", link, rtt, loss, kbps, fps)
-        if isTerminal { print("\r\u{1B}[K" + line, terminator: ""); fflush(stdout) } else { print(line) }
+        if isTerminal { print("\r\u{1B}[K" + line, terminator: ""); StandardStream.flushOutput() } else { print(line) }
     }
 }
 
 /// The lines mode from the command line: the `ps` warning, the process's one-time set-up, then `LinesMode`.
 func runLines(_ arguments: Arguments, first: LinesStart, logger: @escaping BackendLogger) -> Int32 {
     if case .code(.argument) = first {
-        fputs("krakl-agent: warning: a join code given as an argument is visible to every user of this computer (ps); "
-              + "prefer --join @FILE, --join - or KRAKL_JOIN\n", stderr)
+        StandardStream.error("krakl-agent: warning: a join code given as an argument is visible to every user of this computer (ps); "
+              + "prefer --join @FILE, --join - or KRAKL_JOIN\n")
     }
     // Signals first, on the main thread, before any other thread exists (threads inherit the mask).
     let control = ControlPipe.shared
@@ -294,14 +294,14 @@ func runLines(_ arguments: Arguments, first: LinesStart, logger: @escaping Backe
         do {
             try KraklRTC.prepare()
         } catch {
-            fputs("krakl-agent: the WebRTC stack cannot start: \(error)\n", stderr)
+            StandardStream.error("krakl-agent: the WebRTC stack cannot start: \(error)\n")
             return ExitCode.failure
         }
     }
     do {
         return try LinesMode(arguments: arguments, logger: logger, signals: control.readFD).run(first: first)
     } catch {
-        fputs("krakl-agent: cannot start: \(error)\n", stderr)
+        StandardStream.error("krakl-agent: cannot start: \(error)\n")
         return ExitCode.failure
     }
 }

@@ -1,3 +1,4 @@
+import Glibc
 import Foundation
 import KraklBackendABI
 import KraklBase
@@ -105,7 +106,7 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     var viewer: ViewerRun?
     if arguments.sharesToViewer {
         do throws(ViewerServerError) { viewer = try ViewerRun(arguments, logger: logger) } catch {
-            fputs("krakl-agent: \(error.description)\n", stderr)
+            StandardStream.error("krakl-agent: \(error.description)\n")
             return error.exitStatus
         }
     }
@@ -149,9 +150,9 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
                 try writeStatistics(statsFile, capture: run.statistics.snapshot(), encoder: run.pipeline?.statistics.summary(), steadyRSSKB: 0)
             } catch { failure = failure ?? error.hostError }
         }
-        if let failure { fputs("krakl-agent: \(failure.description)\n", stderr) }
-        fflush(stdout)
-        fflush(stderr)
+        if let failure { StandardStream.error("krakl-agent: \(failure.description)\n") }
+        StandardStream.flushOutput()
+        StandardStream.flushError()
         _exit(failure?.exitStatus ?? 0)
     }
 
@@ -192,9 +193,9 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
                 if let pipeline = run.pipeline { line += " | " + encoderStatus(pipeline.statistics.summary(window: true)) }
                 if let viewer { line += " | " + viewer.statusText }
                 if isTerminal { print("\r\u{1B}[K" + line, terminator: "") } else { print(line) }
-                fflush(stdout)
+                StandardStream.flushOutput()
                 // EPIPE (the reader left) or EIO (the terminal is gone): nobody sees the status any more.
-                if ferror(stdout) != 0 {
+                if StandardStream.outputFailed {
                     printing = false
                     ending.finish("stdout was closed")
                 }
@@ -258,15 +259,15 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     if let sourceFailure { failures.append(sourceFailure) }
     if let error = run.encoderError {
         failures.append(error.hostError)
-        if let output = error.output { fputs("krakl-agent: \(recordingAfterFailure(output.path, record: arguments.record, frames: encoded?.frames ?? 0))\n", stderr) }
+        if let output = error.output { StandardStream.error("krakl-agent: \(recordingAfterFailure(output.path, record: arguments.record, frames: encoded?.frames ?? 0))\n") }
     }
     if let statsFailure { failures.append(statsFailure) }
     if summary.frames == 0 && summary.invalidFrames > 0 {
         failures.append(.noValidFrames(backend: entry.name, invalid: summary.invalidFrames))
     }
-    for failure in failures { fputs("krakl-agent: \(failure.description)\n", stderr) }
+    for failure in failures { StandardStream.error("krakl-agent: \(failure.description)\n") }
     if let error = run.sourceError {
-        fputs("krakl-agent: the source reported an error: \(error)\n", stderr)
+        StandardStream.error("krakl-agent: the source reported an error: \(error)\n")
     }
     if let decisive = failures.min(by: { $0.recordingPrecedence < $1.recordingPrecedence }) { return decisive.exitStatus }
     return run.sourceError == nil ? ExitCode.done : ExitCode.sourceReportedError

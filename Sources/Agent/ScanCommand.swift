@@ -1,3 +1,4 @@
+import Glibc
 import Foundation
 import KraklRoom
 import KraklBase
@@ -16,7 +17,7 @@ import KraklViewer
 func runQRFile(path: String, scanOnly: Bool, now: Date = Date()) -> (code: String?, status: Int32) {
     switch judgeQRFile(path: path, now: now) {
     case .failure(let failure):
-        for line in failure.lines { fputs("krakl-agent: \(line)\n", stderr) }
+        for line in failure.lines { StandardStream.error("krakl-agent: \(line)\n") }
         return (nil, failure.status)
     case .success(let found):
         if scanOnly {
@@ -77,7 +78,7 @@ func readQRFile(path: String) -> Result<String, QRFileFailure> {
 // first, 0 after Ctrl-C; a found code joins (or prints with --scan-only).
 
 /// How a screen scan waits and speaks (ScreenScanJob: for an owner on an EventLoop).
-protocol ScanHost: AnyObject {
+protocol ScanHost: AnyObject, Sendable {
     /// Waits up to `seconds` for a changed frame (`wake`) or a reason to stop; true: stop scanning.
     func wait(_ seconds: Double) -> Bool
     /// Any thread: a frame changed.

@@ -20,15 +20,15 @@ final class ScreenScanJob: ScanHost, @unchecked Sendable {
     private let condition = NSCondition()
     private var stopped = false
     private var changed = false
-    private let sayLine: (String) -> Void
-    private let progressLine: (String) -> Void
+    private let sayLine: @Sendable (String) -> Void
+    private let progressLine: @Sendable (String) -> Void
     /// The last line `scanScreen` said (why it ended): the scan thread only.
     private var lastSaid = "scanning stopped"
 
     /// Starts scanning at once; `say` gets the lines worth a line of their own, `progress` the
     /// once-a-second ones, `done` the outcome.
-    init(arguments: Arguments, logger: @escaping BackendLogger, say: @escaping (String) -> Void, progress: @escaping (String) -> Void,
-         done: @escaping (Outcome) -> Void) throws(HostError) {
+    init(arguments: Arguments, logger: @escaping BackendLogger, say: @escaping @Sendable (String) -> Void,
+         progress: @escaping @Sendable (String) -> Void, done: @escaping @Sendable (Outcome) -> Void) throws(HostError) {
         sayLine = say
         progressLine = progress
         // Fails here, not on the thread, when the backend cannot be chosen.
@@ -48,11 +48,8 @@ final class ScreenScanJob: ScanHost, @unchecked Sendable {
     /// The same for an owner on `loop`: each report is posted to it.
     convenience init(arguments: Arguments, logger: @escaping BackendLogger, postingTo loop: EventLoop, say: @escaping (String) -> Void,
                      progress: @escaping (String) -> Void, done: @escaping (Outcome) -> Void) throws(HostError) {
-        try self.init(arguments: arguments, logger: logger) { line in loop.post { say(line) } } progress: { line in
-            loop.post { progress(line) }
-        } done: { outcome in
-            loop.post { done(outcome) }
-        }
+        let (say, progress, done) = (OnLoop(loop, say), OnLoop(loop, progress), OnLoop(loop, done))
+        try self.init(arguments: arguments, logger: logger) { say($0) } progress: { progress($0) } done: { done($0) }
     }
 
     func stop() {
@@ -86,4 +83,19 @@ final class ScreenScanJob: ScanHost, @unchecked Sendable {
     }
 
     func progress(_ line: String) { progressLine(line) }
+}
+
+/// A handler of an owner that lives on `loop`: each call is posted there, so the handler only ever
+/// runs on the owner's thread, whatever it captures, and may be handed to another thread. That
+/// is the reason for @unchecked Sendable.
+struct OnLoop<Argument>: @unchecked Sendable {
+    let loop: EventLoop
+    let handler: (Argument) -> Void
+
+    init(_ loop: EventLoop, _ handler: @escaping (Argument) -> Void) {
+        self.loop = loop
+        self.handler = handler
+    }
+
+    func callAsFunction(_ argument: Argument) { loop.post { handler(argument) } }
 }

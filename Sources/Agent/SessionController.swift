@@ -12,7 +12,9 @@ import KraklSession
 /// runs on that loop: requests come from the owner, the session's state changes and end (which
 /// happen on the session's own loop) are posted to it, and a once-a-second timer on it measures
 /// the rates while a session runs. The owner hears of each step through `onEvent`.
-final class SessionController {
+/// @unchecked Sendable: the session's callbacks (on its own loop) reach it only through `loop.post`,
+/// and its mutable state is `LoopBound` to that loop (a touch from another thread traps).
+final class SessionController: @unchecked Sendable {
     enum Event {
         /// A session was started; the words say where to (room, service, identity, shortened token).
         case connecting(Start)
@@ -47,20 +49,56 @@ final class SessionController {
     private let notifier: DesktopNotifier?
     private let onEvent: (Event) -> Void
 
-    // Loop thread only.
-    private var session: SharingSession?
-    private var sessionNumber = 0
-    private var sharingSince: Double?
-    private var stateSince = MonotonicClock.milliseconds()
-    private(set) var lastEnd: ControlEnd?
-    private var ticker: EventLoop.TimerID?
-    private var meter: (at: Double, bytes: Int, frames: Int)?
-    private var rates: (kbps: Double, fps: Double)?
+    /// What only the loop's thread touches, checked there (`LoopBound`).
+    private struct LoopState {
+        var session: SharingSession?
+        var sessionNumber = 0
+        var sharingSince: Double?
+        var stateSince = MonotonicClock.milliseconds()
+        var lastEnd: ControlEnd?
+        var ticker: EventLoop.TimerID?
+        var meter: (at: Double, bytes: Int, frames: Int)?
+        var rates: (kbps: Double, fps: Double)?
+    }
+    private let state: LoopBound<LoopState>
+    private var session: SharingSession? {
+        get { state.value.session }
+        set { state.value.session = newValue }
+    }
+    private var sessionNumber: Int {
+        get { state.value.sessionNumber }
+        set { state.value.sessionNumber = newValue }
+    }
+    private var sharingSince: Double? {
+        get { state.value.sharingSince }
+        set { state.value.sharingSince = newValue }
+    }
+    private var stateSince: Double {
+        get { state.value.stateSince }
+        set { state.value.stateSince = newValue }
+    }
+    private(set) var lastEnd: ControlEnd? {
+        get { state.value.lastEnd }
+        set { state.value.lastEnd = newValue }
+    }
+    private var ticker: EventLoop.TimerID? {
+        get { state.value.ticker }
+        set { state.value.ticker = newValue }
+    }
+    private var meter: (at: Double, bytes: Int, frames: Int)? {
+        get { state.value.meter }
+        set { state.value.meter = newValue }
+    }
+    private var rates: (kbps: Double, fps: Double)? {
+        get { state.value.rates }
+        set { state.value.rates = newValue }
+    }
 
     init(arguments: Arguments, loop: EventLoop, logger: @escaping BackendLogger, notifier: DesktopNotifier? = DesktopNotifier.sessionBus(),
          onEvent: @escaping (Event) -> Void) {
         self.arguments = arguments
         self.loop = loop
+        state = LoopBound(LoopState(), loop: loop)
         self.logger = logger
         self.notifier = notifier
         self.onEvent = onEvent
@@ -70,7 +108,7 @@ final class SessionController {
     func finish() { notifier?.finish() }
 
     /// Each session's encoded frames also go here (the home screen's local viewer); set on the loop.
-    var alsoSendTo: (any EncodedFrameSink & Sendable)?
+    @Locked var alsoSendTo: (any EncodedFrameSink & Sendable)? = nil
 
     /// The running session's encoder makes a keyframe soon (a local viewer asked); nothing when idle.
     func requestKeyframe() { session?.requestKeyframe() }

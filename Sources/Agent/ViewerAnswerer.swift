@@ -1,3 +1,4 @@
+import Glibc
 import Foundation
 import KraklBase
 import KraklCore
@@ -39,7 +40,7 @@ final class RtcViewerAnswerer: ViewerPeerFactory, VideoFeed, @unchecked Sendable
     /// (docs/PERFORMANCE.md, the viewer).
     static func environmentPlayoutDelay(_ environment: [String: String] = ProcessInfo.processInfo.environment) -> PlayoutDelay? {
         let (delay, problem) = PlayoutDelay.reading(environment["KRAKL_VIEWER_PLAYOUT_DELAY"])
-        if let problem { fputs("krakl-agent: warning: KRAKL_VIEWER_PLAYOUT_DELAY: \(problem)\n", stderr) }
+        if let problem { StandardStream.error("krakl-agent: warning: KRAKL_VIEWER_PLAYOUT_DELAY: \(problem)\n") }
         return delay
     }
 

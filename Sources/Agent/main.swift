@@ -1,3 +1,4 @@
+import Glibc
 import Foundation
 import KraklBase
 import KraklCore
@@ -7,14 +8,14 @@ import KraklScan
 
 // Line-buffered stdout even into a pipe, so status and check lines appear
 // as they happen.
-setvbuf(stdout, nil, _IOLBF, 0)
+StandardStream.lineBufferOutput()
 
 // Big buffers mmap'ed at a fixed threshold, so that a finished session's memory goes back to the
 // system (HeapRelease.swift says why): before any other thread exists.
 HeapRelease.configure()
 
 func fail(_ error: HostError) -> Never {
-    fputs("krakl-agent: \(error.description)\n", stderr)
+    StandardStream.error("krakl-agent: \(error.description)\n")
     exit(error.exitStatus)
 }
 
@@ -48,7 +49,7 @@ do throws(HostError) {
             cameras = try CameraScan.selection(arguments, camera: "").listSources(logger: logger) ?? []
         } catch {
             guard let words = CameraScan.noCamera(error) else { throw error }
-            fputs("krakl-agent: \(words)\n", stderr)
+            StandardStream.error("krakl-agent: \(words)\n")
             exit(CameraScan.noCameraStatus)
         }
         printSources(cameras, heading: "Cameras (krakl-agent --scan --camera NAME takes the number, the node name or the name):")
@@ -91,8 +92,8 @@ do throws(HostError) {
         exit(runHome(arguments, first: .picture(URL(fileURLWithPath: path).path), logger: logger))
     case .home:
         guard homeScreen else {
-            fputs("krakl-agent: home is the interactive screen and needs a terminal (stdin and stdout)\(arguments.headless ? ", not --headless" : ""); "
-                  + "without one use `krakl-agent --join @FILE` (a line per event) or the daemon (docs/daemon.md)\n", stderr)
+            StandardStream.error("krakl-agent: home is the interactive screen and needs a terminal (stdin and stdout)\(arguments.headless ? ", not --headless" : ""); "
+                  + "without one use `krakl-agent --join @FILE` (a line per event) or the daemon (docs/daemon.md)\n")
             exit(ExitCode.usage)
         }
         let first: HomeStart? = arguments.join.map { _ in .code("") } ?? arguments.qr.map { .picture(URL(fileURLWithPath: $0).path) }
@@ -116,7 +117,7 @@ do throws(HostError) {
         do throws(JoinCodeError) {
             print(try Invitation.read(text, now: Date()).summary)
         } catch {
-            fputs("krakl-agent: \(error.description)\n", stderr)
+            StandardStream.error("krakl-agent: \(error.description)\n")
             exit(error.exitStatus)
         }
     }

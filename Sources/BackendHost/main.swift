@@ -6,6 +6,7 @@
 //
 // The agent spawns it (Sources/KraklCore/Isolation/IsolatedBackendSource.swift); it is not
 // meant to be run by hand. The protocol is in Sources/KraklCore/Isolation/IsolationWire.swift.
+import Glibc
 import CBackendHost
 import Foundation
 import KraklBase
@@ -17,7 +18,7 @@ guard words.count == 6, let slots = Int(words[3]), (2...Int(WireLimits.maximumSl
       let waitMilliseconds = Int(words[4]), (0...60_000).contains(waitMilliseconds),
       budgetList.count == 5, budgetList.allSatisfy({ $0 > 0 && $0 <= 3600 }),
       fcntl(3, F_GETFD) >= 0 else {
-    fputs("krakl-backend-host: started by krakl-agent in isolated mode only (see krakl-agent --help, --isolate)\n", stderr)
+    StandardStream.error("krakl-backend-host: started by krakl-agent in isolated mode only (see krakl-agent --help, --isolate)\n")
     exit(2)
 }
 // The agent's descriptors other than stdio and the socket stay out of the backend's reach.

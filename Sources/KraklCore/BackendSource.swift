@@ -33,7 +33,7 @@ public typealias BackendLogger = @Sendable (String, LogLevel, String) -> Void
 public func stderrLogger(maximum: LogLevel) -> BackendLogger {
     { backend, level, message in
         guard level <= maximum else { return }
-        fputs("krakl-agent: [\(backend)] \(level.label): \(message)\n", stderr)
+        StandardStream.error("krakl-agent: [\(backend)] \(level.label): \(message)\n")
     }
 }
 

@@ -14,7 +14,7 @@ public enum ConformanceChild {
     public static func run(group name: String, path: String, options: JSONObject, expectEnd: Bool,
                            timeout: Double, logger: @escaping BackendLogger) -> Never {
         guard fcntl(ConformanceChannel.descriptor, F_GETFD) >= 0, let group = ConformanceGroup(rawValue: name) else {
-            fputs("krakl-agent: --run-group is used by `krakl-agent conformance` itself, for its child processes\n", stderr)
+            StandardStream.error("krakl-agent: --run-group is used by `krakl-agent conformance` itself, for its child processes\n")
             _exit(2)
         }
         let channel = ConformanceChannel(fd: ConformanceChannel.descriptor)

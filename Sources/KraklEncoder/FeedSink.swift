@@ -12,24 +12,19 @@ public final class FeedSink: EncodedFrameSink, @unchecked Sendable {
     public let onlyCodec: VideoCodec?
     /// Keep each frame's capture → encoded time (the room's sink: the probe reports percentiles).
     public let keepsTimes: Bool
-    // Guards every var below: `write` runs on the encoder thread, the rest on any thread.
+    /// Where frames go; nil until one is plugged in (the home screen's viewer may start in the
+    /// middle of a session).
+    @Locked public var feed: (any VideoFeed)? = nil
+    // Guards the numbers below: `write` runs on the encoder thread, the readers on any thread.
     private let lock = NSLock()
-    private var _feed: (any VideoFeed)?
     /// Capture → encoded, ms, a frame each: the part of the end-to-end latency spent before the network.
     private var encodedAfterMs: [Double] = []
     private var size: (width: Int, height: Int)?
 
-    /// - Parameter feed: where frames go; nil until one is plugged in with `feed` (the home screen's
-    ///   viewer may start in the middle of a session).
     public init(_ feed: (any VideoFeed)?, onlyCodec: VideoCodec? = nil, keepsTimes: Bool = false) {
-        _feed = feed
         self.onlyCodec = onlyCodec
         self.keepsTimes = keepsTimes
-    }
-
-    public var feed: (any VideoFeed)? {
-        get { lock.withLock { _feed } }
-        set { lock.withLock { _feed = newValue } }
+        self.feed = feed
     }
 
     public var captureToEncodedMs: [Double] { lock.withLock { encodedAfterMs } }
@@ -39,11 +34,10 @@ public final class FeedSink: EncodedFrameSink, @unchecked Sendable {
     public func write(_ frame: EncodedFrame) throws(EncoderError) {
         if let onlyCodec, frame.codec != onlyCodec { return }
         let waited = MonotonicClock.milliseconds() - Double(frame.timestampNs) / 1e6
-        let feed = lock.withLock { () -> (any VideoFeed)? in
+        lock.withLock {
             // Bounded: a session of hours must not grow this without end (the probe reads percentiles).
             if keepsTimes, encodedAfterMs.count < 1_000_000 { encodedAfterMs.append(waited) }
             size = (frame.width, frame.height)
-            return _feed
         }
         feed?.send(frame: frame.data, keyframe: frame.keyframe, captureNanoseconds: frame.timestampNs, width: frame.width, height: frame.height)
     }

@@ -137,13 +137,35 @@ public final class SharingSession: @unchecked Sendable {
     /// Blocking steps, in order. Plain dispatch work, no timers or sources: its worker threads
     /// retire after 5 s idle.
     private let work = DispatchQueue(label: "krakl-session-work")
-    private var lifecycle = SharingLifecycle()
-    /// Bumped on every join, so a late timer of an earlier attempt is recognised and ignored.
-    private var attempt = 0
-    /// The connect budget while joining (control loop only).
-    private var connectTimer: EventLoop.TimerID?
-    /// Watches consent while sharing (control loop only): its timer, when consent last moved, and how far.
-    private var pathWatch: (timer: EventLoop.TimerID, responses: Int, changedAt: Double)?
+
+    /// What the control loop alone touches, checked there (`LoopBound`); made with the loop by `start`.
+    private struct ControlState {
+        var lifecycle = SharingLifecycle()
+        /// Bumped on every join, so a late timer of an earlier attempt is recognised and ignored.
+        var attempt = 0
+        /// The connect budget while joining.
+        var connectTimer: EventLoop.TimerID?
+        /// Watches consent while sharing: its timer, when consent last moved, and how far.
+        var pathWatch: (timer: EventLoop.TimerID, responses: Int, changedAt: Double)?
+    }
+    /// Set by `start` before its loop runs anything, read only on that loop.
+    private var control: LoopBound<ControlState>!
+    private var lifecycle: SharingLifecycle {
+        get { control.value.lifecycle }
+        set { control.value.lifecycle = newValue }
+    }
+    private var attempt: Int {
+        get { control.value.attempt }
+        set { control.value.attempt = newValue }
+    }
+    private var connectTimer: EventLoop.TimerID? {
+        get { control.value.connectTimer }
+        set { control.value.connectTimer = newValue }
+    }
+    private var pathWatch: (timer: EventLoop.TimerID, responses: Int, changedAt: Double)? {
+        get { control.value.pathWatch }
+        set { control.value.pathWatch = newValue }
+    }
 
     // Owned parts; touched only on the work queue (created, used, torn down there), read for
     // status under `lock`.
@@ -183,6 +205,7 @@ public final class SharingSession: @unchecked Sendable {
     /// thread cannot be made (out of descriptors or threads).
     public func start() throws {
         let loop = try EventLoop(name: "krakl-session")
+        control = LoopBound(ControlState(), loop: loop)
         loopLock.withLock { self.loop = loop }
         lock.withLock { leaveBegun = false }
         loop.start()

@@ -13,6 +13,7 @@
 // Exit status: 0 ran to the end (or the peer closed), 2 bad usage or
 // answer, 3 failed to connect (ICE, DTLS: e.g. a wrong fingerprint),
 // 4 connection lost (consent expired), 5 capture or encoder failure.
+import Glibc
 import Foundation
 import KraklBackendABI
 import KraklBase
@@ -34,14 +35,20 @@ usage: krakl-rtc-probe [--address IP]... [--allow-loopback] [--no-ipv6] [--stun 
 """
 
 func fail(_ message: String, status: Int32) -> Never {
-    fputs("krakl-rtc-probe: \(message)\n", stderr)
+    StandardStream.error("krakl-rtc-probe: \(message)\n")
     exit(status)
 }
 
-func emit(_ object: [String: Any], to stream: UnsafeMutablePointer<FILE>) {
+/// One JSON line to stdout (the report) or stderr (events), flushed at once for the reader.
+func emit(_ object: [String: Any], toError: Bool = false) {
     guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else { return }
-    fputs(String(decoding: data, as: UTF8.self) + "\n", stream)
-    fflush(stream)
+    let line = String(decoding: data, as: UTF8.self) + "\n"
+    if toError {
+        StandardStream.error(line)
+    } else {
+        print(line, terminator: "")
+        StandardStream.flushOutput()
+    }
 }
 
 // MARK: arguments
@@ -145,7 +152,7 @@ final class StdioSignalling: RoomDriver, @unchecked Sendable {
 
     func publish(offer: String, identity: String) throws(RoomError) -> RoomAnswer {
         print(offer)
-        fflush(stdout)
+        StandardStream.flushOutput()
         if let answerPath {
             guard let text = try? String(contentsOfFile: answerPath, encoding: .utf8) else { throw .badReply("cannot read \(answerPath)") }
             return RoomAnswer(sdp: text)
@@ -201,7 +208,7 @@ final class EventLog: @unchecked Sendable {
         }
         events.append(object)
         lock.unlock()
-        emit(object, to: stderr)
+        emit(object, toError: true)
     }
 }
 
@@ -240,7 +247,7 @@ if session.state == .sharing {
               "bytes_sent": s.bytesSent, "retransmitted_bytes": s.retransmittedBytes, "redundant_bytes": s.redundantBytes,
               "target_bitrate": s.targetBitrate,
               "rtt_ms": s.roundTripMilliseconds ?? -1, "fraction_lost": s.fractionLost ?? -1,
-              "nacks": s.nacksReceived, "plis": s.plisReceived, "keyframes": s.keyframesSent], to: stderr)
+              "nacks": s.nacksReceived, "plis": s.plisReceived, "keyframes": s.keyframesSent], toError: true)
     }
     if session.waitUntilFinished(timeout: 0) == nil {
         timeUp = true
@@ -252,7 +259,7 @@ let reason = session.waitUntilFinished(timeout: 30) ?? .failure("the session did
 // MARK: the final report
 
 /// Exit status: 0 ran to the end (or the peer closed), 2 bad answer, 3 failed to connect, 4 connection lost, 5 capture or encoder.
-func outcome(_ reason: EndReason) -> (status: Int32, result: String) {
+@MainActor func outcome(_ reason: EndReason) -> (status: Int32, result: String) {
     log.lock.lock()
     let ended = log.ended, connected = log.connected
     log.lock.unlock()
@@ -269,7 +276,7 @@ func outcome(_ reason: EndReason) -> (status: Int32, result: String) {
 }
 
 let (status, result) = outcome(reason)
-if status == 2 || status == 3 { fputs("krakl-rtc-probe: \(result)\n", stderr) }
+if status == 2 || status == 3 { StandardStream.error("krakl-rtc-probe: \(result)\n") }
 let totals = session.totals
 var report: [String: Any] = ["result": result, "status": Int(status), "stats": totals.rtc?.dictionary ?? [:]]
 log.lock.lock()
@@ -282,5 +289,5 @@ if let e = totals.encoder {
                          "dropped_frames": e.droppedFrames, "encode_ms_p50": e.encodeMs.p50, "encode_ms_p99": e.encodeMs.p99,
                          "capture_to_encoded_ms_p50": percentile(0.5), "capture_to_encoded_ms_p99": percentile(0.99)]
 }
-emit(report, to: stdout)
+emit(report)
 exit(status)

@@ -9,7 +9,8 @@ import Glibc
 /// Thread rules: `post`, `stop` and `isRunning` may be called from any
 /// thread; `watch`, `unwatch`, `schedule` and `cancel` only on the loop
 /// thread (inside a posted closure, a timer or a readable handler), so the
-/// loop's own state needs no lock.
+/// loop's own state needs no lock; they check it (`preconditionInLoop`), as
+/// `LoopBound` does for the state of the loop's owners.
 public final class EventLoop: @unchecked Sendable {
     public typealias TimerID = UInt64
 
@@ -34,8 +35,10 @@ public final class EventLoop: @unchecked Sendable {
     private var posted: [() -> Void] = []
     private var stopping = false
     private var running = false
+    /// The loop's thread exists (from its first instruction to the end of `run`): before and after
+    /// that, the loop's state is its owner's, on whatever thread the owner is.
+    private var threadAlive = false
     private let finished = DispatchSemaphore(value: 0)
-    private var threadID: pthread_t?
 
     /// Creates the wake-up pipe; the thread starts with `start()`.
     public init(name: String = "krakl-net") throws {
@@ -63,10 +66,10 @@ public final class EventLoop: @unchecked Sendable {
         lock.unlock()
         let thread = Thread { [self] in
             EventLoop.nameKernelThread(self.name)
-            self.lock.lock()
-            self.threadID = pthread_self()
-            self.lock.unlock()
+            pthread_setspecific(Self.currentLoopKey, Unmanaged.passUnretained(self).toOpaque())
+            self.lock.withLock { self.threadAlive = true }
             self.run()
+            self.lock.withLock { self.threadAlive = false }
             self.finished.signal()
         }
         thread.name = name
@@ -87,12 +90,26 @@ public final class EventLoop: @unchecked Sendable {
 
     public var isRunning: Bool { lock.lock(); defer { lock.unlock() }; return running && !stopping }
 
-    /// True on the loop thread.
+    /// True on the loop thread. A thread-specific value the loop's thread set for itself: no lock,
+    /// a few nanoseconds, so checks can stay on hot paths.
     public var isLoopThread: Bool {
-        lock.lock(); defer { lock.unlock() }
-        guard let threadID else { return false }
-        return pthread_equal(threadID, pthread_self()) != 0
+        pthread_getspecific(Self.currentLoopKey) == Unmanaged.passUnretained(self).toOpaque()
     }
+
+    /// Traps unless called on the loop thread, or while no loop thread exists (before it started,
+    /// after it ended: then the owner's thread is the only one): what "loop thread only" means, checked.
+    @inline(__always)
+    public func preconditionInLoop(file: StaticString = #fileID, line: UInt = #line) {
+        if isLoopThread { return }
+        precondition(!lock.withLock({ threadAlive }), "called off the \(name) loop's thread while it runs", file: file, line: line)
+    }
+
+    /// Which loop runs on this thread (set once by each loop's thread; never cleared: the thread ends with its loop).
+    private static let currentLoopKey: pthread_key_t = {
+        var key = pthread_key_t()
+        precondition(pthread_key_create(&key, nil) == 0, "pthread_key_create failed")
+        return key
+    }()
 
     /// Any thread: runs `work` on the loop thread soon, in posting order. Never blocks
     /// beyond a short lock; work posted after `stop` is dropped.
@@ -130,17 +147,20 @@ public final class EventLoop: @unchecked Sendable {
 
     /// Calls `handler` on the loop thread whenever `fd` is readable.
     public func watch(fd: Int32, _ handler: @escaping () -> Void) {
+        preconditionInLoop()
         unwatch(fd: fd)
         watched.append((fd, handler))
     }
 
     public func unwatch(fd: Int32) {
+        preconditionInLoop()
         watched.removeAll { $0.fd == fd }
         writable.removeAll { $0.fd == fd }
     }
 
     /// Calls `handler` once on the loop thread when `fd` is writable (or in error).
     public func watchWritable(fd: Int32, _ handler: @escaping () -> Void) {
+        preconditionInLoop()
         writable.removeAll { $0.fd == fd }
         writable.append((fd, handler))
     }
@@ -148,6 +168,7 @@ public final class EventLoop: @unchecked Sendable {
     /// Runs `handler` once at `deadline` (monotonic ns), or on the next turn if it has passed.
     @discardableResult
     public func schedule(at deadline: UInt64, _ handler: @escaping () -> Void) -> TimerID {
+        preconditionInLoop()
         let id = nextTimerID
         nextTimerID += 1
         heap.append(Timer(deadline: deadline, id: id, handler: handler))
@@ -163,6 +184,7 @@ public final class EventLoop: @unchecked Sendable {
 
     /// Cancels a timer that has not fired; harmless for one that has.
     public func cancel(_ id: TimerID) {
+        preconditionInLoop()
         if heap.contains(where: { $0.id == id }) { cancelled.insert(id) }
     }
 

@@ -98,25 +98,13 @@ public final class Publisher: @unchecked Sendable {
     /// Called once, on the network thread, when the peer ended the session or it failed (consent lost,
     /// DTLS close_notify, RTCP BYE, ICE or DTLS failure), with the reason in words; not after `close()`.
     /// For a server to forget the peer (it should still call `close()` to free the sockets).
-    public var onClosed: ((String) -> Void)? {
-        get { stateLock.lock(); defer { stateLock.unlock() }; return closedHandler }
-        set { stateLock.lock(); closedHandler = newValue; stateLock.unlock() }
-    }
+    @Locked public var onClosed: ((String) -> Void)? = nil
     /// The encoder should make the next frame a keyframe (rate-limited). Network thread; must not block.
-    public var onKeyframeRequest: (() -> Void)? {
-        get { stateLock.lock(); defer { stateLock.unlock() }; return keyframeHandler }
-        set { stateLock.lock(); keyframeHandler = newValue; stateLock.unlock() }
-    }
+    @Locked public var onKeyframeRequest: (() -> Void)? = nil
     /// The encoder's new target bitrate in bits per second. Network thread; must not block.
-    public var onBitrate: ((Int) -> Void)? {
-        get { stateLock.lock(); defer { stateLock.unlock() }; return bitrateHandler }
-        set { stateLock.lock(); bitrateHandler = newValue; stateLock.unlock() }
-    }
+    @Locked public var onBitrate: ((Int) -> Void)? = nil
     private var eventHandler: ((PublisherEvent) -> Void)?
     private var pendingEvents: [PublisherEvent] = []
-    private var closedHandler: ((String) -> Void)?
-    private var keyframeHandler: (() -> Void)?
-    private var bitrateHandler: ((Int) -> Void)?
 
     private let loop: EventLoop
     /// False when the loop was passed in (shared): `close()` leaves it running.

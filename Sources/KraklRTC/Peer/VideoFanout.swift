@@ -17,19 +17,11 @@ public final class VideoFanout: @unchecked Sendable {
     public let floorBitrate: Int
     public let keyframeInterval: Duration
     /// Ask the encoder for a keyframe. Set before adding peers.
-    public var onKeyframeRequest: (() -> Void)? {
-        get { lock.withLock { keyframeHandler } }
-        set { lock.withLock { keyframeHandler = newValue } }
-    }
+    @Locked public var onKeyframeRequest: (() -> Void)? = nil
     /// The encoder's new target in bits per second. Set before adding peers.
-    public var onBitrate: ((Int) -> Void)? {
-        get { lock.withLock { bitrateHandler } }
-        set { lock.withLock { bitrateHandler = newValue } }
-    }
+    @Locked public var onBitrate: ((Int) -> Void)? = nil
 
     private let lock = NSLock()
-    private var keyframeHandler: (() -> Void)?
-    private var bitrateHandler: ((Int) -> Void)?
     private var peers: [ObjectIdentifier: Publisher] = [:]
     /// Each peer's last estimate (none until it reported).
     private var estimates: [ObjectIdentifier: Int] = [:]
@@ -86,9 +78,8 @@ public final class VideoFanout: @unchecked Sendable {
             timerArmed = true
             armAfter = due &- min(due, now)
         }
-        let handler = keyframeHandler
         lock.unlock()
-        if pass { handler?() }
+        if pass { onKeyframeRequest?() }
         if let armAfter {
             DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(min(armAfter, 10_000_000_000)))) { [weak self] in
                 self?.fireDeferred()
@@ -100,9 +91,8 @@ public final class VideoFanout: @unchecked Sendable {
         lock.lock()
         timerArmed = false
         let fire = limiter.takeDue(now: max(MonotonicClock.nanoseconds(), limiter.deferredUntil ?? 0))
-        let handler = keyframeHandler
         lock.unlock()
-        if fire { handler?() }
+        if fire { onKeyframeRequest?() }
     }
 
     private func peerEstimate(_ id: ObjectIdentifier, _ bps: Int?) {
@@ -112,9 +102,8 @@ public final class VideoFanout: @unchecked Sendable {
         let target = lowest.map { max($0, floorBitrate) }
         let changed = target != nil && target != lastBitrate
         if changed { lastBitrate = target }
-        let handler = bitrateHandler
         lock.unlock()
-        if changed, let target { handler?(target) }
+        if changed, let target { onBitrate?(target) }
     }
 }
 

@@ -1,0 +1,168 @@
+import Foundation
+import Testing
+
+/// Every kind of bad input ends with one actionable line on stderr and its
+/// own documented exit status, never a crash or a hang.
+@Suite("Bad input: one line, distinct exit status", .tags(.integration))
+struct BadInputTests {
+    /// Asserts a failed run: the status, one line on stderr containing every fragment, no timeout.
+    func expectFailure(_ result: Harness.Result, status: Int32, _ fragments: [String],
+                       sourceLocation: SourceLocation = #_sourceLocation) {
+        #expect(!result.timedOut, "timed out", sourceLocation: sourceLocation)
+        #expect(result.status == status, "exit \(result.status), stderr: \(result.stderr)", sourceLocation: sourceLocation)
+        let lines = result.stderr.split(separator: "\n")
+        #expect(lines.count == 1, "expected one line, got: \(result.stderr)", sourceLocation: sourceLocation)
+        for fragment in fragments {
+            #expect(result.stderr.contains(fragment), "\"\(fragment)\" not in: \(result.stderr)", sourceLocation: sourceLocation)
+        }
+    }
+
+    /// `--ice-server`, `--ice-transport` and `--ice-ca` refuse what the agent cannot use, before anything starts,
+    /// and never print a credential.
+    @Test(arguments: [
+        (["--ice-server", "turn:127.0.0.2:3478"], "needs its user and credential"),
+        (["--ice-server", "http://127.0.0.2/"], "not a stun:/turn:/turns: URL"),
+        (["--ice-server", "turns:127.0.0.2:5349?transport=udp,u,secret-credential"], "would be DTLS to the TURN server"),
+        (["--ice-server", "turns:127.0.0.2"], "needs its user and credential"),
+        (["--ice-ca", "/nonexistent/ca.pem"], "--ice-ca /nonexistent/ca.pem: cannot read it"),
+        (["--ice-transport", "direct"], "use all or relay"),
+    ])
+    func iceServerOptionsThatCannotBeUsed(arguments: [String], fragment: String) throws {
+        try Harness.requireBuild()
+        let result = try Harness.agent(["--join", "-"] + arguments)
+        expectFailure(result, status: 2, [fragment])
+        #expect(!result.stderr.contains("secret-credential"), "a credential was printed: \(result.stderr)")
+    }
+
+    @Test func malformedRegistryReportsFileLineColumn() throws {
+        try Harness.requireBuild()
+        let dir = try Harness.temporaryDirectory()
+        let path = dir + "/plugins.json"
+        try "{\n  \"version\": 1,\n  \"default\": \"file\"\n  \"backends\": {}\n}\n".write(toFile: path, atomically: true, encoding: .utf8)
+        let result = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", path, "--frames", "1"])
+        expectFailure(result, status: 5, ["\(path):3:20:", "expected ',' or '}'"])
+    }
+
+    @Test func registryContentErrorsPointAtTheMember() throws {
+        try Harness.requireBuild()
+        let dir = try Harness.temporaryDirectory()
+        let path = dir + "/plugins.json"
+        try """
+        {
+          "version": 1,
+          "default": "file",
+          "backends": {
+            "file": { "library": 42 }
+          }
+        }
+        """.write(toFile: path, atomically: true, encoding: .utf8)
+        expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--plugins", path]), status: 5, ["\(path):5:26:", "needs \"library\""])
+        try "{\"version\": 1, \"default\": \"nope\", \"backends\": {\"a\": {\"library\": \"x.so\"}}}"
+            .write(toFile: path, atomically: true, encoding: .utf8)
+        expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--plugins", path]), status: 5, ["\(path):1:27:", "\"nope\"", "not among the backends (a)"])
+    }
+
+    /// Names from the file are printed escaped: a NUL cut the message short (the rest, and its
+    /// newline, never reached the terminal), and bidi overrides or escapes would reach it raw.
+    @Test func registryNamesAreEscapedInMessages() throws {
+        try Harness.requireBuild()
+        let dir = try Harness.temporaryDirectory()
+        let path = dir + "/plugins.json"
+        try "{\"version\": 1, \"backends\": {\"a\\u0000b\\u202ec\\u001b[2J\": {\"library\": \"x.so\"}}}"
+            .write(toFile: path, atomically: true, encoding: .utf8)
+        let result = try Harness.agent(["--record", "krakl-recording.webm", "--plugins", path])
+        expectFailure(result, status: 5, ["backend name \"a\\x00b\\u{202e}c\\x1b[2J\" must be letters, digits, '-' or '_'"])
+        #expect(result.stderr.hasSuffix("\n") && !result.stderr.contains("\u{1B}") && !result.stderr.contains("\u{202E}"), "\(result.stderr.debugDescription)")
+    }
+
+    @Test func unreadableRegistry() throws {
+        try Harness.requireBuild()
+        expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--plugins", "/nonexistent/plugins.json"]), status: 4,
+                      ["/nonexistent/plugins.json", "no such file", "--plugins"])
+    }
+
+    @Test func unknownBackendListsTheKnownOnes() throws {
+        try Harness.requireBuild()
+        let registry = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
+        expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--plugins", registry, "--backend", "wayland"]), status: 6,
+                      ["no backend named \"wayland\"", "known backends: file, x11, pipewire"])
+    }
+
+    @Test func missingLibraryFile() throws {
+        try Harness.requireBuild()
+        let dir = try Harness.temporaryDirectory()
+        try "{\"version\": 1, \"default\": \"gone\", \"backends\": {\"gone\": {\"library\": \"lib/libgone.so\"}}}"
+            .write(toFile: dir + "/plugins.json", atomically: true, encoding: .utf8)
+        expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--plugins", dir + "/plugins.json"]), status: 7,
+                      ["backend gone", "\(dir)/lib/libgone.so does not exist"])
+    }
+
+    @Test func fileThatIsNotALibrary() throws {
+        try Harness.requireBuild()
+        let dir = try Harness.temporaryDirectory()
+        try "not an ELF file".write(toFile: dir + "/libjunk.so", atomically: true, encoding: .utf8)
+        try "{\"version\": 1, \"default\": \"junk\", \"backends\": {\"junk\": {\"library\": \"libjunk.so\"}}}"
+            .write(toFile: dir + "/plugins.json", atomically: true, encoding: .utf8)
+        expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--plugins", dir + "/plugins.json"]), status: 8, ["cannot load \(dir)/libjunk.so"])
+    }
+
+    /// Registers a fixture built with `defines` and runs the agent on it.
+    func runFixture(_ defines: [String], extra: [String] = []) throws -> Harness.Result {
+        try Harness.requireBuild()
+        let dir = try Harness.temporaryDirectory()
+        _ = try Harness.compileBackend(Harness.repoRoot + "/Tests/Fixtures/fixture_backend.c", into: dir, name: "fixture", defines: defines)
+        try "{\"version\": 1, \"default\": \"fixture\", \"backends\": {\"fixture\": {\"library\": \"libfixture.so\"}}}"
+            .write(toFile: dir + "/plugins.json", atomically: true, encoding: .utf8)
+        return try Harness.agent(["--record", "krakl-recording.webm", "--plugins", dir + "/plugins.json", "--frames", "3", "-q"] + extra)
+    }
+
+    @Test func libraryWithoutEntrySymbol() throws {
+        expectFailure(try runFixture(["-DNO_ENTRY"]), status: 9, ["does not export krakl_backend_v1", "docs/backend-guide.md"])
+    }
+
+    @Test func backendForANewerMajorABI() throws {
+        expectFailure(try runFixture(["-DENTRY_V2"]), status: 10, ["built for backend ABI 2.x", "this agent speaks 1.1"])
+        expectFailure(try runFixture(["-DABI_MAJOR=2"]), status: 10, ["declares backend ABI 2.1", "rebuild the backend"])
+    }
+
+    @Test func malformedBackendTable() throws {
+        expectFailure(try runFixture(["-DTABLE_SIZE=16"]), status: 10, ["malformed backend table: struct_size is 16 bytes"])
+        expectFailure(try runFixture(["-DNULL_START"]), status: 10, ["malformed backend table: start is NULL"])
+    }
+
+    @Test func createFailureShowsTheBackendsReason() throws {
+        // ENODEV: what to capture is not there (exit 17); an errno without a class of its own gives 11.
+        expectFailure(try runFixture(["-DFAIL_CREATE"]), status: 17, ["could not be created", "no such device /dev/krakl0; plug it in", "ENODEV"])
+        expectFailure(try runFixture(["-DFAIL_CREATE", "-DFAIL_CREATE_ERRNO=EMFILE"]), status: 11, ["could not be created", "EMFILE"])
+    }
+
+    @Test func badBackendOptionFailsCreate() throws {
+        try Harness.requireBuild()
+        let registry = try Harness.registryForThisBuild(in: try Harness.temporaryDirectory())
+        expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--plugins", registry, "--option", "scene=karaoke"]), status: 16,
+                      ["option scene=karaoke is not valid: use one of static, typing, scrolling, video", "EINVAL"])
+        expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--plugins", registry, "--option", "scnee=typing"]), status: 16,
+                      ["unknown option \"scnee\"", "known options: scene,"])
+    }
+
+    @Test func invalidOptionSyntax() throws {
+        try Harness.requireBuild()
+        expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--option", "scene"]), status: 3, ["--option scene is not key=value"])
+        expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--option", "a b=1"]), status: 3, ["may hold only letters"])
+        expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--option", "size={\"w\":1}"]), status: 3, ["objects and arrays are not accepted"])
+    }
+
+    @Test func usageErrors() throws {
+        try Harness.requireBuild()
+        expectFailure(try Harness.agent(["--fast"]), status: 2, ["unknown flag --fast", "--help"])
+        expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--frames", "-3"]), status: 2, ["--frames -3"])
+        expectFailure(try Harness.agent(["conformance"]), status: 2, ["needs the path"])
+    }
+
+    @Test func everyStatusIsDistinctAndDocumented() throws {
+        try Harness.requireBuild()
+        let help = try Harness.agent(["--help"])
+        #expect(help.status == 0)
+        for status in 0...15 { #expect(help.stdout.contains(String(format: "%2d ", status)), "exit status \(status) not documented in --help") }
+    }
+}
