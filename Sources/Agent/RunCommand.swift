@@ -315,8 +315,8 @@ func makeSourceUntilSignalled(_ selection: BackendSelection, sink: FrameSink, lo
     }
     let outcome = Outcome()
     let begun = MonotonicClock.nanoseconds()
-    // A plain pthread, named from inside as BackendCallThread's are (a Foundation Thread's name did
-    // not always reach the system thread: a CI run saw it as "krakl-agent").
+    // A plain pthread, named from inside as BackendCallThread's are (a Foundation Thread's name does
+    // not always reach the system thread, which `top -H` and the tests read).
     final class Body { let run: () -> Void; init(_ run: @escaping () -> Void) { self.run = run } }
     let body = Unmanaged.passRetained(Body {
         Thread.current.name = "krakl-create"   // for `top -H`, gdb and the tests: the thread inside create()

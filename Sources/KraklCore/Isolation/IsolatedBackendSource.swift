@@ -581,9 +581,9 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
         state.lock()
         end = ended
         // A call still waiting for its reply reports the death itself (start throws, and so on). One
-        // whose reply already came returns success and reports nothing: a child that answered start()
-        // and then broke the protocol went unreported while the caller's thread had not woken yet
-        // (a loaded CI run: the source never ended).
+        // whose reply already came returns success and reports nothing, so a child that answered
+        // start() and then broke the protocol before the caller's thread woke must be reported here,
+        // or the source would never end.
         let expected = expectingExit || (awaiting != nil && reply == nil)
         state.broadcast()
         state.unlock()

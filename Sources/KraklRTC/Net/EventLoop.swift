@@ -143,7 +143,7 @@ public final class EventLoop: @unchecked Sendable {
         return finished.wait(timeout: .now() + timeout) == .success
     }
 
-    // MARK: loop thread only
+    // MARK: loop thread only (each checks it: preconditionInLoop)
 
     /// Calls `handler` on the loop thread whenever `fd` is readable.
     public func watch(fd: Int32, _ handler: @escaping () -> Void) {

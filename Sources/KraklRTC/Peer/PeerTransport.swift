@@ -49,7 +49,7 @@ final class PeerTransport {
     weak var delegate: PeerTransportDelegate?
     private let stats: RtcStatsCell
 
-    // Network thread only.
+    // Network thread only: each entry point above the sockets checks it (`loop.preconditionInLoop()`).
     private(set) var finished = false
     private var remoteSetAt: UInt64 = 0
     private(set) var dtls: DtlsTransport?
@@ -89,6 +89,7 @@ final class PeerTransport {
 
     /// Network thread: watches the sockets and starts gathering.
     func start() {
+        loop.preconditionInLoop()
         for socket in sockets { loop.watch(fd: socket.fd) { [weak self] in self?.readSocket(socket) } }
         openTurnStreams(configuration.turnServers)
         ice.startGathering(now: MonotonicClock.nanoseconds())
@@ -99,6 +100,7 @@ final class PeerTransport {
     /// our DTLS role. The first call sets up DTLS; later ones (an ICE restart's answer) only renew ICE.
     func setRemote(credentials: IceCredentials, candidates: [IceCandidate], connectionAddress: String?, port: UInt16,
                    fingerprint: CertificateFingerprint, dtlsRole: DtlsRole, first: Bool, now: UInt64) {
+        loop.preconditionInLoop()
         if first { remoteSetAt = now; beginDtls(role: dtlsRole, fingerprint: fingerprint) }
         var candidates = candidates
         // A peer that lists no candidate still has its c= address and m= port (RFC 8839 §4.2.1.2 fallback).
@@ -113,6 +115,7 @@ final class PeerTransport {
     /// PATCH); we answer with `local`. Only ICE starts over: DTLS, its keys and SRTP stay, and media
     /// stays on the selected pair until the new generation nominates one (RFC 8445 §9, RFC 8842 §4.4).
     func restartIce(local: IceCredentials, remote: IceCredentials, candidates: [IceCandidate], now: UInt64) {
+        loop.preconditionInLoop()
         guard !finished else { return }
         ice.restart(credentials: local, now: now)
         ice.setRemote(credentials: remote, candidates: candidates, now: now)
@@ -185,6 +188,7 @@ final class PeerTransport {
 
     /// Network thread: starts a TCP connection to each TURN server reached over TCP or TLS.
     func openTurnStreams(_ servers: [TurnServer]) {
+        loop.preconditionInLoop()
         for server in servers where server.transport.isStream && turnStreams[server.address] == nil {
             var tls: (context: TLSClientContext, name: String)?
             if server.transport == .tls {
@@ -262,6 +266,7 @@ final class PeerTransport {
     /// Network thread: says goodbye to the peer (the RTCP `bye` if media was up, then DTLS
     /// close_notify) and lets go of the sockets. The loop keeps running (it may be shared).
     func shutDown(bye: [UInt8]?) {
+        loop.preconditionInLoop()
         if !finished, let bye, srtpOut != nil, ice.selected != nil { _ = transmit(bye, rtcp: true) }
         if let dtls { sendDtls(dtls.close()) }
         // Deallocate relays: one Refresh (lifetime 0) each, not waited for.

@@ -60,8 +60,8 @@ public final class Publisher: @unchecked Sendable {
 
     /// Called on the network thread; any thread may set it. The offerer starts gathering in `init`, so
     /// events that come before a handler is set (a relay failing at once, a local candidate) wait for it
-    /// and are delivered in order when it is set: a loaded CI run lost a relay-only failure that way and
-    /// waited out the connect time-out instead of saying why.
+    /// and are delivered in order when it is set; dropped, a relay-only failure would leave the owner
+    /// waiting out the connect time-out instead of saying why.
     public var onEvent: ((PublisherEvent) -> Void)? {
         get { stateLock.lock(); defer { stateLock.unlock() }; return eventHandler }
         set {
@@ -124,14 +124,14 @@ public final class Publisher: @unchecked Sendable {
     private var frameQueueOverflowed = false
     private var negotiated: SdpAnswer?
 
-    // Network thread only.
+    // Network thread only: set and read in work posted to `loop` (shutDown checks it).
     private var stream: VideoSendStream?
     private var media = false
     /// What was encoded before the transport connected, sent first when it does.
     private var early = EarlyFrames()
     /// The transport ended: frames from now on go nowhere.
     private var mediaEnded = false
-    /// Called once gathering has ended (network thread only): `whenGatheringEnds`.
+    /// Called once gathering has ended, on the network thread: `whenGatheringEnds`.
     private var gatheringWaiters: [@Sendable () -> Void] = []
 
     /// Sockets, certificate, SSRCs and the loop; no network activity yet.
@@ -449,6 +449,7 @@ public final class Publisher: @unchecked Sendable {
 
     /// Network thread: says goodbye to the peer and lets go of the sockets.
     private func shutDown() {
+        loop.preconditionInLoop()
         transport.shutDown(bye: stream?.bye)
         media = false
         mediaEnded = true

@@ -1,8 +1,8 @@
 import KraklBase
 import Foundation
 
-/// What a send stream was negotiated to: read from an answer to our offer (`SdpAnswer`) or from the
-/// remote offer we answer (`SdpRemoteOffer`).
+/// What a send stream was negotiated to: read from an answer to our offer (`SdpAnswer`, SDP/) or from
+/// the remote offer we answer (`SdpRemoteOffer`).
 public struct VideoSendParameters: Sendable, Equatable {
     public var codec: VideoCodec
     public var payloadType: UInt8
@@ -19,11 +19,6 @@ public struct VideoSendParameters: Sendable, Equatable {
         self.rtxPayloadType = rtxPayloadType
         self.extensions = extensions
         self.mid = mid
-    }
-
-    public init(answer: SdpAnswer, offerMid: String) {
-        self.init(codec: answer.codec, payloadType: answer.payloadType, rtxPayloadType: answer.rtxPayloadType,
-                  extensions: answer.extensions, mid: answer.mid ?? offerMid)
     }
 }
 

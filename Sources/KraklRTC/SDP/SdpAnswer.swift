@@ -292,3 +292,11 @@ enum SdpIceCredentials {
         return (ufrag, pwd)
     }
 }
+
+extension VideoSendParameters {
+    /// The stream's parameters as our offer's answer set them (SDP reads them; RTP needs nothing of SDP).
+    public init(answer: SdpAnswer, offerMid: String) {
+        self.init(codec: answer.codec, payloadType: answer.payloadType, rtxPayloadType: answer.rtxPayloadType,
+                  extensions: answer.extensions, mid: answer.mid ?? offerMid)
+    }
+}
