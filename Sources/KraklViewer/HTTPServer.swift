@@ -10,9 +10,9 @@ public struct HTTPLimits: Sendable {
     /// A body (an SDP offer is a few KB).
     public var maximumBodyBytes = 256 * 1024
     /// From accept to the last byte of the request: a client that sends slowly (slowloris) is cut off.
-    public var requestTimeout = 10.0
+    public var requestTimeout: Duration = .seconds(10)
     /// From the request to the last byte of the response written: a client that never reads is cut off.
-    public var responseTimeout = 10.0
+    public var responseTimeout: Duration = .seconds(10)
     /// Open connections at once; more are answered 503 and closed at once.
     public var maximumConnections = 32
 
@@ -215,7 +215,7 @@ public final class HTTPServer: @unchecked Sendable {
                 continue
             }
             let parser = HTTPRequestParser(maximumHeadBytes: limits.maximumHeadBytes, maximumBodyBytes: limits.maximumBodyBytes)
-            connections.append(Connection(fd: fd, parser: parser, deadline: MonotonicClock.nanoseconds() + UInt64(limits.requestTimeout * 1e9)))
+            connections.append(Connection(fd: fd, parser: parser, deadline: MonotonicClock.nanoseconds() + limits.requestTimeout.inNanoseconds))
         }
     }
 
@@ -257,7 +257,7 @@ public final class HTTPServer: @unchecked Sendable {
         connection.input = []
         connection.written = 0
         connection.phase = .writing
-        connection.deadline = MonotonicClock.nanoseconds() + UInt64(limits.responseTimeout * 1e9)
+        connection.deadline = MonotonicClock.nanoseconds() + limits.responseTimeout.inNanoseconds
     }
 
     private func startDraining(_ connection: Connection) {

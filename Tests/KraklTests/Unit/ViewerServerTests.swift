@@ -329,7 +329,7 @@ struct RawHTTP {
 
     @Test func hostileRequestsAreBoundedAndTheServerKeepsServing() throws {
         var limits = HTTPLimits()
-        limits.requestTimeout = 1
+        limits.requestTimeout = .seconds(1)
         limits.maximumConnections = 4
         let viewer = try Running(limits: limits)
         let port = viewer.port
