@@ -6,7 +6,6 @@
 //
 // The agent spawns it (Sources/KraklCore/Isolation/IsolatedBackendSource.swift); it is not
 // meant to be run by hand. The protocol is in Sources/KraklCore/Isolation/IsolationWire.swift.
-import Glibc
 import CBackendHost
 import Foundation
 import KraklBase

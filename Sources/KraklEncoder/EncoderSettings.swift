@@ -12,9 +12,9 @@ public struct EncoderSettings: Sendable {
     public var maximumFps = 30.0
     /// With no change for this long, the current picture is encoded again
     /// (all blocks active) so receivers that lost packets or joined late
-    /// recover and quality keeps improving. 0 turns it off.
+    /// recover and quality keeps improving. Zero turns it off.
     public var refreshInterval: Duration = .seconds(1)
-    /// With `refreshInterval` 0: after the screen settles (no change for 1 s), the current picture is
+    /// With `refreshInterval` zero: after the screen settles (no change for 1 s), the current picture is
     /// encoded again (all blocks active) this many times, 1, 2, 4 … s after the last change, then
     /// nothing until the next change. What the periodic refresh was for besides loss repair (which
     /// receivers that ask for it get from NACK and PLI) is raising the quality of parts that stopped
@@ -36,11 +36,11 @@ public struct EncoderSettings: Sendable {
     public var followKeyframes = false
     /// A keyframe at least this often; zero: only when requested.
     public var keyframeInterval: Duration = .zero
-    /// Requested keyframes (SIGUSR1, a viewer's PLI or FIR) at most this often (seconds); requests
-    /// in between merge into the next one (0.3 s by default). A keyframe costs about ten delta frames: answered one
-    /// for one, 8,000 requests made 154 of 183 frames keyframes (3.7 Mbit/s against 2.5). 0.3 s is
-    /// the publisher's own PLI coalescing interval, so a viewer who lost a picture still has one
-    /// within about a third of a second.
+    /// Requested keyframes (SIGUSR1, a viewer's PLI or FIR) at most this often; requests in between
+    /// merge into the next one. A keyframe costs about ten delta frames: answered one for one, 8,000
+    /// requests made 154 of 183 frames keyframes (3.7 Mbit/s against 2.5). 0.3 s is the publisher's
+    /// own PLI coalescing interval, so a viewer who lost a picture still has one within about a
+    /// third of a second.
     public var keyframeRequestSpacing: Duration = .milliseconds(300)
     /// Encoder threads; 0 chooses by picture size and cores.
     public var threads = 0

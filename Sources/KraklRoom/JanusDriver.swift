@@ -206,7 +206,7 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
             let remaining = stepsEnd.timeIntervalSinceNow
             guard answering, remaining > 0.05 else { return }
             do {
-                _ = try post(path, request, step: name, timeout: min(remaining, 1))
+                _ = try post(path, request, step: name, timeout: .seconds(min(remaining, 1)))
             } catch {
                 // A server that does not answer will not answer the next step either.
                 switch error {
@@ -266,7 +266,7 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
         if joining { control.cancelRunning() }
     }
 
-    private func post(_ path: [String], _ request: JanusRequest, step: String, timeout: Double? = nil) throws(RoomError) -> JanusMessage {
+    private func post(_ path: [String], _ request: JanusRequest, step: String, timeout: Duration? = nil) throws(RoomError) -> JanusMessage {
         // The epoch is read before the check: an abandon that comes after it still stops the request.
         let epoch = control.cancelEpoch
         state.lock()
@@ -281,7 +281,7 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
         let response: HTTPResponse
         do {
             response = try control.send(HTTPRequest(method: "POST", url: url(path), headers: [(name: "Content-Type", value: "application/json")],
-                                                    body: body, timeout: .seconds(timeout ?? timeouts.request.inSeconds)), unlessCancelledSince: joining ? epoch : nil)
+                                                    body: body, timeout: timeout ?? timeouts.request), unlessCancelledSince: joining ? epoch : nil)
         } catch {
             if case .unreachable(let message) = error { throw .unreachable("\(step): \(message)") }
             throw error
@@ -357,7 +357,7 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
         // Best effort: a lost candidate costs at most a slower connect.
         _ = try? post(["\(sessionID)", "\(handleID)"],
                       JanusRequest(janus: "trickle", transaction: nextTransaction(), token: token, candidate: candidate),
-                      step: "trickle", timeout: min(timeouts.request.inSeconds, 2))
+                      step: "trickle", timeout: min(timeouts.request, .seconds(2)))
     }
 
     // MARK: The long-poll

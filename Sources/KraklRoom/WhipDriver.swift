@@ -213,7 +213,7 @@ public final class WhipDriver: RoomDriver, @unchecked Sendable {
         }
     }
 
-    /// Best effort, blocking for at most `timeouts.trickle.inSeconds`: one PATCH per candidate, with the
+    /// Best effort, blocking for at most `timeouts.trickle`: one PATCH per candidate, with the
     /// current offer's credentials so the server can tell which ICE session it belongs to. A server
     /// that answers 405 or 501 does not take trickle; nothing more is sent to it until a restart.
     public func trickle(candidate: String, mid: String) {

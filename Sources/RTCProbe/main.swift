@@ -13,7 +13,6 @@
 // Exit status: 0 ran to the end (or the peer closed), 2 bad usage or
 // answer, 3 failed to connect (ICE, DTLS: e.g. a wrong fingerprint),
 // 4 connection lost (consent expired), 5 capture or encoder failure.
-import Glibc
 import Foundation
 import KraklBackendABI
 import KraklBase

@@ -127,7 +127,7 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
     // MARK: - RoomDriver
 
     public func publish(offer: String, identity: String) throws(RoomError) -> RoomAnswer {
-        let deadline = MonotonicClock.nanoseconds() + UInt64(timeouts.join.inSeconds * 1e9)
+        let deadline = MonotonicClock.nanoseconds() + timeouts.join.inNanoseconds
         state.lock()
         guard phase == .idle, !abandoned else {
             state.unlock()
@@ -157,8 +157,8 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
         startReader()
 
         // iced (or its time-out), then connect.
-        try wait(until: min(deadline, MonotonicClock.nanoseconds() + UInt64((timeouts.welcome.inSeconds * Double(timeouts.hellos) + timeouts.iced.inSeconds) * 1e9))) {
-            iced != nil || (welcomed && MonotonicClock.nanoseconds() >= welcomedAt + UInt64(timeouts.iced.inSeconds * 1e9))
+        try wait(until: min(deadline, MonotonicClock.nanoseconds() + (timeouts.welcome * timeouts.hellos + timeouts.iced).inNanoseconds)) {
+            iced != nil || (welcomed && MonotonicClock.nanoseconds() >= welcomedAt + timeouts.iced.inNanoseconds)
         }
         let userAgent = "krakl-agent (Linux)"
         let connect = TwilioMessages.connect(token: token, room: room, trackID: trackID, peerConnectionID: peerConnectionID,
@@ -234,7 +234,7 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
         state.unlock()
         attempt?.cancel()
 
-        let deadline = MonotonicClock.nanoseconds() + UInt64(timeouts.leave.inSeconds * 1e9)
+        let deadline = MonotonicClock.nanoseconds() + timeouts.leave.inNanoseconds
         if let socket {
             if let wasSession { try? socket.send(text: TwilioMessages.msg(TwilioMessages.disconnect(session: wasSession))) }
             try? socket.send(text: TwilioMessages.bye)
@@ -350,7 +350,7 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
                 }
                 wake = min(wake, beat, lastReceived + 3 * negotiated)
             } else if hellos > 0, phase == .joining || phase == .reconnecting {
-                let welcomeBy = helloSentAt + UInt64(timeouts.welcome.inSeconds * 1e9)
+                let welcomeBy = helloSentAt + timeouts.welcome.inNanoseconds
                 if now >= welcomeBy {
                     if hellos >= timeouts.hellos, phase == .reconnecting {
                         socketLost(socket, "no welcome after \(hellos) hellos on the new socket")
