@@ -560,7 +560,7 @@ EXIT STATUS
   18 the system lacks what the backend needs: no portal, unsupported format
      (EOPNOTSUPP, ENOSYS)
   19 a service it needs is not running: PipeWire, D-Bus (ECONNREFUSED, ENXIO)
-  20 capture was not allowed: the sharing dialog was denied (EACCES, EPERM)
+  20 capture was not allowed: the sharing (or camera) dialog was denied (EACCES, EPERM)
   21 nobody answered in time: the sharing dialog (ETIMEDOUT)
   22 the backend hung: a call into it overran its budget (watchdog)
   23 an output (recording, --stats-json, --frame-log, --dump-input) could not be

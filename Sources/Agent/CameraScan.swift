@@ -16,11 +16,13 @@ enum CameraScan {
     static let hintAfter = 10.0
     static let hint = "no code seen yet: hold the code 20–40 cm from the camera, facing it, without glare on the screen"
 
-    /// The PipeWire backend in camera mode (the screen options of --option are not the camera's).
+    /// The PipeWire backend in camera mode (the screen options of --option are not the camera's;
+    /// `--option via=…`, how the camera is reached, is).
     static func selection(_ arguments: Arguments, camera: String) throws(HostError) -> BackendSelection {
         let rate = arguments.preview ? CameraPreview.picturesPerSecond : picturesPerSecond
         return try BackendSelection(registryPath: arguments.plugins, name: "pipewire",
-                                    overrides: [(key: "camera", value: .string(camera)), (key: "fps", value: .number("\(rate)"))],
+                                    overrides: [(key: "camera", value: .string(camera)), (key: "fps", value: .number("\(rate)"))]
+                                        + arguments.options.filter { $0.key == "via" },
                                     isolate: arguments.isolate)
     }
 

@@ -95,12 +95,14 @@ struct ControlStatus: Codable, Equatable {
     /// (Janus and aiortc each about 1 s), so 2 s is two missed reports.
     static let silenceWorthSaying = 2.0
 
-    /// The round-trip time for people: "3 ms", or "no reply from the room for 5 s" once the room
-    /// has been silent past `silenceWorthSaying` (the last RTT would read as "connected, rtt 3 ms"
-    /// for the ~10 s ICE takes to call the connection lost); "-" before any.
+    /// The round-trip time for people, with the age of the report it came from: "3 ms (0.4 s ago)",
+    /// or "no reply from the room for 5 s" once the room has been silent past `silenceWorthSaying`
+    /// (the last RTT would read as "connected, rtt 3 ms" for the ~10 s ICE takes to call the
+    /// connection lost); "-" before any.
     var rttWords: String {
         if let silent = silentSeconds, silent > Self.silenceWorthSaying { return String(format: "no reply from the room for %.0f s", silent) }
-        return rttMs.map { String(format: "%.0f ms", $0) } ?? "-"
+        guard let rttMs else { return "-" }
+        return String(format: "%.0f ms", rttMs) + (silentSeconds.map { String(format: " (%.1f s ago)", $0) } ?? "")
     }
 }
 

@@ -14,14 +14,15 @@ import KraklBackendABI
 /// changes, the end of the session) come from one thread.
 ///
 /// With option `camera` it reads a camera instead (a join code held up to
-/// it, `krakl-agent --scan --camera`): no portal, the camera's node on the
-/// default socket, its YUY2/NV12/I420 pictures converted to I420 and
-/// handed over whole, at most `fps` a second (5: what a scan looks at).
+/// it, `krakl-agent --scan --camera`): through the Camera portal when the
+/// session has one (option `via`), else the camera's node on the default
+/// socket; its YUY2/NV12/I420 pictures converted to I420 and handed over
+/// whole, at most `fps` a second (5: what a scan looks at).
 final class PipeWireSource: CaptureSource {
-    static let options = ["source", "cursor", "restore", "node", "timeout", "camera", "fps"]
+    static let options = ["source", "cursor", "restore", "node", "timeout", "camera", "fps", "via"]
 
     let host: BackendHost
-    private var portal: ScreenCastPortal?
+    private var portal: DesktopPortal?
     private var threadLoop: OpaquePointer?
     private var loop: UnsafeMutablePointer<pw_loop>?
     private var context: OpaquePointer?
@@ -105,6 +106,9 @@ final class PipeWireSource: CaptureSource {
         let fps = try options.number("fps", default: 5, in: 0.1...120)
         cameraInterval = UInt64(1e9 / fps)
         if wantedCamera != nil && node != nil { throw .invalidOption("options camera and node both name a node: give one") }
+        // How a camera is reached: the Camera portal when the session has one (auto), only it, or
+        // the user's PipeWire directly.
+        let via = try options.choice("via", default: "auto", from: ["auto", "portal", "pipewire"])
 
         coreHook.initialize(to: spa_hook())
         registryHook.initialize(to: spa_hook())
@@ -115,7 +119,7 @@ final class PipeWireSource: CaptureSource {
 
         var portalFD: Int32 = -1
         if node == nil && wantedCamera == nil && !listOnly {
-            let portal = try ScreenCastPortal(responseTimeout: timeout) { [host] level, message in host.log(level, message) }
+            let portal = try DesktopPortal(.screenCast, responseTimeout: timeout) { [host] level, message in host.log(level, message) }
             self.portal = portal
             let started = try startPortal(portal, source: sourceKind, cursor: cursorMode, restore: restore)
             portalFD = started.fd
@@ -124,6 +128,9 @@ final class PipeWireSource: CaptureSource {
             what = "the screen-cast node \(started.nodeID)"
         } else {
             cursorMeta = cursorMode == "metadata"
+        }
+        if wantedCamera != nil && !listOnly && via != "pipewire" {
+            portalFD = try openCameraPortal(timeout: timeout, required: via == "portal")
         }
 
         pw_init(nil, nil)
@@ -147,6 +154,7 @@ final class PipeWireSource: CaptureSource {
         try connect(portalFD: portalFD)
         try listNodes(timeout: min(timeout, 10))
         if listOnly { return }
+        if wantedCamera != nil && portal != nil { waitForACamera(timeout: min(timeout, 3)) }
         if let wantedCamera {
             let camera = try PipeWireNode.camera(wantedCamera, among: nodes)
             self.camera = camera
@@ -167,7 +175,7 @@ final class PipeWireSource: CaptureSource {
     // MARK: control thread: portal, connection, look-up
 
     /// Runs the portal's session and keeps its restore token.
-    private func startPortal(_ portal: ScreenCastPortal, source: String, cursor: String, restore: Bool) throws(BackendError) -> PortalStream {
+    private func startPortal(_ portal: DesktopPortal, source: String, cursor: String, restore: Bool) throws(BackendError) -> PortalStream {
         let wanted: UInt32 = source == "monitor" ? 1 : source == "window" ? 2 : 3
         let types = wanted & portal.availableSourceTypes
         guard types != 0 else {
@@ -204,6 +212,36 @@ final class PipeWireSource: CaptureSource {
         }
         host.log(KRAKL_LOG_INFO, "pipewire: the portal shares node \(started.nodeID) (\(started.width)x\(started.height))")
         return started
+    }
+
+    /// Asks the Camera portal for the camera and returns the descriptor of the PipeWire
+    /// connection it opens (one that shows the cameras only), or -1 to read PipeWire directly
+    /// when there is no Camera portal and it is not `required`. A denial is EACCES either way.
+    private func openCameraPortal(timeout: Double, required: Bool) throws(BackendError) -> Int32 {
+        let portal: DesktopPortal
+        do {
+            portal = try DesktopPortal(.camera, responseTimeout: timeout) { [host] level, message in host.log(level, message) }
+        } catch let error where !required && (error.code == -EOPNOTSUPP || error.code == -ENXIO) {
+            // The usual case outside a sandbox: no portal, or one without the Access backend the
+            // Camera interface needs (xdg-desktop-portal exports it only then).
+            host.log(KRAKL_LOG_INFO, "pipewire: no Camera portal (\(error.message)); reading the cameras on PipeWire directly")
+            return -1
+        }
+        self.portal = portal
+        try portal.accessCamera()
+        let fd = try portal.openPipeWireRemote(session: nil)
+        host.log(KRAKL_LOG_INFO, "pipewire: the Camera portal allowed the camera; reading it through the portal's PipeWire connection")
+        return fd
+    }
+
+    /// Loop locked. On the Camera portal's connection the session manager grants the cameras
+    /// after we connect (WirePlumber's access-portal), so they may show up after the first sync:
+    /// wait, bounded, for one.
+    private func waitForACamera(timeout: Double) {
+        let deadline = monotonicNanoseconds() + UInt64(timeout * 1e9)
+        while !nodes.contains(where: \.isCamera) && coreFailure == nil && monotonicNanoseconds() < deadline {
+            _ = pw_thread_loop_timed_wait(threadLoop, 1)
+        }
     }
 
     /// Loop locked. Connects to PipeWire: the portal's descriptor, or the default socket.
@@ -251,6 +289,7 @@ final class PipeWireSource: CaptureSource {
             let name = value("node.name") ?? ""
             me.nodes.append(PipeWireNode(id: id, name: name, mediaClass: value("media.class") ?? "", role: value("media.role") ?? "",
                                          description: value("node.description") ?? value("node.nick") ?? name, api: value("device.api") ?? ""))
+            pw_thread_loop_signal(me.threadLoop, false)   // waitForACamera
         }
         registryEvents.pointee.global_remove = { data, id in
             let me = Unmanaged<PipeWireSource>.fromOpaque(data!).takeUnretainedValue()

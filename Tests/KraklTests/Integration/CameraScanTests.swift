@@ -75,12 +75,12 @@ struct CameraScanTests {
         return (code, png)
     }
 
-    static func stackWithTools() throws -> PipeWireStack? {
+    static func stackWithTools(_ flags: [String] = ["--no-portal"]) throws -> PipeWireStack? {
         for tool in ["gst-launch-1.0", "ffmpeg", "qrencode"] where Harness.which(tool) == nil {
             skipTest("\(tool) is not installed (scripts/setup installs it)")
             return nil
         }
-        guard let stack = try PipeWireStack(["--no-portal"]) else { return nil }
+        guard let stack = try PipeWireStack(flags) else { return nil }
         let check = try stack.run(["/bin/sh", "-c", "test -r '\(Harness.library("BackendPipeWire"))' && test -x '\(Harness.agent)'"], timeout: 10)
         try #require(check.status == 0, "the stack's user (uid \(stack.uid)) cannot read \(Harness.buildDir); the tests need a world-readable build folder")
         return stack
@@ -129,6 +129,39 @@ struct CameraScanTests {
         let progress = result.said.split(separator: "\n").last { $0.hasPrefix("looking at camera") } ?? ""
         #expect(progress.contains("\"Studio Cam\"") && progress.contains("1280x720, 30 fps, YUY2"), "\(result.said.suffix(1500))")
         print("no code: \(progress)")
+    }
+
+    /// Where the session has the xdg-desktop-portal Camera interface (a desktop with an Access
+    /// backend: here the stack's stand-in, which answers AccessDialog as a person would), the
+    /// camera is asked for through it and read on the PipeWire connection it opens: allowed, the
+    /// code is read; denied, "not allowed" (20); `--option via=pipewire` reads PipeWire directly
+    /// without asking.
+    @Test(arguments: ["allow", "deny"])
+    func theCameraPortalIsAskedWhenTheSessionHasOne(_ answer: String) throws {
+        guard let stack = try Self.stackWithTools(["--no-portal", "--camera-portal", answer]) else { return }
+        let folder = try Harness.temporaryDirectory()
+        chmod(folder, 0o755)
+        let registry = try Self.registry(folder)
+        let (_, png) = try Self.codePicture(in: folder)
+        let camera = try TestCamera(stack, clip: try CameraClip.still.make(qr: png, in: folder))
+        defer { camera.stop() }
+        let asked = stack.folder + "/log/portal-access.log"
+        let direct = try stack.run([Harness.agent, "--plugins", registry, "--scan", "--camera", "--scan-only", "--headless", "--option", "via=pipewire",
+                                    "--scan-timeout", "30"], timeout: 60)
+        #expect(direct.status == 0 && direct.stdout.contains("identity: Mubashir's phone"), "\(direct.said.suffix(1500))")
+        #expect(!(try String(contentsOfFile: asked, encoding: .utf8)).contains("AccessDialog"), "via=pipewire asked the portal")
+
+        let scan = try stack.run([Harness.agent, "--plugins", registry, "--scan", "--camera", "--scan-only", "--headless", "-v",
+                                  "--scan-timeout", "30"], timeout: 60)
+        let dialog = try String(contentsOfFile: asked, encoding: .utf8)
+        #expect(dialog.contains("AccessDialog app_id='' title='Turn On Camera?' -> \(answer == "allow" ? 0 : 1)"), "the portal's Access backend: \(dialog)")
+        if answer == "allow" {
+            #expect(scan.status == 0 && scan.stdout.contains("identity: Mubashir's phone"), "\(scan.said.suffix(1500))")
+            #expect(scan.said.contains("the Camera portal allowed the camera"), "\(scan.said.suffix(1500))")
+        } else {
+            #expect(scan.status == 20, "exit \(scan.status): \(scan.said.suffix(1500))")
+            #expect(scan.said.contains("the camera was not allowed"), "\(scan.said.suffix(1500))")
+        }
     }
 
     /// No camera: its own status (56) and words that say what to do, for the scan and for the

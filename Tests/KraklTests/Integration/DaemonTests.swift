@@ -427,7 +427,8 @@ import Testing
             return last
         }
         let answering = try poll { json, _ in json["rttMs"] != nil && ((json["silentSeconds"] as? Double) ?? 99) < 2 }
-        #expect(answering.0["rttMs"] != nil && answering.1.contains(" ms | loss"), "no round-trip time while the room answers: \(answering)")
+        #expect(answering.0["rttMs"] != nil && answering.1.range(of: #"rtt [0-9]+ ms \([0-9]\.[0-9] s ago\) \| loss"#, options: .regularExpression) != nil,
+                "no round-trip time with its report's age while the room answers: \(answering)")
         room.server.process.send(signal: SIGSTOP)
         defer { room.server.process.send(signal: SIGCONT) }
         // The JSON and the text are two queries, the JSON first: wait until both say it (the text

@@ -58,16 +58,30 @@ private let closedHandler: sd_bus_message_handler_t = { _, userdata, _ in
     return 0
 }
 
-/// The org.freedesktop.portal.ScreenCast client, over sd-bus: CreateSession,
-/// SelectSources, Start, OpenPipeWireRemote, each Request answered by a
-/// Response signal that is subscribed to before the call (its path is
-/// known from our handle_token), with bounded waits. After start the bus
-/// is processed on the capture thread (`processPending`) to hear the
-/// session's Closed signal.
-final class ScreenCastPortal {
+/// A desktop portal interface's client, over sd-bus: ScreenCast (CreateSession, SelectSources,
+/// Start, OpenPipeWireRemote) or Camera (AccessCamera, OpenPipeWireRemote, CameraPortal.swift).
+/// Each Request is answered by a Response signal that is subscribed to before the call (its path
+/// is known from our handle_token), with bounded waits. After a screen cast starts the bus is
+/// processed on the capture thread (`processPending`) to hear the session's Closed signal.
+final class DesktopPortal {
     static let destination = "org.freedesktop.portal.Desktop"
     static let objectPath = "/org/freedesktop/portal/desktop"
-    static let interface = "org.freedesktop.portal.ScreenCast"
+
+    enum Kind: String {
+        case screenCast = "ScreenCast", camera = "Camera"
+        var interface: String { "org.freedesktop.portal." + rawValue }
+        /// What to install when the portal lacks the interface.
+        var missingHint: String {
+            switch self {
+            case .screenCast: return "install a portal backend that can share the screen (xdg-desktop-portal-wlr, -gnome, -kde)"
+            case .camera: return "it needs a portal backend with the Access dialog (xdg-desktop-portal-gnome, -kde, -gtk)"
+            }
+        }
+    }
+    let kind: Kind
+    private var interface: String { kind.interface }
+    /// "the ScreenCast portal", "the Camera portal": for messages.
+    private var named: String { "the \(kind.rawValue) portal" }
 
     private var bus: OpaquePointer?
     private let log: (krakl_log_level, String) -> Void
@@ -86,14 +100,16 @@ final class ScreenCastPortal {
     private(set) var availableCursorModes: UInt32 = 0
 
     /// Connects to the session bus and reads the portal's properties.
-    init(responseTimeout: Double, log: @escaping (krakl_log_level, String) -> Void) throws(BackendError) {
+    init(_ kind: Kind, responseTimeout: Double, log: @escaping (krakl_log_level, String) -> Void) throws(BackendError) {
+        self.kind = kind
         self.responseTimeout = responseTimeout
         self.log = log
         let address = String(cString: getenv("DBUS_SESSION_BUS_ADDRESS") ?? strdup(""))
         var opened: OpaquePointer?
         let status = sd_bus_open_user(&opened)
         guard status >= 0, let opened else {
-            throw BackendError(-ENXIO, "cannot connect to the D-Bus session bus (\(address.isEmpty ? "DBUS_SESSION_BUS_ADDRESS is not set" : address)): \(String(cString: strerror(-status))); the ScreenCast portal is reached through it (or use option node=ID for a PipeWire node directly)")
+            throw BackendError(-ENXIO, "cannot connect to the D-Bus session bus (\(address.isEmpty ? "DBUS_SESSION_BUS_ADDRESS is not set" : address)): \(String(cString: strerror(-status))); \(named) is reached through it"
+                + (kind == .screenCast ? " (or use option node=ID for a PipeWire node directly)" : ""))
         }
         bus = opened
         var unique: UnsafePointer<CChar>?
@@ -103,6 +119,7 @@ final class ScreenCastPortal {
         // ":1.42" -> "1_42", as the portal builds request paths.
         senderPart = String(String(cString: unique).dropFirst().map { $0 == "." ? "_" : $0 })
         version = try property("version")
+        guard kind == .screenCast else { return }
         availableSourceTypes = try property("AvailableSourceTypes")
         availableCursorModes = version >= 2 ? try property("AvailableCursorModes") : 0
     }
@@ -144,16 +161,17 @@ final class ScreenCastPortal {
         var error = sd_bus_error()
         defer { sd_bus_error_free(&error) }
         var value: UInt32 = 0
-        let status = sd_bus_get_property_trivial(bus, Self.destination, Self.objectPath, Self.interface, name, &error, CChar(UInt8(ascii: "u")), &value)
+        let status = sd_bus_get_property_trivial(bus, Self.destination, Self.objectPath, interface, name, &error, CChar(UInt8(ascii: "u")), &value)
         if status >= 0 { return value }
         let errorName = error.name.map { String(cString: $0) } ?? ""
         if errorName == "org.freedesktop.DBus.Error.ServiceUnknown" || errorName == "org.freedesktop.DBus.Error.NameHasNoOwner" {
-            throw BackendError(-EOPNOTSUPP, "no desktop portal on the session bus (\(Self.destination) is not there): start xdg-desktop-portal with a backend for this desktop, or use option node=ID to read a PipeWire node directly")
+            throw BackendError(-EOPNOTSUPP, "no desktop portal on the session bus (\(Self.destination) is not there): start xdg-desktop-portal with a backend for this desktop"
+                + (kind == .screenCast ? ", or use option node=ID to read a PipeWire node directly" : ""))
         }
         if errorName.hasPrefix("org.freedesktop.DBus.Error.Unknown") || errorName == "org.freedesktop.DBus.Error.InvalidArgs" {
-            throw BackendError(-EOPNOTSUPP, "the desktop portal has no ScreenCast interface: install a portal backend that can share the screen (xdg-desktop-portal-wlr, -gnome, -kde)")
+            throw BackendError(-EOPNOTSUPP, "the desktop portal has no \(kind.rawValue) interface: \(kind.missingHint)")
         }
-        throw BackendError(-EIO, "could not read the ScreenCast portal's \(name): \(Self.describe(&error, status))")
+        throw BackendError(-EIO, "could not read \(named)'s \(name): \(Self.describe(&error, status))")
     }
 
     private static func describe(_ error: inout sd_bus_error, _ status: Int32) -> String {
@@ -167,7 +185,7 @@ final class ScreenCastPortal {
         return "krakl\(getpid())_\(UInt32.random(in: 0...UInt32.max))_\(tokenCounter)"
     }
 
-    /// Calls a ScreenCast method that answers through a Request object and
+    /// Calls a portal method that answers through a Request object and
     /// waits (bounded) for its Response. `arguments` appends everything
     /// before the options dictionary.
     private func request(_ method: String, arguments: (OpaquePointer) -> Int32 = { _ in 0 },
@@ -192,7 +210,7 @@ final class ScreenCastPortal {
 
         var message: OpaquePointer?
         defer { sd_bus_message_unref(message) }
-        var status = sd_bus_message_new_method_call(bus, &message, Self.destination, Self.objectPath, Self.interface, method)
+        var status = sd_bus_message_new_method_call(bus, &message, Self.destination, Self.objectPath, interface, method)
         var all = options
         all["handle_token"] = .string(token)
         if status >= 0 { status = arguments(message!) }
@@ -204,8 +222,8 @@ final class ScreenCastPortal {
         defer { sd_bus_message_unref(reply) }
         status = sd_bus_call(bus, message, callTimeoutMicroseconds, &error, &reply)
         guard status >= 0 else {
-            if status == -ETIMEDOUT { throw BackendError(-ETIMEDOUT, "the ScreenCast portal did not answer \(method) within \(callTimeoutMicroseconds / 1_000_000) s") }
-            throw BackendError(-EIO, "the ScreenCast portal refused \(method): \(Self.describe(&error, status))")
+            if status == -ETIMEDOUT { throw BackendError(-ETIMEDOUT, "\(named) did not answer \(method) within \(callTimeoutMicroseconds / 1_000_000) s") }
+            throw BackendError(-EIO, "\(named) refused \(method): \(Self.describe(&error, status))")
         }
         // Portals older than 0.9 pick their own request path: follow it.
         if let handle = DBusReader.next(reply!)?.string, handle != expected { try subscribe(handle) }
@@ -218,14 +236,15 @@ final class ScreenCastPortal {
             if closed.closed { throw BackendError(-EACCES, "sharing was not allowed: the portal closed the session during \(method)") }
             let now = monotonicNanoseconds()
             guard now < deadline else {
-                throw BackendError(-ETIMEDOUT, "the ScreenCast portal gave no answer to \(method) within \(Int(responseTimeout)) s (a dialog left open? option timeout sets the wait)")
+                throw BackendError(-ETIMEDOUT, "\(named) gave no answer to \(method) within \(Int(responseTimeout)) s (a dialog left open? option timeout sets the wait)")
             }
             _ = sd_bus_wait(bus, (deadline - now) / 1000)
         }
-        switch box.code! {
-        case 0: return box.results
-        case 1: throw BackendError(-EACCES, "sharing was not allowed: the screen-sharing request was cancelled or denied (\(method))")
-        default: throw BackendError(-EIO, "the ScreenCast portal could not \(method) (response \(box.code!)): the portal backend failed; its log says why")
+        switch (box.code!, kind) {
+        case (0, _): return box.results
+        case (1, .screenCast): throw BackendError(-EACCES, "sharing was not allowed: the screen-sharing request was cancelled or denied (\(method))")
+        case (1, .camera): throw BackendError(-EACCES, "the camera was not allowed: the Camera portal's request was denied (the desktop's camera permission for this program says no, or the dialog was cancelled)")
+        default: throw BackendError(-EIO, "\(named) could not \(method) (response \(box.code!)): the portal backend failed; its log says why")
         }
     }
 
@@ -233,7 +252,7 @@ final class ScreenCastPortal {
     func start(_ want: PortalRequest) throws(BackendError) -> PortalStream {
         let created = try request("CreateSession", options: ["session_handle_token": .string(nextToken())])
         guard let handle = created["session_handle"]?.string else {
-            throw BackendError(-EIO, "the ScreenCast portal created a session without a handle")
+            throw BackendError(-EIO, "\(named) created a session without a handle")
         }
         sessionHandle = handle
         // Closed can come at any time from now on (sharing revoked in the desktop).
@@ -255,23 +274,25 @@ final class ScreenCastPortal {
         }, options: [:])
         guard let streams = started["streams"]?.array, let first = streams.first?.structure,
               let node = first.first?.uint32 else {
-            throw BackendError(-EIO, "the ScreenCast portal started without a stream")
+            throw BackendError(-EIO, "\(named) started without a stream")
         }
         let properties = first.count > 1 ? first[1].dictionary ?? [:] : [:]
         let size = properties["size"]?.structure ?? []
         let width = size.count == 2 ? Int(size[0].int32Value ?? 0) : 0
         let height = size.count == 2 ? Int(size[1].int32Value ?? 0) : 0
-        let fd = try openPipeWireRemote(handle)
+        let fd = try openPipeWireRemote(session: handle)
         return PortalStream(nodeID: node, width: width, height: height, fd: fd,
                             restoreToken: started["restore_token"]?.string, cursorMode: want.cursorMode)
     }
 
-    /// The descriptor of a PipeWire connection that sees only this session's nodes.
-    private func openPipeWireRemote(_ handle: String) throws(BackendError) -> Int32 {
+    /// The descriptor of a PipeWire connection that sees only what the portal allows: this
+    /// session's nodes (ScreenCast, `session` given) or the cameras (Camera, after AccessCamera).
+    func openPipeWireRemote(session: String?) throws(BackendError) -> Int32 {
+        guard let bus else { throw BackendError(-ENOTCONN, "the session bus connection is closed") }
         var message: OpaquePointer?
         defer { sd_bus_message_unref(message) }
-        var status = sd_bus_message_new_method_call(bus, &message, Self.destination, Self.objectPath, Self.interface, "OpenPipeWireRemote")
-        if status >= 0 { status = DBusWriter.string(message!, handle, type: "o") }
+        var status = sd_bus_message_new_method_call(bus, &message, Self.destination, Self.objectPath, interface, "OpenPipeWireRemote")
+        if status >= 0, let session { status = DBusWriter.string(message!, session, type: "o") }
         if status >= 0 { status = DBusWriter.options(message!, [:]) }
         guard status >= 0 else { throw BackendError(status, "could not build OpenPipeWireRemote: \(String(cString: strerror(-status)))") }
         var error = sd_bus_error()
@@ -279,15 +300,22 @@ final class ScreenCastPortal {
         var reply: OpaquePointer?
         defer { sd_bus_message_unref(reply) }
         status = sd_bus_call(bus, message, callTimeoutMicroseconds, &error, &reply)
-        guard status >= 0 else { throw BackendError(-EIO, "the ScreenCast portal refused OpenPipeWireRemote: \(Self.describe(&error, status))") }
+        guard status >= 0 else { throw BackendError(-EIO, "\(named) refused OpenPipeWireRemote: \(Self.describe(&error, status))") }
         var fd: Int32 = -1
         guard sd_bus_message_read_basic(reply, CChar(UInt8(ascii: "h")), &fd) > 0, fd >= 0 else {
-            throw BackendError(-EIO, "the ScreenCast portal's OpenPipeWireRemote answer carries no descriptor")
+            throw BackendError(-EIO, "\(named)'s OpenPipeWireRemote answer carries no descriptor")
         }
         // The message owns its descriptor; keep a copy of our own.
         let copy = fcntl(fd, F_DUPFD_CLOEXEC, 3)
         guard copy >= 0 else { throw BackendError(-errno, "could not keep the PipeWire descriptor: \(String(cString: strerror(errno)))") }
         return copy
+    }
+
+    /// Camera: asks for the camera (AccessCamera; the portal may show a dialog, or answer from the
+    /// permission it stored for this program). Throws EACCES when it is not allowed.
+    func accessCamera() throws(BackendError) {
+        precondition(kind == .camera)
+        _ = try request("AccessCamera", options: [:])
     }
 }
 
