@@ -60,7 +60,14 @@ func runControlClient(_ command: ControlCommand, json: Bool) -> Int32 {
         }
     }
     do throws(ControlError) {
-        let connection = try ControlClientConnection(path: try ControlSocket.path())
+        let connection: ControlClientConnection
+        do throws(ControlError) {
+            connection = try ControlClientConnection(path: try ControlSocket.path())
+        } catch .noDaemon(let words) {
+            // A join link clicked with no daemon running: start one, then hand it the code.
+            guard case .connect(.code(.link)) = command else { throw .noDaemon(words) }
+            connection = try DaemonOnDemand.start()
+        }
         defer { connection.close() }
         try connection.send(request)
         switch command {

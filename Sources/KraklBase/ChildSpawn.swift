@@ -24,6 +24,10 @@ public struct ChildSpawn {
     /// A process group of its own (Ctrl-C in the terminal reaches the parent only), default
     /// signal dispositions (what the parent ignores, an exec would pass on) and an empty mask.
     public var detachedSignals = false
+    /// A session of its own (setsid): no controlling terminal, so it outlives the terminal and
+    /// the session it was started from (a daemon started on demand). Implies detachedSignals'
+    /// signal set-up, without the process group (setsid makes one).
+    public var newSession = false
 
     public init(executable: String, arguments: [String], descriptors: [Int32: Descriptor], environment: [String: String]? = nil) {
         self.executable = executable
@@ -75,15 +79,17 @@ public struct ChildSpawn {
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
         defer { posix_spawnattr_destroy(&attributes) }
-        if detachedSignals {
+        if detachedSignals || newSession {
             var defaults = sigset_t(), empty = sigset_t()
             sigemptyset(&empty)
             sigemptyset(&defaults)
             for number in [SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD] { sigaddset(&defaults, number) }
             posix_spawnattr_setsigdefault(&attributes, &defaults)
             posix_spawnattr_setsigmask(&attributes, &empty)
-            posix_spawnattr_setpgroup(&attributes, 0)
-            posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP))
+            // POSIX_SPAWN_SETSID is 0x80 in glibc's spawn.h (2.26 and later); the Glibc module does
+            // not show it.
+            let group = newSession ? Int32(0x80) : { posix_spawnattr_setpgroup(&attributes, 0); return Int32(POSIX_SPAWN_SETPGROUP) }()
+            posix_spawnattr_setflags(&attributes, Int16(Int32(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK) | group))
         }
         let argv = arguments.map { strdup($0) } + [nil]
         defer { argv.forEach { free($0) } }

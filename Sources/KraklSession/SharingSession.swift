@@ -594,15 +594,18 @@ public final class SharingSession: @unchecked Sendable {
         lock.lock()
         let source = self.source, path = self.path, publisher = self.publisher, sink = self.sink
         lock.unlock()
-        // A backend that hangs in stop() or destroy() is given up after its budget (the source is
-        // then dead): the room is still left and everything else freed.
-        var hung: HostError?
-        do throws(HostError) { try source?.stop() } catch { hung = error }
+        // Nothing reaches the room once the stop is asked for: the path takes no more frames, the
+        // publisher says goodbye and the room is left, and only then is the backend stopped. A
+        // backend that hangs in stop() or destroy() is given up after its budget (the source is
+        // then dead); before this order its frames (and the encoder's refreshes) went on to the
+        // room for the 2 s of a hung stop (RoomSessionTests.aHungStopAddsNothingToTheRoomAfterTheStop).
+        path?.finish()
         publisher?.close()
         driver.leave()
+        var hung: HostError?
+        do throws(HostError) { try source?.stop() } catch { hung = error }
         do throws(HostError) { try source?.destroy() } catch { hung = hung ?? error }
         if let hung, let source { logger(source.backendName, .error, "\(hung.description); the session left the room and freed everything else") }
-        path?.finish()
         let totals = SharingTotals(rtc: publisher?.stats, encoder: path?.pipeline?.statistics.summary(), captureToEncodedMs: sink?.captureToEncodedMs ?? [])
         lock.lock()
         lastTotals = totals

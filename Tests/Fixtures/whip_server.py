@@ -74,6 +74,7 @@ class State:
         self.deletes = []
         self.frames = 0
         self.stamps = []
+        self.frame_ms = []  # CLOCK_MONOTONIC ms at which each frame was decoded
         self.stop = threading.Event()
         self.port = 0
         self.second_port = 0
@@ -110,6 +111,8 @@ async def consume(track, state):
             stamp = read_stamp(bytes(plane), plane.line_size, frame.width, frame.height)
             with state.lock:
                 state.frames += 1
+                if len(state.frame_ms) < 20000:
+                    state.frame_ms.append(round(time.monotonic() * 1000, 1))
                 if stamp is not None and len(state.stamps) < 10000:
                     state.stamps.append(stamp[0])
     except MediaStreamError:
@@ -440,7 +443,8 @@ async def main():
         await session["pc"].close()
     with STATE.lock:
         report = {"requests": len(STATE.requests), "deletes": STATE.deletes, "frames": STATE.frames,
-                  "stamps_in_order": STATE.stamps == sorted(STATE.stamps), "stamped": len(STATE.stamps)}
+                  "stamps_in_order": STATE.stamps == sorted(STATE.stamps), "stamped": len(STATE.stamps),
+                  "frame_ms": STATE.frame_ms}
     emit({"report": report})
     main_server.shutdown()
     second_server.shutdown()

@@ -52,8 +52,12 @@ struct AgentCommandTests {
         try Harness.requireBuild()
         let result = try Harness.agent(["--version"])
         #expect(result.status == 0 && result.stdout.hasPrefix("krakl-agent "), "\(result)")
-        // A build folder's agent has no build-info beside it (an installed one does: InstallTests).
-        #expect(result.stdout.contains("\ncommit: not recorded (development build)\n"), "\(result.stdout)")
+        // A build folder's agent has no build-info beside it (an installed one does: InstallTests):
+        // it names the commit its checkout is at, as git itself says.
+        let head = try Harness.run("/usr/bin/git", ["-C", Harness.repoRoot, "rev-parse", "HEAD"]).stdout
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        try #require(head.count == 40, "git rev-parse HEAD: \(head)")
+        #expect(result.stdout.contains("\ncommit: \(head) (development build in \(Harness.repoRoot): "), "\(result.stdout)")
         let openssl = try Harness.run("/usr/bin/openssl", ["version"]).stdout.split(separator: " ").dropFirst().first.map(String.init) ?? "?"
         #expect(result.stdout.contains("OpenSSL \(openssl)"), "openssl version says \(openssl): \(result.stdout)")
         let vpx = try Harness.run("/usr/bin/dpkg-query", ["-W", "-f=${Version}", "libvpx7"]).stdout   // e.g. 1.12.0-1+deb12u4

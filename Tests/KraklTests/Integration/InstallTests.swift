@@ -23,6 +23,7 @@ import Testing
     }
 
     /// Installs this build into `prefix` (nil: --user, into `home`).
+    @discardableResult
     static func installThisBuild(prefix: String?, environment: [String: String] = [:]) throws -> Harness.Result {
         try Harness.requireBuild()
         return try script(install, (prefix.map { ["--prefix", $0] } ?? ["--user"]) + ["--build-dir", Harness.buildDir], environment: environment)
@@ -228,8 +229,24 @@ import Testing
         }
         let idle = try daemon.status()
         #expect(idle["state"] as? String == "idle" && (idle["lastEnd"] as? [String: Any])?["reason"] as? String == "user-stopped", "\(idle)")
-        let noDaemon = try Harness.run(session.agent, ["open", link], environment: ["XDG_RUNTIME_DIR": try Harness.temporaryDirectory()])
-        #expect(noDaemon.status == 61 && noDaemon.stderr.contains("systemctl --user start krakl-agent"), "\(noDaemon)")
+        // No daemon running: `open` starts one (in a session of its own, with open's other flags,
+        // its output in XDG_STATE_HOME) and hands it the code over the socket; the room gets it.
+        let lonely = try Harness.temporaryDirectory(), state = try Harness.temporaryDirectory()
+        chmod(lonely, 0o700)
+        let (second, _) = try room.codeFile(identity: "Lone link")
+        let secondLink = try String(contentsOfFile: second, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        let (program, argv) = room.namespace.command("/usr/bin/env", ["XDG_RUNTIME_DIR=" + lonely, "XDG_STATE_HOME=" + state, session.agent,
+                                                                      "open", secondLink, "--address", "127.0.0.2", "--option", "scene=typing"])
+        let started = try Harness.run(program, argv, timeout: 60, currentDirectory: session.home)
+        #expect(started.status == 0 && started.stderr.contains("no daemon was running: started one")
+                && started.stdout.contains("as \"Lone link\""), "open with no daemon: \(started)")
+        let lone = try Harness.run(session.agent, ["status", "--json"], environment: ["XDG_RUNTIME_DIR": lonely])
+        let loneStatus = (try? JSONSerialization.jsonObject(with: Data(lone.stdout.utf8)) as? [String: Any])?["status"] as? [String: Any] ?? [:]
+        #expect(loneStatus["state"] as? String == "sharing" && loneStatus["identity"] as? String == "Lone link", "\(lone)")
+        #expect((try? String(contentsOfFile: state + "/krakl-agent/daemon.log", encoding: .utf8))?.contains("as \"Lone link\"") == true,
+                "the started daemon's log")
+        _ = try Harness.run(session.agent, ["stop"], environment: ["XDG_RUNTIME_DIR": lonely])
+        if let pid = loneStatus["pid"] as? Int, pid > 0 { kill(pid_t(pid), SIGTERM) }
 
         try Self.script(Self.uninstall, ["--user"], environment: session.environment)
         #expect(Self.tree(session.home).isEmpty, "left behind: \(Self.tree(session.home))")

@@ -324,6 +324,41 @@ import Testing
         #expect(!agent.log.contains(signature) && !room.server.process.log.contains(signature), "the token's signature was printed")
     }
 
+    /// A backend whose stop() hangs (the host gives up on it after its budget) adds nothing to the
+    /// room after the person stopped (issue 23, 4.17, as for recordings): the session takes no
+    /// more frames and leaves the room first, then waits out the backend. Judged by the room's
+    /// decoder: no frame decoded later than 300 ms after SIGTERM (in flight then), where the old
+    /// order sent the encoder's idle refreshes for the 2 s of the hung stop.
+    @Test func aHungStopAddsNothingToTheRoomAfterTheStop() throws {
+        guard let room = try WhipRoom() else { return }
+        let (code, _) = try room.codeFile(identity: "Hung")
+        // The hostile-backend fixture, well-behaved until its stop() never returns.
+        let (program, argv) = room.namespace.command(Harness.agent, ["--join", "@" + code, "--once", "--address", "127.0.0.2",
+                                                                     "--plugins", try BackendContractTests.registry(),
+                                                                     "--option", "misbehave=hang-stop", "--refresh", "0.2"])
+        let agent = try DtlsTestProcess(program, argv)
+        defer { agent.stop() }
+        #expect(agent.waitFor("sharing the screen", timeout: 30), "the agent never shared: \(agent.log)")
+        // Frames flowing first (the room decodes the typing scene).
+        let deadline = Date().addingTimeInterval(10)
+        while Date() < deadline && !agent.log.contains(" fps") { usleep(100_000) }
+        agent.signal(SIGTERM)
+        let signalled = MonotonicClock.milliseconds()
+        let (status, _) = Self.waitExit(agent, seconds: 20)
+        let deletes = room.server.requests("DELETE", atLeast: 1, timeout: 5)
+        room.server.process.stop()
+        _ = room.server.waitForEvent("report", timeout: 10)
+        let numbers = (room.server.events.last { $0["report"] != nil }?["report"] as? [String: Any]) ?? [:]
+        let times = (numbers["frame_ms"] as? [Double]) ?? []
+        let late = times.filter { $0 > signalled + 300 }
+        print(String(format: "hung stop in a room: %d frames decoded, %d later than 300 ms after SIGTERM; exit %@",
+                     times.count, late.count, status.map(String.init) ?? "none"))
+        #expect(times.count >= 10, "the room decoded \(times.count) frames: \(numbers)")
+        #expect(late.isEmpty, "\(late.count) frames reached the room after the stop (the last \(String(format: "%.0f", (late.last ?? signalled) - signalled)) ms after SIGTERM)")
+        #expect(deletes.count == 1, "DELETE requests: \(deletes)")
+        #expect(agent.log.contains("the session left the room and freed everything else"), "\(agent.log.suffix(600))")
+    }
+
     @Test func whipServerClosingThePeerConnectionEndsTheRoom() throws {
         guard let room = try WhipRoom(["--close-after", "2"]) else { return }
         let (code, _) = try room.codeFile(identity: "Ann")
