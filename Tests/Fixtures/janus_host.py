@@ -13,6 +13,11 @@ HTTP API (http://127.0.0.1:8088/janus inside the test's namespace):
                                           end the meeting, or remove D
   gone --room R --display D               wait until D left the room (polls
                                           every 50 ms; reports when it saw it)
+  ice --room R --display D                what Janus's own ICE agent got from D's
+                                          publisher handle (admin API, port 7088):
+                                          the remote candidates trickled to it,
+                                          whether the end of candidates came
+                                          (all-trickles), and the selected pair
 
 Each prints one JSON line. Run with /opt/krakl-venv/bin/python (aiortc).
 A request Janus refuses (room exists: 427, wrong secret: 433, no such room:
@@ -24,6 +29,7 @@ import json
 import os
 import sys
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from janus_room import Handle, frame_report, watch_publisher  # noqa: E402
@@ -51,9 +57,39 @@ def refused(reply):
     return None
 
 
+ADMIN = "http://127.0.0.1:7088/admin"
+
+
+def admin(path, body):
+    """One admin/monitor API request (the testbed enables it on loopback with Janus's stock secret)."""
+    body = dict(body, transaction="krakl-%d" % time.monotonic_ns(), admin_secret="janusoverlord")
+    request = urllib.request.Request(ADMIN + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        return json.loads(reply.read())
+
+
+def publisher_ice(room, display):
+    """The ICE side of the handle that publishes as `display` in `room`, as Janus reports it."""
+    for session in admin("", {"janus": "list_sessions"}).get("sessions", []):
+        for handle in admin("/%d" % session, {"janus": "list_handles"}).get("handles", []):
+            info = admin("/%d/%d" % (session, handle), {"janus": "handle_info"}).get("info", {})
+            specific = info.get("plugin_specific", {})
+            if specific.get("type") != "publisher" or specific.get("room") != room or specific.get("display") != display:
+                continue
+            stream = (info.get("webrtc", {}).get("ice", {}) if "webrtc" in info else {}) or {}
+            streams = info.get("streams") or []
+            component = ((streams[0].get("components") or [{}])[0]) if streams else {}
+            return {"found": True, "flags": info.get("flags", {}),
+                    "remote_candidates": component.get("remote-candidates", stream.get("remote-candidates", [])),
+                    "selected_pair": component.get("selected-pair", stream.get("selected-pair")),
+                    "ice_state": component.get("state", stream.get("state")),
+                    }
+    return {"found": False}
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("command", choices=["create", "watch", "end", "gone"])
+    parser.add_argument("command", choices=["create", "watch", "end", "gone", "ice"])
     parser.add_argument("--room", type=int, required=True)
     parser.add_argument("--secret", default="")
     parser.add_argument("--display", default="")
@@ -100,6 +136,8 @@ def main():
                                   args.seconds if args.seconds > 3 else 5) is not None
         report["gone_ms"] = time.monotonic() * 1000
         report["participants"] = participants(handle, args.room)
+    elif args.command == "ice":
+        report.update(publisher_ice(args.room, args.display))
     print(json.dumps(report), flush=True)
     if report.get("refused"):
         print(f"janus_host.py {args.command}: refused by Janus: {report['refused']['error']} ({report['refused']['error_code']})",

@@ -69,13 +69,52 @@ import KraklRoom
         #expect(applied.contains { $0["end"] as? Bool == true }, "\(label): aiortc was not told the end: \(applied)")
 
         // The media is relayed: the only path left.
-        #expect(agent.waitFor("connected relay/udp -> ", timeout: 10), "\(label): no relayed pair in the status line: \(agent.log.suffix(600))")
+        #expect(agent.waitFor("connected relay/udp -> host", timeout: 10), "\(label): no relayed pair in the status line: \(agent.log.suffix(600))")
         let pair = room.server.waitForEvent("pair", timeout: 5) ?? [:]
         print("\(label): aiortc's nominated pair: local \(pair["local_type"] ?? "?"), remote \(pair["remote_type"] ?? "?") \(pair["remote"] ?? "")")
+        // The receiver's pair goes to the relay address we trickled. aioice names it "relay" when the
+        // PATCH came before our first check through the relay (every run so far), "prflx" when the
+        // check won the race; either way the address is the signalled one.
+        let relayAddresses = trickled.filter { Self.kind($0) == "relay" }.map(Self.address)
+        #expect(relayAddresses.contains(pair["remote"] as? String ?? "-"), "\(label): aiortc's pair \(pair) is not to a trickled relay candidate \(relayAddresses)")
         #expect(turn.process.log.contains("ALLOCATE processed, success"), "\(label): no allocation: \(turn.process.log.suffix(1500))")
         agent.signal(SIGTERM)
         let (status, _) = RoomSessionTests.waitExit(agent, seconds: 10)
         #expect(status == 0, "\(label): exit \(status.map(String.init) ?? "none"): \(agent.log.suffix(600))")
+    }
+
+    /// Janus, with its own ICE agent (libnice): the relay candidate allocated while the offer was
+    /// on its way is trickled once Janus answered, then `{"completed": true}`; Janus's admin API
+    /// shows the relay candidate among the remote candidates it was given, the end of candidates
+    /// (its all-trickles flag), and a selected pair to our relay.
+    @Test(arguments: [false, true])
+    func janusGetsTheRelayCandidateAndTheEnd(relayOnly: Bool) throws {
+        guard let room = try RoomSessionTests.JanusRoom(),
+              let turn = try CoturnServer.start(in: room.namespace, extra: ["-v"]) else { return }
+        guard try CoturnServer.blockDirectUdp(in: room.namespace) else {
+            return skipTest("nft missing (Debian package nftables): direct UDP cannot be blocked")
+        }
+        let (code, _) = try room.codeFile(identity: "Jan")
+        let agent = try room.agent(codeFile: code, extra: ["--ice-server", Self.turnURL + ",u,p"] + (relayOnly ? ["--ice-transport", "relay"] : []))
+        defer { agent.stop() }
+        let label = "Janus, TURN from the flag\(relayOnly ? ", relay-only" : "")"
+        #expect(agent.waitFor("connected relay/udp -> host", timeout: 30), "\(label): no relayed pair: \(agent.log.suffix(1500))")
+        let ice = try room.host(["ice", "--display", "Jan"])
+        let remote = ice["remote_candidates"] as? [String] ?? []
+        let pair = ice["selected_pair"] as? String ?? ""
+        print("\(label): Janus was given \(remote.map(Self.kind)), all-trickles \((ice["flags"] as? [String: Any])?["all-trickles"] ?? "?"), selected pair \(pair)")
+        #expect(ice["found"] as? Bool == true, "\(label): Janus's admin API shows no publisher handle: \(ice)")
+        #expect(remote.contains { Self.kind($0) == "relay" }, "\(label): Janus was not given the relay candidate: \(remote)")
+        if relayOnly { #expect(remote.allSatisfy { Self.kind($0) == "relay" }, "\(label): relay-only signalled another kind: \(remote)") }
+        #expect((ice["flags"] as? [String: Any])?["all-trickles"] as? Int == 1, "\(label): Janus was not told the end of candidates: \(ice)")
+        // "LOCAL [host,udp] <-> REMOTE [TYPE,udp]": Janus's media goes to a relay address we trickled.
+        let relays = remote.filter { Self.kind($0) == "relay" }.map(Self.address)
+        let pairRemote = pair.components(separatedBy: " <-> ").last?.split(separator: " ").first.map(String.init) ?? "-"
+        #expect(relays.contains(pairRemote), "\(label): Janus's selected pair \(pair) is not to a trickled relay candidate \(relays)")
+        agent.signal(SIGTERM)
+        let (status, _) = RoomSessionTests.waitExit(agent, seconds: 10)
+        #expect(status == 0, "\(label): exit \(status.map(String.init) ?? "none"): \(agent.log.suffix(600))")
+        withExtendedLifetime(turn) {}
     }
 
     /// TURN over TCP, relay-only: the candidate reaches the room the same way, and the status line
@@ -88,7 +127,7 @@ import KraklRoom
         let (code, _) = try room.codeFile(identity: "Ann")
         let agent = try room.agent(codeFile: code, extra: ["--ice-server", "turn:127.0.0.2:3478?transport=tcp,u,p", "--ice-transport", "relay"])
         defer { agent.stop() }
-        #expect(agent.waitFor("connected relay/tcp -> ", timeout: 30), "no relay/tcp pair in the status line: \(agent.log.suffix(800))")
+        #expect(agent.waitFor("connected relay/tcp -> host", timeout: 30), "no relay/tcp pair in the status line: \(agent.log.suffix(800))")
         #expect(Self.relayThenEnd(room.server), "the room was not sent the relay candidate and the end: \(room.server.requests("PATCH"))")
         agent.signal(SIGTERM)
         let (status, _) = RoomSessionTests.waitExit(agent, seconds: 10)
@@ -124,6 +163,13 @@ import KraklRoom
     }
 
     /// `typ` of an `a=candidate` value: host, srflx, relay.
+    /// "IP:port" of an `a=candidate:` line (foundation component transport priority IP port typ …).
+    static func address(_ candidate: String) -> String {
+        let fields = candidate.split(separator: " ")
+        guard let index = fields.firstIndex(of: "typ"), index >= 2 else { return "?" }
+        return "\(fields[index - 2]):\(fields[index - 1])"
+    }
+
     static func kind(_ candidate: String) -> String {
         let fields = candidate.split(separator: " ")
         guard let index = fields.firstIndex(of: "typ"), index + 1 < fields.count else { return "?" }

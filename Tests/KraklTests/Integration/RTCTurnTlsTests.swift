@@ -224,7 +224,7 @@ extension CoturnServer {
         defer { agent.stop() }
         #expect(agent.waitFor("sharing the screen", timeout: 30), "the agent never shared: \(agent.log)\ncoturn: \(rig.turn.process.log.suffix(2000))")
         // The path as the person sees it, and the relay candidate trickled to the room (issue 24).
-        #expect(agent.waitFor("connected relay/tls -> ", timeout: 10), "no relay/tls pair in the status line: \(agent.log.suffix(600))")
+        #expect(agent.waitFor("connected relay/tls -> host", timeout: 10), "no relay/tls pair in the status line: \(agent.log.suffix(600))")
         #expect(CandidateDeliveryTests.relayThenEnd(rig.room.server), "the room was not sent the relay candidate and the end: \(rig.room.server.requests("PATCH"))")
         _ = agent.waitFor("\u{1}never\u{1}", timeout: 3)  // frames flow for 3 s
         agent.signal(SIGTERM)

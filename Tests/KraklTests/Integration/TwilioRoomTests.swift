@@ -223,18 +223,23 @@ import Testing
     /// Twilio's TURN servers come in `iced`: with direct UDP between the agent and the room's media
     /// blocked (nftables), the media goes through the coturn server the room named, and its
     /// credential never appears in the agent's output.
-    @Test func theTurnServersFromIcedCarryTheMediaWhenDirectUdpIsBlocked() throws {
+    /// `iced`: the TURN server comes with Twilio's `iced` (allocated after the answer); `flag`:
+    /// `--ice-server` (allocated while the connect is on its way, so the relay candidate is held
+    /// until the room answers, then trickled: issue 24).
+    @Test(arguments: ["iced", "flag"])
+    func theTurnServersFromIcedCarryTheMediaWhenDirectUdpIsBlocked(_ from: String) throws {
         let credential = "iced-credential-\(UUID().uuidString.prefix(8))"
-        guard let room = try TwilioTestRoom(["--ice-server", "turn:127.0.0.2:3478?transport=udp,twilio,\(credential)"]) else { return }
+        let server = "turn:127.0.0.2:3478?transport=udp,twilio,\(credential)"
+        guard let room = try TwilioTestRoom(from == "iced" ? ["--ice-server", server] : []) else { return }
         guard let turn = try CoturnServer.start(in: room.namespace, extra: ["--user=twilio:\(credential)"]) else { return }
         defer { withExtendedLifetime(turn) {} }
         guard try CoturnServer.blockDirectUdp(in: room.namespace) else {
             skipTest("nft missing (Debian package nftables): direct UDP cannot be blocked")
             return
         }
-        let agent = try room.agent(try room.code(identity: Self.identity))
+        let agent = try room.agent(try room.code(identity: Self.identity), arguments: from == "flag" ? ["--ice-server", server] : [])
         defer { agent.stop() }
-        #expect(agent.waitFor("relay/udp", timeout: 40), "the media did not go through the relay: \(agent.log.suffix(1200))")
+        #expect(agent.waitFor("relay/udp -> host", timeout: 40), "the media did not go through the relay: \(agent.log.suffix(1200))")
         let seen = try room.waitForParticipant(Self.identity, timeout: 30) { (TwilioTestRoom.frames($0)["decoded"] as? Int ?? 0) >= 30 }
         #expect((TwilioTestRoom.frames(seen)["decoded"] as? Int ?? 0) >= 30, "frames through the relay: \(TwilioTestRoom.frames(seen))")
         #expect(!agent.log.contains(credential), "the TURN credential from iced appeared in the agent's output")
@@ -243,6 +248,12 @@ import Testing
         let trickled = ice?["candidates"] as? [[String: Any]] ?? []
         #expect(trickled.contains { ($0["candidate"] as? String)?.contains("typ relay") == true }, "no relay candidate trickled: \(ice ?? [:])")
         #expect(ice?["complete"] as? Bool == true, "no end of candidates after the relay: \(ice ?? [:])")
+        // Cumulative, as twilio-video.js sends them: every update repeats all the candidates so far.
+        let updates = room.events("ice").filter { $0["identity"] as? String == Self.identity }
+        #expect(!updates.isEmpty && updates.allSatisfy { ($0["candidates"] as? Int) == ($0["total"] as? Int) && $0["stale"] as? Bool == false },
+                "updates that were not cumulative or not newer: \(updates)")
+        #expect(updates.last?["complete"] as? Bool == true && updates.dropLast().allSatisfy { $0["complete"] as? Bool == false },
+                "complete must come once, last: \(updates)")
         _ = try room.complete()
         #expect(TwilioTestRoom.waitExit(agent, seconds: 20) == 30, "\(agent.log.suffix(600))")
     }
