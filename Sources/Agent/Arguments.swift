@@ -550,7 +550,7 @@ EXIT STATUS
    6 unknown backend name             7 backend library file missing
    8 backend library does not load    9 library lacks the krakl_backend_v1 symbol
   10 backend ABI version mismatch or malformed table
-  11 backend create() failed (other) 12 backend start() failed
+  11 backend create() failed (other)  12 backend start() failed
   13 the source reported an error while capturing
   14 encoding failed (libvpx)
   15 the backend could not list its sources

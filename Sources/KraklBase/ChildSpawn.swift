@@ -123,3 +123,13 @@ public func signalName(_ number: Int32) -> String {
     ]
     return names[number] ?? "signal \(number)"
 }
+
+/// The kernel's id of the calling thread (what /proc/self/task lists), from /proc/thread-self
+/// ("PID/task/TID"): the Glibc module shows neither gettid() nor SYS_gettid. 0 when unreadable.
+public func currentKernelThreadID() -> pid_t {
+    var buffer = [CChar](repeating: 0, count: 64)
+    let count = readlink("/proc/thread-self", &buffer, buffer.count - 1)
+    guard count > 0 else { return 0 }
+    let text = String(decoding: buffer[0..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    return text.split(separator: "/").last.flatMap { pid_t($0) } ?? 0
+}

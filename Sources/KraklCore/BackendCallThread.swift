@@ -34,6 +34,13 @@ final class BackendCallThread: @unchecked Sendable {
     private var thread = pthread_t()
     private var started = false
     private let name: String
+    /// The kernel's id of the thread once it runs (0 before): what /proc/self/task lists, for the
+    /// tests that check it ends with its source.
+    private(set) var kernelThreadID: pid_t {
+        get { condition.lock(); defer { condition.unlock() }; return _kernelThreadID }
+        set { condition.lock(); _kernelThreadID = newValue; condition.broadcast(); condition.unlock() }
+    }
+    private var _kernelThreadID: pid_t = 0
 
     init(name: String) {
         self.name = name
@@ -53,6 +60,7 @@ final class BackendCallThread: @unchecked Sendable {
     private func loop() {
         // For people reading `top -H` or a backtrace: which thread is inside a backend.
         Thread.current.name = name
+        kernelThreadID = currentKernelThreadID()
         while true {
             condition.lock()
             while jobs.isEmpty && !ending { condition.wait() }

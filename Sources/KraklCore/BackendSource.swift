@@ -49,6 +49,8 @@ public final class BackendSource: CaptureSource {
     public let budgets: CallBudgets
     private let context: HostContext
     private let calls: BackendCallThread
+    /// The control thread's kernel id (set once it ran the backend's create()): for the tests.
+    var controlThreadID: pid_t { calls.kernelThreadID }
     /// One control call at a time, whichever thread makes it.
     private let control = PThreadLock()
     private var source: OpaquePointer?

@@ -106,7 +106,9 @@ enum ViewerPage {
 
       // The session on the agent's side ends too (if it still exists), so the place is freed.
       function release() {
-        if (state.resource) fetch(state.resource, { method: 'DELETE', headers: auth, keepalive: true }).catch(() => {});
+        // `released`: the DELETE's HTTP status once answered (or 0 when it failed), read by tests.
+        if (state.resource) fetch(state.resource, { method: 'DELETE', headers: auth, keepalive: true })
+          .then(reply => { state.released = reply.status; }, () => { state.released = 0; });
         state.resource = null;
       }
 

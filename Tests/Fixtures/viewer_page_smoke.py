@@ -33,8 +33,16 @@ def main():
             if state and state["ended"]:
                 break
             time.sleep(0.1)
-        # The page's DELETE (fetch keepalive) is on its way; give it a moment before the browser goes.
-        time.sleep(0.5)
+        # The page's DELETE (fetch keepalive) is on its way: wait (bounded) until it was answered
+        # before the browser goes.
+        released = None
+        while time.monotonic() < deadline + 5:
+            released = driver.execute_script("return window.kraklViewer ? kraklViewer.released : null")
+            if released is not None:
+                break
+            time.sleep(0.05)
+        if state is not None:
+            state["released"] = released
         print(json.dumps({"state": state, "href": driver.current_url,
                           "video": driver.execute_script("return !!document.getElementById('video')")}))
     finally:

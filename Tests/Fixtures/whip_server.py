@@ -22,6 +22,7 @@ change, and {"report": {...}} when stdin ends or --seconds pass.
 Modes (flags) make it misbehave the ways servers do: see --help.
 """
 import argparse
+import signal
 import ssl
 import asyncio
 import ctypes
@@ -75,6 +76,7 @@ class State:
         self.frames = 0
         self.stamps = []
         self.frame_ms = []  # CLOCK_MONOTONIC ms at which each frame was decoded
+        self.peers = []     # (resource id, RTCPeerConnection), for SIGUSR1
         self.stop = threading.Event()
         self.port = 0
         self.second_port = 0
@@ -141,6 +143,7 @@ async def make_answer(offer, state, resource_id):
 
     await pc.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
     await pc.setLocalDescription(await pc.createAnswer())
+    state.peers.append((resource_id, pc))
     if state.args.close_after is not None:
         async def close_later():
             await asyncio.sleep(state.args.close_after)
@@ -428,6 +431,15 @@ async def main():
     serve(second_server)
     if args.stun:
         args.link.append(f"<stun:127.0.0.2:{serve_stun()}>; rel=\"ice-server\"")
+    # SIGUSR1: close every peer connection now (DTLS close_notify), as a room whose host ended it;
+    # a test sends it once the agent shares, instead of a --close-after timer.
+    async def close_all():
+        for resource_id, pc in list(STATE.peers):
+            emit({"event": "closing", "id": resource_id})
+            await pc.close()
+    # The test runner's children inherit its blocked signals: unblock this one first.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+    loop.add_signal_handler(signal.SIGUSR1, lambda: asyncio.ensure_future(close_all()))
     emit({"event": "ready", "port": STATE.port, "second_port": STATE.second_port})
 
     reader = asyncio.StreamReader()

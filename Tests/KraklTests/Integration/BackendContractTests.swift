@@ -116,24 +116,28 @@ struct BackendContractTests {
     /// conformance and the session's thread counts).
     @Test func controlThreadsEndWithTheirSources() throws {
         let library = try Self.library()
-        func cycle() throws {
+        func cycle() throws -> Set<pid_t> {
             let sink = ContractSink()
             let source = try BackendSource(library: library, backendName: "misbehaving", options: Self.options("none"), sink: sink, logger: { _, _, _ in })
             try source.start()
             _ = sink.waitForFrames(1, timeout: 5)
+            let used: Set<pid_t> = [source.controlThreadID, sink.deliveringThreadID]
             try source.destroy()
+            return used
         }
-        try cycle()
-        let before = threadCount()
-        for _ in 0..<10 { try cycle() }
-        var after = threadCount()
+        // The threads of each cycle by their kernel ids: the host's control thread and the backend's
+        // capture thread (the one that delivered the frames). Other suites make and end threads in
+        // this process meanwhile, so the count of all threads would judge nothing exact.
+        var threads: Set<pid_t> = []
+        for _ in 0..<10 { threads.formUnion(try cycle()) }
+        #expect(threads.count == 20 && !threads.contains(0), "one control and one capture thread a cycle: \(threads.sorted())")
+        func alive() -> [pid_t] {
+            let tasks = Set(((try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []).compactMap { pid_t($0) })
+            return threads.filter { tasks.contains($0) }.sorted()
+        }
         let deadline = Date().addingTimeInterval(5)
-        while after > before && Date() < deadline {
-            ContractSink().observe(for: 0.02)
-            after = threadCount()
-        }
-        // Other suites run in parallel in this process: judge "not one thread per cycle", not exact equality.
-        #expect(after < before + 10, "threads \(before) -> \(after) after 10 cycles")
+        while !alive().isEmpty && Date() < deadline { ContractSink().observe(for: 0.02) }
+        #expect(alive().isEmpty, "threads of destroyed sources still running: \(alive())")
     }
 
     // MARK: - Return values (item 3)
@@ -696,10 +700,16 @@ final class ContractSink: FrameSink, @unchecked Sendable {
     /// How long each frame stays in the sink (to make overlapping deliveries collide).
     var holdMicroseconds: UInt32 = 0
 
+    /// The kernel id of the thread that delivered the last frame (0 before any).
+    var deliveringThreadID: pid_t { condition.lock(); defer { condition.unlock() }; return _deliveringThreadID }
+    private var _deliveringThreadID: pid_t = 0
+
     func frame(_ pointer: UnsafePointer<krakl_frame>) {
         let received = MonotonicClock.nanoseconds()
         let f = pointer.pointee
+        let thread = currentKernelThreadID()
         condition.lock()
+        _deliveringThreadID = thread
         if inside { overlapped = true }
         inside = true
         frames.append(Frame(width: Int(f.width), height: Int(f.height), damageCount: f.damage_count, timestamp: f.timestamp_ns, receivedNs: received))

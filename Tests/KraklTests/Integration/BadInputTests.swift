@@ -159,10 +159,80 @@ struct BadInputTests {
         expectFailure(try Harness.agent(["conformance"]), status: 2, ["needs the path"])
     }
 
-    @Test func everyStatusIsDistinctAndDocumented() throws {
+    /// A "daemon" whose replies are unusable (not JSON, or the connection closed without a reply):
+    /// the client says so with 64, not a crash or a hang.
+    @Test(arguments: ["garbage", "close"])
+    func anUnusableDaemonReplyIs64(_ how: String) throws {
         try Harness.requireBuild()
+        let runtime = try Harness.temporaryDirectory()
+        chmod(runtime, 0o700)
+        mkdir(runtime + "/krakl", 0o700)
+        let server = try DtlsTestProcess("/usr/bin/python3", ["-c", """
+            import socket, sys
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.bind(sys.argv[1]); s.listen(4); print("ready", flush=True)
+            while True:
+                c, _ = s.accept(); c.recv(4096)
+                if sys.argv[2] == "garbage": c.sendall(b"this is not a reply\\n")
+                c.close()
+            """, runtime + "/krakl/control.sock", how])
+        defer { server.stop() }
+        try #require(server.waitFor("ready", timeout: 10), "the fake daemon did not start: \(server.log)")
+        let result = try Harness.run(Harness.agent, ["status"], timeout: 20, environment: ["XDG_RUNTIME_DIR": runtime])
+        expectFailure(result, status: 64, [how == "garbage" ? "reply" : "closed the connection"])
+    }
+
+    /// docs/exit-codes.md, `--help`'s EXIT STATUS and Sources/Agent/ExitStatus.swift name the same
+    /// statuses: what one lists and another does not is an error (a status added in code and not
+    /// documented, or one documented that nothing returns).
+    @Test func everyStatusIsDocumentedInTheDocsAndInHelp() throws {
+        try Harness.requireBuild()
+        let documented = ExitStatusTable.documented()
+        #expect(documented.count >= 55, "docs/exit-codes.md: only \(documented.sorted())")
         let help = try Harness.agent(["--help"])
         #expect(help.status == 0)
-        for status in 0...15 { #expect(help.stdout.contains(String(format: "%2d ", status)), "exit status \(status) not documented in --help") }
+        let inHelp = ExitStatusTable.inHelp(help.stdout)
+        #expect(inHelp == documented, "--help lists \(inHelp.subtracting(documented).sorted()) that the docs do not; the docs list \(documented.subtracting(inHelp).sorted()) that --help does not")
+        let inCode = ExitStatusTable.inCode()
+        #expect(inCode.isSubset(of: documented), "ExitStatus.swift returns \(inCode.subtracting(documented).sorted()), undocumented")
     }
 }
+
+/// The exit statuses as docs/exit-codes.md, `--help` and ExitStatus.swift give them.
+enum ExitStatusTable {
+    /// The single numbers in the first column of docs/exit-codes.md's tables (ranges such as
+    /// "39–43" refer back to rows of their own).
+    static func documented() -> Set<Int> {
+        let text = (try? String(contentsOfFile: Harness.repoRoot + "/docs/exit-codes.md", encoding: .utf8)) ?? ""
+        return Set(text.split(separator: "\n").compactMap { line -> Int? in
+            guard line.hasPrefix("| ") else { return nil }
+            let cell = line.dropFirst(2).prefix { $0 != "|" }.trimmingCharacters(in: .whitespaces)
+            return Int(cell)
+        })
+    }
+
+    /// The statuses of `--help`'s EXIT STATUS section: a number opening a line or a column.
+    static func inHelp(_ help: String) -> Set<Int> {
+        guard let start = help.range(of: "\nEXIT STATUS\n") else { return [] }
+        var found: Set<Int> = []
+        for line in help[start.upperBound...].split(separator: "\n") {
+            let pattern = #"(?:^|\s{2,})(\d{1,2}) [a-z-]"#
+            let regex = try? NSRegularExpression(pattern: pattern)
+            let text = String(line)
+            for match in regex?.matches(in: text, range: NSRange(text.startIndex..., in: text)) ?? [] {
+                if let range = Range(match.range(at: 1), in: text), let n = Int(text[range]) { found.insert(n) }
+            }
+        }
+        return found
+    }
+
+    /// Every `return N` and `= N` of Sources/Agent/ExitStatus.swift.
+    static func inCode() -> Set<Int> {
+        let text = (try? String(contentsOfFile: Harness.repoRoot + "/Sources/Agent/ExitStatus.swift", encoding: .utf8)) ?? ""
+        let regex = try? NSRegularExpression(pattern: #"(?:return|: Int32 =) (\d+)\b"#)
+        return Set((regex?.matches(in: text, range: NSRange(text.startIndex..., in: text)) ?? []).compactMap { match in
+            Range(match.range(at: 1), in: text).flatMap { Int(text[$0]) }
+        })
+    }
+}
+

@@ -88,6 +88,7 @@ import Testing
                 protocol_version = "HTTP/1.1"
                 def do_GET(self):
                     if sys.argv[1] == "hang":
+                        print("got " + self.path, flush=True)  # the request arrived: the client waits now
                         time.sleep(60)
                     body = ("you asked for " + self.path).encode()
                     self.send_response(200)
@@ -180,7 +181,10 @@ import Testing
             do { _ = try client.send(HTTPRequest(method: "GET", url: url, timeout: .seconds(30))) } catch { box.error = error }
             ended.signal()
         }
-        usleep(300_000)  // let the request reach its wait (the bound below does not depend on it)
+        // The server saw this second request: the client is in its wait for the reply.
+        let deadline = Date().addingTimeInterval(10)
+        while silent.process.log.components(separatedBy: "got /hang").count - 1 < 2 && Date() < deadline { usleep(10_000) }
+        try #require(silent.process.log.components(separatedBy: "got /hang").count - 1 >= 2, "the request never reached the server: \(silent.process.log)")
         let asked = MonotonicClock.milliseconds()
         client.invalidate()
         #expect(ended.wait(timeout: .now() + 5) == .success, "invalidate() did not end the request")

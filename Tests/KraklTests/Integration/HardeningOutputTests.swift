@@ -503,7 +503,9 @@ struct HardeningOutputTests {
         #expect(result.status == 0, "\(result.stderr)")
         let stats = (try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: dir + "/stats.json")))) as? [String: Any] ?? [:]
         let captured = stats["captured_frames"] as? Int ?? 0, encoded = stats["encoded_frames"] as? Int ?? 0
-        #expect(captured > 170 && encoded <= 5 * 30 + 3, "captured \(captured), encoded \(encoded) in 5 s at --max-fps 30")
+        // The cap is judged only if the source outran it (200 frames nominal; a starved CI machine
+        // captured 160–190): more captured than the cap lets through, and no more encoded than it.
+        #expect(captured > 5 * 30 + 3 && encoded <= 5 * 30 + 3, "captured \(captured), encoded \(encoded) in 5 s at --max-fps 30")
     }
 
     /// A header cut short exited 0 with no frames; bogus frame rates became 30 fps. Each is now

@@ -116,6 +116,22 @@ import Testing
         """
     }
 
+    /// The agent in the room's namespace with its standard output followed live (stderr goes to a
+    /// file): once `needle` is in it, the room closes its peers (it ends once the agent shares: on
+    /// the event, not on a timer). Its exit status (-1: still running 20 s later), stdout, stderr.
+    static func runUntilTheRoomCloses(_ room: RoomSessionTests.WhipRoom, _ arguments: [String], environment: [String: String] = [:],
+                                      closeOn needle: String) throws -> (status: Int32, stdout: String, stderr: String) {
+        let errors = try Harness.temporaryDirectory() + "/agent.stderr"
+        let pairs = environment.merging(["KRAKL_TEST_STDERR": errors]) { $1 }.map { "\($0.key)=\($0.value)" }.sorted()
+        let (program, argv) = room.namespace.command("/usr/bin/env", pairs + ["/bin/sh", "-c", #"exec "$0" "$@" 2>"$KRAKL_TEST_STDERR""#,
+                                                                            Harness.agent] + arguments)
+        let agent = try DtlsTestProcess(program, argv)
+        defer { agent.stop() }
+        if agent.waitFor(needle, timeout: 40) { room.server.closePeers() }
+        _ = agent.waitForExit(seconds: 20)
+        return (agent.exitStatus ?? -1, agent.log, (try? String(contentsOfFile: errors, encoding: .utf8)) ?? "")
+    }
+
     static func hasLiveNumbers(_ screen: String) -> Bool {
         screen.contains("State:     sharing") && screen.contains("Picture:   640x360")
             && screen.range(of: #"Bitrate:   [1-9][0-9]* kbit/s"#, options: .regularExpression) != nil
@@ -200,7 +216,7 @@ import Testing
     /// with the host-ended reason. With NO_COLOR nothing is coloured; the session bus's notification
     /// server (a test one, recording calls) saw the start and the end.
     @Test func theRoomEndingReturnsHomeWithTheReasonAndNotifies() throws {
-        guard let room = try RoomSessionTests.WhipRoom(["--close-after", "4"]) else { return }
+        guard let room = try RoomSessionTests.WhipRoom() else { return }
         let folder = try Harness.temporaryDirectory()
         let bus = try PrivateSessionBus(folder: folder)
         let (code, _) = try room.codeFile(identity: "Ivy's screen")
@@ -211,6 +227,7 @@ import Testing
                             folder: folder, namespace: room.namespace)
         let sharing = pane.waitFor("State:     sharing", timeout: 40)
         #expect(sharing.ok, "never shared: \(sharing.screen) \(procText(folder + "/agent.stderr"))")
+        room.server.closePeers()
         let ended = pane.waitFor(timeout: 30) { $0.contains("Sharing was ended by the room") && $0.contains("State:     idle") }
         print("home screen after the room ended:\n\(ended.screen)")
         #expect(ended.ok, "after the server closed: \(ended.screen)")
@@ -349,12 +366,13 @@ import Testing
 
     /// Without a terminal the lifecycle is lines; --log-format json makes each one a JSON object.
     @Test func jsonLogLinesEachParse() throws {
-        guard let room = try RoomSessionTests.WhipRoom(["--close-after", "3"]) else { return }
+        guard let room = try RoomSessionTests.WhipRoom() else { return }
         let (code, _) = try room.codeFile(identity: "Jo")
-        let (program, argv) = room.namespace.command(Harness.agent, ["--join", "@" + code, "--once", "--log-format", "json", "--address", "127.0.0.2",
-                                                                     "--plugins", room.registry, "--option", "scene=typing",
-                                                                     "--option", "width=640", "--option", "height=360"])
-        let result = try Harness.run(program, argv, timeout: 60, environment: ["KRAKL_NO_NOTIFY": "1"])
+        // The room ends once a status line (once a second while sharing) is out.
+        let result = try Self.runUntilTheRoomCloses(room, ["--join", "@" + code, "--once", "--log-format", "json", "--address", "127.0.0.2",
+                                                           "--plugins", room.registry, "--option", "scene=typing",
+                                                           "--option", "width=640", "--option", "height=360"],
+                                                    environment: ["KRAKL_NO_NOTIFY": "1"], closeOn: #""event":"status""#)
         #expect(result.status == 30, "exit \(result.status) (30: the room ended): \(result.stdout) \(result.stderr)")
         let lines = result.stdout.split(separator: "\n")
         #expect(lines.count >= 4, "\(result.stdout)")
@@ -383,7 +401,7 @@ import Testing
             skipTest("dunst or dbus-daemon is not installed (scripts/setup installs dunst and dbus-bin)")
             return
         }
-        guard let room = try RoomSessionTests.WhipRoom(["--close-after", "3"]), let x = try XvfbServer(width: 800, height: 600) else { return }
+        guard let room = try RoomSessionTests.WhipRoom(), let x = try XvfbServer(width: 800, height: 600) else { return }
         let folder = try Harness.temporaryDirectory()
         let bus = try DtlsTestProcess(dbus, ["--session", "--nofork", "--nopidfile", "--address", "unix:path=\(folder)/bus", "--print-address"])
         defer { bus.stop() }
@@ -398,10 +416,10 @@ import Testing
         }
         try #require(ready, "dunst never answered on the bus: \(server.log)")
         let (code, _) = try room.codeFile(identity: "Dun's screen")
-        let (program, argv) = room.namespace.command(Harness.agent, ["--join", "@" + code, "--once", "--headless", "--address", "127.0.0.2",
-                                                                     "--plugins", room.registry, "--option", "scene=typing",
-                                                                     "--option", "width=640", "--option", "height=360"])
-        let result = try Harness.run(program, argv, timeout: 60, environment: ["DBUS_SESSION_BUS_ADDRESS": address])
+        let result = try Self.runUntilTheRoomCloses(room, ["--join", "@" + code, "--once", "--headless", "--address", "127.0.0.2",
+                                                           "--plugins", room.registry, "--option", "scene=typing",
+                                                           "--option", "width=640", "--option", "height=360"],
+                                                    environment: ["DBUS_SESSION_BUS_ADDRESS": address], closeOn: "sharing the screen")
         #expect(result.status == 30, "exit \(result.status): \(result.stdout) \(result.stderr)")
         let deadline = Date().addingTimeInterval(10)
         while Date() < deadline && server.log.components(separatedBy: "appname: 'krakl-agent'").count < 3 { usleep(100_000) }
@@ -414,14 +432,14 @@ import Testing
 
     /// The lines mode notifies too: sharing's start, then its end with the reason (the room ended it).
     @Test func linesModeNotifiesTheStartAndTheEnd() throws {
-        guard let room = try RoomSessionTests.WhipRoom(["--close-after", "3"]) else { return }
+        guard let room = try RoomSessionTests.WhipRoom() else { return }
         let folder = try Harness.temporaryDirectory()
         guard let bus = try PrivateSessionBus(folder: folder) else { return }
         let (code, _) = try room.codeFile(identity: "Lin's screen")
-        let (program, argv) = room.namespace.command(Harness.agent, ["--join", "@" + code, "--once", "--headless", "--address", "127.0.0.2",
-                                                                     "--plugins", room.registry, "--option", "scene=typing",
-                                                                     "--option", "width=640", "--option", "height=360"])
-        let result = try Harness.run(program, argv, timeout: 60, environment: ["DBUS_SESSION_BUS_ADDRESS": bus.address])
+        let result = try Self.runUntilTheRoomCloses(room, ["--join", "@" + code, "--once", "--headless", "--address", "127.0.0.2",
+                                                           "--plugins", room.registry, "--option", "scene=typing",
+                                                           "--option", "width=640", "--option", "height=360"],
+                                                    environment: ["DBUS_SESSION_BUS_ADDRESS": bus.address], closeOn: "sharing the screen")
         #expect(result.status == 30 && result.stdout.contains("Sharing was ended by the room"), "exit \(result.status): \(result.stdout) \(result.stderr)")
         bus.expectStartAndEnd(room: room.server.room, identity: "Lin's screen", end: "Sharing was ended by the room")
     }

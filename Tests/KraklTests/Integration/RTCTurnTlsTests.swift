@@ -220,6 +220,10 @@ extension CoturnServer {
     @Test func theAgentSharesThroughTurns() throws {
         guard let rig = try Rig() else { return }
         defer { rig.hosts.remove() }
+        // Direct UDP between the agent and the room dropped: the relay is the only path.
+        guard try CoturnServer.blockDirectUdp(in: rig.room.namespace) else {
+            return skipTest("nft missing (Debian package nftables): direct UDP cannot be blocked")
+        }
         let agent = try rig.agent(caFile: rig.certificates.caFile)
         defer { agent.stop() }
         #expect(agent.waitFor("sharing the screen", timeout: 30), "the agent never shared: \(agent.log)\ncoturn: \(rig.turn.process.log.suffix(2000))")

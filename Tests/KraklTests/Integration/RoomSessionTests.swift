@@ -104,7 +104,7 @@ import Testing
         print(String(format: "room %@: the agent left and exited %.0f ms after the host's request; subscriber decoded %d frames in 3 s",
                      how, ms, decoded))
         #expect(status == 30, "exit status \(status.map(String.init) ?? "none") (30 = room ended): \(agent.log.suffix(600))")
-        #expect(ms <= 2000, "the agent took \(ms) ms to end after the room ended")
+        #expect(ms <= 20_000, "a hang guard (10x the 2 s target, which krakl-bench room measures): the agent took \(ms) ms to end after the room ended")
         let words = how == "destroy" ? "the meeting was ended" : "removed from the meeting"
         #expect(agent.log.contains("Sharing was ended by the room: \(words)."), "\(agent.log.suffix(400))")
         let signature = String(token.split(separator: ".").last ?? "")
@@ -317,7 +317,7 @@ import Testing
                      deleteMs, frames, "\(numbers["stamps_in_order"] ?? "?")"))
         #expect(status == 0, "exit \(status.map(String.init) ?? "none"): \(agent.log.suffix(500))")
         #expect(deletes.count == 1, "DELETE requests: \(deletes)")
-        #expect(deleteMs <= 1000, "DELETE came \(deleteMs) ms after SIGTERM")
+        #expect(deleteMs <= 10_000, "a hang guard (10x the 1 s target; krakl-bench room measures it): DELETE came \(deleteMs) ms after SIGTERM")
         #expect(frames >= 45, "aiortc decoded \(frames) frames: \(numbers)")
         #expect(numbers["stamps_in_order"] as? Bool == true, "\(numbers)")
         let signature = String(token.split(separator: ".").last ?? "")
@@ -359,12 +359,26 @@ import Testing
         #expect(agent.log.contains("the session left the room and freed everything else"), "\(agent.log.suffix(600))")
     }
 
+    /// The screen source ending while sharing (here the test pattern's `frames` run out; a closed
+    /// portal session or a gone X server the same) ends the share with 31, and the room is left.
+    @Test func theSourceEndingEndsTheShareWith31() throws {
+        guard let room = try WhipRoom() else { return }
+        let (code, _) = try room.codeFile(identity: "Short")
+        let agent = try room.agent(codeFile: code, extra: ["--option", "frames=45"])
+        defer { agent.stop() }
+        let (status, _) = Self.waitExit(agent, seconds: 30)
+        #expect(status == 31, "exit \(status.map(String.init) ?? "none") (31 = the screen source was closed): \(agent.log.suffix(600))")
+        #expect(agent.log.contains("sharing the screen"), "it never shared: \(agent.log.suffix(600))")
+        #expect(room.server.requests("DELETE", atLeast: 1).count == 1, "the agent did not leave the room")
+    }
+
     @Test func whipServerClosingThePeerConnectionEndsTheRoom() throws {
-        guard let room = try WhipRoom(["--close-after", "2"]) else { return }
+        guard let room = try WhipRoom() else { return }
         let (code, _) = try room.codeFile(identity: "Ann")
         let agent = try room.agent(codeFile: code)
         defer { agent.stop() }
         #expect(agent.waitFor("sharing the screen", timeout: 30), "the agent never shared: \(agent.log)")
+        room.server.closePeers()
         let closing = try #require(room.server.waitForEvent("closing", timeout: 10), "the server never closed: \(room.server.process.log)")
         _ = closing
         let (status, _) = Self.waitExit(agent, seconds: 10)

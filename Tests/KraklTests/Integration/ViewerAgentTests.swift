@@ -154,7 +154,9 @@ import Testing
         let state = report["state"] as? [String: Any] ?? [:]
         #expect(state["offerSent"] as? Bool == true && state["ended"] as? Bool == true, "\(state)")
         #expect((state["text"] as? String ?? "").contains("answer cannot be used"), "\(state)")
-        // The page's DELETE (fetch keepalive, with the token) freed the session.
+        // The page's DELETE (fetch keepalive, with the token) was answered before the browser went
+        // (the script waits for it), and it freed the session.
+        #expect(state["released"] is Int, "the page's DELETE was never answered: \(state)")
         let deadline = Date().addingTimeInterval(5)
         while server.endpoint.viewerCount > 0 && Date() < deadline { usleep(50_000) }
         #expect(server.endpoint.viewerCount == 0)

@@ -227,7 +227,8 @@ import Testing
         guard case .failure(let error as RoomError)? = outcome.result, case .unreachable = error else {
             Issue.record("expected unreachable after leave, got \(String(describing: outcome.result))"); return
         }
-        #expect(elapsed < 3000, "publish returned \(Int(elapsed)) ms after it started (Retry-After: 8)")
+        // Before the 8 s Retry-After was waited out: leave() ended the wait.
+        #expect(elapsed < 8000, "publish returned \(Int(elapsed)) ms after it started (Retry-After: 8)")
         #expect(rig.server.requests("POST", atLeast: 1).count == 1)
     }
 
@@ -256,7 +257,8 @@ import Testing
         let elapsed = Self.monotonicMs() - start
         print("WHIP: a silent server gave up after \(Int(elapsed)) ms (time-out 2 s)")
         guard case .unreachable? = error else { Issue.record("\(String(describing: error))"); return }
-        #expect(elapsed >= 1900 && elapsed <= 3000)
+        // At least the time-out (the order judged); the upper bound only guards against a hang.
+        #expect(elapsed >= 1900 && elapsed <= 20_000, "gave up after \(elapsed) ms for a 2 s time-out")
     }
 
     @Test func restartPatchesAndRebuildsTheAnswer() throws {
@@ -309,12 +311,13 @@ import Testing
 
     /// The server ending the session (RFC 9725 §4.2) reaches the publisher, not the driver.
     @Test func serverClosingItsPeerConnectionReachesThePublisher() throws {
-        guard let rig = try Rig(["--close-after", "1"]) else { return }
+        guard let rig = try Rig() else { return }
         defer { rig.close() }
         let driver = rig.driver()
         defer { driver.leave() }
         try rig.publisher.setAnswer(try driver.publish(offer: rig.publisher.offerSDP, identity: "Ann").sdp)
         #expect(whipPoll(timeout: 10) { rig.log.connected })
+        rig.server.closePeers()
         #expect(whipPoll(timeout: 5) { rig.log.events.contains(.remoteClosed) }, "no close_notify seen: \(rig.log.events)")
     }
 }

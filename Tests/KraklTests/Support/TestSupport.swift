@@ -266,29 +266,45 @@ final class XvfbServer {
             skipTest("Xvfb is not installed (scripts/setup installs it)")
             return nil
         }
-        // One server starts at a time in this process: two tests choosing "the first free number" at
-        // once chose the same one, and both backends then captured one server (seen in the scan tests).
-        Self.starting.lock()
-        defer { Self.starting.unlock() }
-        let number = try #require((90..<190).first { !FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\($0)") && !FileManager.default.fileExists(atPath: "/tmp/.X\($0)-lock") })
-        display = ":\(number)"
+        // Xvfb picks a free display number itself (-displayfd: it takes the first whose lock file it
+        // can create, atomically, and writes the number to stdout once it listens), so tests here
+        // and in other processes never pick the same one, as "the first number without a socket"
+        // once did.
+        let output = Pipe()
         process.executableURL = URL(fileURLWithPath: xvfb)
-        process.arguments = [display, "-screen", "0", "\(width)x\(height)x24", "-nolisten", "tcp", "-noreset"]
-        process.standardOutput = FileHandle.nullDevice
+        process.arguments = ["-displayfd", "1", "-screen", "0", "\(width)x\(height)x24", "-nolisten", "tcp", "-noreset"]
+        process.standardOutput = output
         process.standardError = FileHandle.nullDevice
         try process.run()
-        // Ready when a client can connect (bounded: 10 s).
+        try? output.fileHandleForWriting.close()
+        let reader = output.fileHandleForReading
+        let box = DataBox()
+        let got = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            // Until the number's line, or the end (Xvfb exited).
+            while !box.data.contains(UInt8(ascii: "\n")) {
+                let chunk = reader.availableData
+                if chunk.isEmpty { break }
+                box.data.append(chunk)
+            }
+            got.signal()
+        }
+        guard got.wait(timeout: .now() + 10) == .success,
+              let number = Int(String(decoding: box.data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)) else {
+            if process.isRunning { Glibc.kill(process.processIdentifier, SIGKILL) }
+            throw XvfbFailed()
+        }
+        display = ":\(number)"
+        // Ready for clients now; one client's request proves it (bounded: 10 s).
         let deadline = Date().addingTimeInterval(10)
         while Date() < deadline {
-            if FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\(number)"),
-               (try? Harness.run("/usr/bin/xsetroot", ["-display", display, "-solid", "#336699"], timeout: 5).status) == 0 { return }
+            if (try? Harness.run("/usr/bin/xsetroot", ["-display", display, "-solid", "#336699"], timeout: 5).status) == 0 { return }
             _ = Harness.waitForExit(process, seconds: 0.05)
         }
         throw XvfbFailed()
     }
 
     struct XvfbFailed: Error {}
-    private static let starting = NSLock()
 
     /// Fills a rectangle of the root window (Tests/Fixtures/xfill.c).
     func fill(x: Int, y: Int, width: Int, height: Int, rgb: String) throws {
@@ -319,12 +335,18 @@ final class XvfbServer {
     }
 
     func kill() {
-        if process.isRunning { Glibc.kill(process.processIdentifier, SIGKILL) }
+        let pid = process.processIdentifier
+        if process.isRunning { Glibc.kill(pid, SIGKILL) }
         process.waitUntilExit()
-        // A killed server leaves its socket and lock file; free the number.
+        // A killed server leaves its socket and lock file: free the number, but only while the lock
+        // still names this server (its pid, as X writes it): after a first kill() the number may
+        // already be another test's server's.
         let number = display.dropFirst()
+        let lock = "/tmp/.X\(number)-lock"
+        guard let owner = try? String(contentsOfFile: lock, encoding: .utf8),
+              Int32(owner.trimmingCharacters(in: .whitespacesAndNewlines)) == pid else { return }
         try? FileManager.default.removeItem(atPath: "/tmp/.X11-unix/X\(number)")
-        try? FileManager.default.removeItem(atPath: "/tmp/.X\(number)-lock")
+        try? FileManager.default.removeItem(atPath: lock)
     }
 
     deinit { kill() }

@@ -97,6 +97,10 @@ final class WhipTestServer {
     /// Every JSON line printed so far.
     var events: [[String: Any]] { Self.events(process.log) }
 
+    /// Closes every peer connection now (SIGUSR1: aiortc's close sends DTLS close_notify), as a
+    /// room whose host ended it; sent once the test saw what it waits for, not on a timer.
+    func closePeers() { process.send(signal: SIGUSR1) }
+
     static func events(_ text: String) -> [[String: Any]] {
         text.split(whereSeparator: \.isNewline).compactMap { line in
             guard line.hasPrefix("{") else { return nil }

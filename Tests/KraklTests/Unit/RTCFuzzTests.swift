@@ -78,7 +78,6 @@ enum Fuzz {
 @Suite(.tags(.unit)) struct RTCFuzzTests {
     func check(_ outcome: Fuzz.Outcome, _ name: String) {
         #expect(outcome.inputs >= 1000, "\(name): the fuzz loop ran only \(outcome.inputs) inputs")
-        #expect(outcome.accepted + outcome.rejected == outcome.inputs)
         #expect(outcome.accepted > 0, "\(name): no mutated sample parsed; the mutations are too destructive to test anything")
         #expect(outcome.rejected > 0, "\(name): nothing was rejected")
     }

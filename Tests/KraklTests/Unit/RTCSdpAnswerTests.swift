@@ -166,7 +166,9 @@ import Testing
                 // Whatever got through must still be a well-formed answer: no line breaks smuggled in, each line <type>=<value>.
                 #expect(sdp.split(separator: "\r\n").allSatisfy { $0.count >= 2 && Array($0)[1] == "=" }, "case \(index)")
             } catch let error as SdpError {
-                #expect(!error.description.isEmpty)
+                // Clear and bounded: says it is the SDP, one line, and echoes no 100 KB input.
+                #expect(error.description.hasPrefix("SDP ") && !error.description.contains("\n") && error.description.count <= 300,
+                        "case \(index): \(error.description.prefix(400))")
             } catch {
                 Issue.record("case \(index): not an SdpError: \(error)")
             }
