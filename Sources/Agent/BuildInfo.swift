@@ -18,14 +18,12 @@ enum BuildInfo {
     /// "commit: 0123abc…", "commit: 0123abc… (development build in /src/krakl, checked out; files
     /// changed since are not told)" or "commit: not recorded (development build)".
     static func commitLine(executable: String = InstalledLayout.executable) -> String {
+        // A few lines; bounded all the same.
         guard let path = InstalledLayout.installedFile("build-info", executable: executable),
-              let handle = FileHandle(forReadingAtPath: path) else {
+              let text = GitCheckout.read(URL(fileURLWithPath: path), limit: 4096) else {
             guard let (checkout, commit) = GitCheckout.commit(above: executable) else { return "commit: not recorded (development build)" }
             return "commit: \(commit) (development build in \(checkout): the commit checked out; changes since are not told)"
         }
-        defer { try? handle.close() }
-        // A few lines; bounded all the same.
-        let text = String(decoding: (try? handle.read(upToCount: 4096)) ?? Data(), as: UTF8.self)
         let commit = text.split(separator: "\n").first { $0.hasPrefix("commit=") }.map { String($0.dropFirst("commit=".count)) }
         guard let commit, !commit.isEmpty else { return "commit: not recorded (\(path) names none)" }
         return "commit: " + BackendText.sanitized(commit)
@@ -85,11 +83,11 @@ enum GitCheckout {
         (text.count == 40 || text.count == 64) && text.allSatisfy { $0.isHexDigit && !$0.isUppercase }
     }
 
-    /// A small file, bounded (packed-refs of a big repository is the largest read: 4 MB at most).
-    private static func read(_ url: URL) -> String? {
+    /// A small file's text, at most `limit` bytes of it (packed-refs of a big repository is the
+    /// largest read here: 4 MB at most); nil when it cannot be opened.
+    static func read(_ url: URL, limit: Int = 4 << 20) -> String? {
         guard let handle = FileHandle(forReadingAtPath: url.path) else { return nil }
         defer { try? handle.close() }
-        guard let data = try? handle.read(upToCount: 4 << 20) else { return nil }
-        return String(decoding: data, as: UTF8.self)
+        return String(decoding: (try? handle.read(upToCount: limit)) ?? Data(), as: UTF8.self)
     }
 }

@@ -59,7 +59,7 @@ private let closedHandler: sd_bus_message_handler_t = { _, userdata, _ in
 }
 
 /// A desktop portal interface's client, over sd-bus: ScreenCast (CreateSession, SelectSources,
-/// Start, OpenPipeWireRemote) or Camera (AccessCamera, OpenPipeWireRemote, CameraPortal.swift).
+/// Start, OpenPipeWireRemote) or Camera (AccessCamera, OpenPipeWireRemote).
 /// Each Request is answered by a Response signal that is subscribed to before the call (its path
 /// is known from our handle_token), with bounded waits. After a screen cast starts the bus is
 /// processed on the capture thread (`processPending`) to hear the session's Closed signal.

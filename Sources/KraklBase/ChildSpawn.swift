@@ -86,10 +86,16 @@ public struct ChildSpawn {
             for number in [SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD] { sigaddset(&defaults, number) }
             posix_spawnattr_setsigdefault(&attributes, &defaults)
             posix_spawnattr_setsigmask(&attributes, &empty)
-            // POSIX_SPAWN_SETSID is 0x80 in glibc's spawn.h (2.26 and later); the Glibc module does
-            // not show it.
-            let group = newSession ? Int32(0x80) : { posix_spawnattr_setpgroup(&attributes, 0); return Int32(POSIX_SPAWN_SETPGROUP) }()
-            posix_spawnattr_setflags(&attributes, Int16(Int32(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK) | group))
+            var flags = Int32(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK)
+            if newSession {
+                // POSIX_SPAWN_SETSID is 0x80 in glibc's spawn.h (2.26 and later); the Glibc module
+                // does not show it.
+                flags |= 0x80
+            } else {
+                posix_spawnattr_setpgroup(&attributes, 0)
+                flags |= Int32(POSIX_SPAWN_SETPGROUP)
+            }
+            posix_spawnattr_setflags(&attributes, Int16(flags))
         }
         let argv = arguments.map { strdup($0) } + [nil]
         defer { argv.forEach { free($0) } }

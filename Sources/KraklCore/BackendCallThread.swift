@@ -36,10 +36,7 @@ final class BackendCallThread: @unchecked Sendable {
     private let name: String
     /// The kernel's id of the thread once it runs (0 before): what /proc/self/task lists, for the
     /// tests that check it ends with its source.
-    private(set) var kernelThreadID: pid_t {
-        get { condition.lock(); defer { condition.unlock() }; return _kernelThreadID }
-        set { condition.lock(); _kernelThreadID = newValue; condition.broadcast(); condition.unlock() }
-    }
+    var kernelThreadID: pid_t { condition.lock(); defer { condition.unlock() }; return _kernelThreadID }
     private var _kernelThreadID: pid_t = 0
 
     init(name: String) {
@@ -60,7 +57,10 @@ final class BackendCallThread: @unchecked Sendable {
     private func loop() {
         // For people reading `top -H` or a backtrace: which thread is inside a backend.
         Thread.current.name = name
-        kernelThreadID = currentKernelThreadID()
+        let id = currentKernelThreadID()
+        condition.lock()
+        _kernelThreadID = id
+        condition.unlock()
         while true {
             condition.lock()
             while jobs.isEmpty && !ending { condition.wait() }

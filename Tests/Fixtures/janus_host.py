@@ -76,14 +76,12 @@ def publisher_ice(room, display):
             specific = info.get("plugin_specific", {})
             if specific.get("type") != "publisher" or specific.get("room") != room or specific.get("display") != display:
                 continue
-            stream = (info.get("webrtc", {}).get("ice", {}) if "webrtc" in info else {}) or {}
-            streams = info.get("streams") or []
-            component = ((streams[0].get("components") or [{}])[0]) if streams else {}
+            # Janus 1.x: info.webrtc.ice is the (bundled) session's one ICE component.
+            ice = info.get("webrtc", {}).get("ice", {})
             return {"found": True, "flags": info.get("flags", {}),
-                    "remote_candidates": component.get("remote-candidates", stream.get("remote-candidates", [])),
-                    "selected_pair": component.get("selected-pair", stream.get("selected-pair")),
-                    "ice_state": component.get("state", stream.get("state")),
-                    }
+                    "remote_candidates": ice.get("remote-candidates", []),
+                    "selected_pair": ice.get("selected-pair"),
+                    "ice_state": ice.get("state")}
     return {"found": False}
 
 

@@ -86,6 +86,17 @@ struct CameraScanTests {
         return stack
     }
 
+    /// A camera playing `clip` of a join code's QR (the code CameraScanTests' generator made), and
+    /// a registry for this build, both in a folder the stack's user can read.
+    static func cameraShowingACode(_ stack: PipeWireStack, clip: CameraClip = .still,
+                                   name: String = "HD Webcam") throws -> (camera: TestCamera, registry: String) {
+        let folder = try Harness.temporaryDirectory()
+        chmod(folder, 0o755)
+        let registry = try Self.registry(folder)
+        let (_, png) = try Self.codePicture(in: folder)
+        return (try TestCamera(stack, clip: try clip.make(qr: png, in: folder), name: name), registry)
+    }
+
     static func registry(_ folder: String) throws -> String {
         let registry = try Harness.registryForThisBuild(in: folder)
         chmod(registry, 0o644)
@@ -96,31 +107,24 @@ struct CameraScanTests {
     @Test(arguments: CameraClip.allCases.filter { $0 != .empty })
     func cameraPicturesOfTheCodeAreRead(_ clip: CameraClip) throws {
         guard let stack = try Self.stackWithTools() else { return }
-        let folder = try Harness.temporaryDirectory()
-        chmod(folder, 0o755)
-        let (code, png) = try Self.codePicture(in: folder)
-        let camera = try TestCamera(stack, clip: try clip.make(qr: png, in: folder))
+        let (camera, registry) = try Self.cameraShowingACode(stack, clip: clip)
         defer { camera.stop() }
-        let result = try stack.run([Harness.agent, "--plugins", try Self.registry(folder), "--scan", "--camera", "--scan-only", "--headless",
+        let result = try stack.run([Harness.agent, "--plugins", registry, "--scan", "--camera", "--scan-only", "--headless",
                                     "--scan-timeout", "30"], timeout: 60)
         let found = result.said.split(separator: "\n").first { $0.contains("found a join code") } ?? ""
         print("camera clip \(clip.rawValue): exit \(result.status): \(found)")
         #expect(result.status == 0, "\(clip.rawValue): exit \(result.status): \(result.said.suffix(1500))")
         #expect(found.contains("after the camera's first picture"), "\(result.said.suffix(1500))")
         #expect(result.stdout.contains("identity: Mubashir's phone") && result.stdout.contains("room:     4242"), "\(result.stdout)")
-        _ = code
     }
 
     /// A camera that shows no code: the hint after 10 s, nothing found at the time-out (50), and
     /// a progress line that names the camera, its size and rate.
     @Test func aCameraWithoutACodeGivesTheHintAndTimesOut() throws {
         guard let stack = try Self.stackWithTools() else { return }
-        let folder = try Harness.temporaryDirectory()
-        chmod(folder, 0o755)
-        let (_, png) = try Self.codePicture(in: folder)
-        let camera = try TestCamera(stack, clip: try CameraClip.empty.make(qr: png, in: folder), name: "Studio Cam")
+        let (camera, registry) = try Self.cameraShowingACode(stack, clip: .empty, name: "Studio Cam")
         defer { camera.stop() }
-        let result = try stack.run([Harness.agent, "--plugins", try Self.registry(folder), "--scan", "--camera", "studio", "--scan-only", "--headless",
+        let result = try stack.run([Harness.agent, "--plugins", registry, "--scan", "--camera", "studio", "--scan-only", "--headless",
                                     "--scan-timeout", "12"], timeout: 60)
         #expect(result.status == 50, "exit \(result.status): \(result.said.suffix(1500))")
         #expect(result.said.contains("no join code found within 12 s"), "\(result.said.suffix(1500))")
@@ -139,11 +143,7 @@ struct CameraScanTests {
     @Test(arguments: ["allow", "deny"])
     func theCameraPortalIsAskedWhenTheSessionHasOne(_ answer: String) throws {
         guard let stack = try Self.stackWithTools(["--no-portal", "--camera-portal", answer]) else { return }
-        let folder = try Harness.temporaryDirectory()
-        chmod(folder, 0o755)
-        let registry = try Self.registry(folder)
-        let (_, png) = try Self.codePicture(in: folder)
-        let camera = try TestCamera(stack, clip: try CameraClip.still.make(qr: png, in: folder))
+        let (camera, registry) = try Self.cameraShowingACode(stack)
         defer { camera.stop() }
         let asked = stack.folder + "/log/portal-access.log"
         let direct = try stack.run([Harness.agent, "--plugins", registry, "--scan", "--camera", "--scan-only", "--headless", "--option", "via=pipewire",
@@ -196,11 +196,7 @@ struct CameraScanTests {
     /// status, not a scan's); with no camera of that name, 56 from the daemon too.
     @Test func theDaemonScansACamera() throws {
         guard let stack = try Self.stackWithTools() else { return }
-        let folder = try Harness.temporaryDirectory()
-        chmod(folder, 0o755)
-        let registry = try Self.registry(folder)
-        let (_, png) = try Self.codePicture(in: folder)
-        let camera = try TestCamera(stack, clip: try CameraClip.still.make(qr: png, in: folder))
+        let (camera, registry) = try Self.cameraShowingACode(stack)
         defer { camera.stop() }
         let daemon = try stack.spawn([Harness.agent, "daemon", "--plugins", registry, "--connect-timeout", "3"])
         defer { kill(daemon.processIdentifier, SIGKILL); daemon.waitUntilExit() }
