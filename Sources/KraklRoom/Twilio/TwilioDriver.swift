@@ -86,6 +86,12 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
     private var candidates: [(candidate: String, mid: String)] = []
     private var iceRevision = 0
     private var gatheringComplete = false
+    /// The revision last sent. The join thread (on the answer) and the reader (on `connected`) both
+    /// publish; without this the same revision went out twice and the server judged the second stale.
+    private var publishedIceRevision = 0
+    /// Held across building and sending one ICE update, so revisions leave in the order they were
+    /// made (the trickling thread and the reader can publish at the same moment).
+    private let iceSendOrder = NSLock()
     /// Our offer and the server's first answer (what a re-offer is answered from), the revision of
     /// the last finished negotiation, and the `o=` version of our last description.
     private var ourOffer = ""
@@ -281,13 +287,18 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
         try socket.send(text: hello)
     }
 
-    /// Our cumulative ICE state in one `update` (only once connected: before, `publish` sends it).
-    private func publishIceState() {
+    /// Our cumulative ICE state in one `update` (only once connected: before, `publish` sends it),
+    /// each revision once; `again` re-sends the last one (after a resumed session, whose server may
+    /// not have kept it).
+    private func publishIceState(again: Bool = false) {
+        iceSendOrder.lock()
+        defer { iceSendOrder.unlock() }
         state.lock()
-        guard phase == .connected, let session, iceRevision > 0 else {
+        guard phase == .connected, let session, iceRevision > 0, again || iceRevision > publishedIceRevision else {
             state.unlock()
             return
         }
+        publishedIceRevision = iceRevision
         let ice = TwilioMessages.ice(ufrag: ufrag, revision: iceRevision, candidates: candidates, complete: gatheringComplete)
         let update = TwilioMessages.update(session: session, trackID: trackID, peerConnection: ["id": peerConnectionID, "ice": ice])
         state.unlock()
@@ -453,7 +464,7 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
                 return .stop
             }
             if resumed { deliver(.reconnected, final: false) }
-            publishIceState()
+            publishIceState(again: resumed)
         case .update(let room):
             state.withLock {
                 for track in room.publishedTracks where track.id == trackID { trackSid = track.sid ?? trackSid }
