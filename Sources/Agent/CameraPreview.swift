@@ -12,7 +12,7 @@ import KraklViewer
 /// frames go to the scan's LumaCapture as always and, through a media path of their own, to an
 /// encoder whose output the viewer fans out (the viewer run's wiring: ViewerRun, MediaPath). Gone
 /// with the scan.
-final class CameraPreview: FrameSink, @unchecked Sendable {
+final class CameraPreview: FrameSink, Sendable {
     /// The camera hands over this many pictures a second while previewing (5 without): a
     /// picture to aim by moves smoothly enough at 15, and the scan still looks at most 5 times.
     static let picturesPerSecond = 15

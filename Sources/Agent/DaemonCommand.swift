@@ -137,7 +137,7 @@ final class ControlConnection {
     init(fd: Int32) { self.fd = fd }
 }
 
-final class ControlDaemon: @unchecked Sendable {
+final class ControlDaemon: Sendable {
     private let place: DaemonPlace
     private let arguments: Arguments
     private let signalFD: Int32
@@ -145,16 +145,20 @@ final class ControlDaemon: @unchecked Sendable {
     private let loop: EventLoop
     private let ended = DispatchSemaphore(value: 0)
 
-    // Loop thread only from here on.
-    private var connections: [Int32: ControlConnection] = [:]
-    private var controller: SessionController!
-    private var pendingConnects: [ControlConnection] = []
-    private var pendingStops: [ControlConnection] = []
-    /// connect --scan: the scan before the session, and the clients waiting for it to find a code.
-    private var scanner: ScreenScanJob?
-    private var scanSince = MonotonicClock.milliseconds()
-    private var pendingScans: [ControlConnection] = []
-    private var quitting = false
+    private let controller: SessionController
+
+    /// What only the loop's thread touches, checked there (`LoopBound`).
+    private struct LoopState {
+        var connections: [Int32: ControlConnection] = [:]
+        var pendingConnects: [ControlConnection] = []
+        var pendingStops: [ControlConnection] = []
+        /// connect --scan: the scan before the session, and the clients waiting for it to find a code.
+        var scanner: ScreenScanJob?
+        var scanSince = MonotonicClock.milliseconds()
+        var pendingScans: [ControlConnection] = []
+        var quitting = false
+    }
+    private let onLoop: LoopBound<LoopState>
     /// More clients than this at once are turned away (each costs a descriptor and 64 KB at most).
     static let maximumConnections = 32
 
@@ -164,7 +168,9 @@ final class ControlDaemon: @unchecked Sendable {
         self.signalFD = signals
         self.logger = logger
         loop = try EventLoop(name: "krakl-daemon")
-        controller = SessionController(arguments: arguments, loop: loop, logger: logger) { [unowned self] event in sessionEvent(event) }
+        onLoop = LoopBound(LoopState(), loop: loop)
+        controller = SessionController(arguments: arguments, loop: loop, logger: logger)
+        controller.onEvent { [unowned self] event in sessionEvent(event) }
     }
 
     /// Serves until a signal ends it (after leaving the room), on the loop's thread; the main thread waits.
@@ -188,11 +194,11 @@ final class ControlDaemon: @unchecked Sendable {
     }
 
     private func quit(signal number: Int32) {
-        guard !quitting else { return }
-        quitting = true
-        print("krakl-agent daemon: signal \(number): \(controller.isActive ? "leaving the room, then quitting" : "quitting")")
+        guard !onLoop.quitting else { return }
+        onLoop.quitting = true
+        print("krakl-agent daemon: signal \(number): \(controller.isActive ? "leaving the room, then onLoop.quitting" : "onLoop.quitting")")
         ServiceNotifier.notify("STOPPING=1\nSTATUS=quitting")
-        if let scanner {
+        if let scanner = onLoop.scanner {
             scanner.stop()   // finishes when the scan has let its screen source go
         } else if !controller.stop() {
             finish()
@@ -201,7 +207,7 @@ final class ControlDaemon: @unchecked Sendable {
 
     /// The last turn: every client is told, the socket is removed, the main thread goes on to exit 0.
     private func finish() {
-        for connection in connections.values { close(connection, reason: "the daemon is quitting") }
+        for connection in onLoop.connections.values { close(connection, reason: "the daemon is quitting") }
         loop.unwatch(fd: place.listener)
         loop.unwatch(fd: signalFD)
         place.release()
@@ -226,11 +232,11 @@ final class ControlDaemon: @unchecked Sendable {
                                               status: ExitCode.controlSocket))
                 continue
             }
-            guard connections.count < Self.maximumConnections else {
+            guard onLoop.connections.count < Self.maximumConnections else {
                 turnAway(connection, .failure("too many control connections at once (\(Self.maximumConnections)); try again", status: ExitCode.daemonRefused))
                 continue
             }
-            connections[fd] = connection
+            onLoop.connections[fd] = connection
             loop.watch(fd: fd) { [self] in readClient(connection) }
         }
     }
@@ -343,7 +349,7 @@ final class ControlDaemon: @unchecked Sendable {
         if let reason, connection.watching { _ = send(connection, ControlReply(ok: true, event: "closing", message: reason)) }
         connection.closed = true
         loop.unwatch(fd: connection.fd)
-        connections[connection.fd] = nil
+        onLoop.connections[connection.fd] = nil
         Glibc.close(connection.fd)
     }
 
@@ -355,17 +361,17 @@ final class ControlDaemon: @unchecked Sendable {
     }
 
     private func broadcast(_ message: ControlReply) {
-        for connection in connections.values where connection.watching { reply(connection, message) }
+        for connection in onLoop.connections.values where connection.watching { reply(connection, message) }
     }
 
     // MARK: - The session
 
     private func connect(_ request: ControlRequest, from connection: ControlConnection) {
-        guard !quitting else {
+        guard !onLoop.quitting else {
             reply(connection, .failure("the daemon is quitting", status: ExitCode.daemonRefused))
             return
         }
-        guard scanner == nil else {
+        guard onLoop.scanner == nil else {
             reply(connection, .failure("already scanning the screen for a join code; stop first (krakl-agent stop)", status: ExitCode.daemonRefused))
             return
         }
@@ -386,14 +392,14 @@ final class ControlDaemon: @unchecked Sendable {
             return
         }
         connection.awaiting += 1
-        pendingConnects.append(connection)
+        onLoop.pendingConnects.append(connection)
     }
 
     private func stop(from connection: ControlConnection) {
-        if let scanner {
+        if let scanner = onLoop.scanner {
             scanner.stop()
             connection.awaiting += 1
-            pendingStops.append(connection)
+            onLoop.pendingStops.append(connection)
             return
         }
         guard controller.stop() else {
@@ -401,15 +407,15 @@ final class ControlDaemon: @unchecked Sendable {
             return
         }
         connection.awaiting += 1
-        pendingStops.append(connection)
+        onLoop.pendingStops.append(connection)
     }
 
     /// The controller's status, or "scanning" while a connect --scan looks for its code.
     private func currentStatus() -> ControlStatus {
         var now = controller.status()
-        if scanner != nil {
+        if onLoop.scanner != nil {
             now.state = "scanning"
-            now.stateSeconds = ((MonotonicClock.milliseconds() - scanSince) / 100).rounded() / 10
+            now.stateSeconds = ((MonotonicClock.milliseconds() - onLoop.scanSince) / 100).rounded() / 10
         }
         return now
     }
@@ -422,7 +428,7 @@ final class ControlDaemon: @unchecked Sendable {
         var scanning = arguments
         scanning.camera = camera
         do throws(HostError) {
-            scanner = try ScreenScanJob(arguments: scanning, logger: logger, postingTo: loop) { [weak self] line in
+            onLoop.scanner = try ScreenScanJob(arguments: scanning, logger: logger, postingTo: loop) { [weak self] line in
                 self?.scanSaid(line)
             } progress: { [weak self] line in
                 self?.scanSaid(line)
@@ -433,37 +439,37 @@ final class ControlDaemon: @unchecked Sendable {
             reply(connection, .failure("cannot scan the screen: \(error.description)", status: error.exitStatus))
             return
         }
-        scanSince = MonotonicClock.milliseconds()
+        onLoop.scanSince = MonotonicClock.milliseconds()
         let what = camera == nil ? "the screen" : "a camera's view"
         print("krakl-agent daemon: scanning \(what) for a join code")
         ServiceNotifier.notify("STATUS=scanning \(what) for a join code")
         connection.awaiting += 1
-        pendingScans.append(connection)
+        onLoop.pendingScans.append(connection)
         broadcast(ControlReply(ok: true, event: "state", status: currentStatus()))
     }
 
     private func scanSaid(_ line: String) {
-        guard scanner != nil else { return }
+        guard onLoop.scanner != nil else { return }
         // The client's Ctrl-C leaves the daemon scanning: its stop is `krakl-agent stop`.
         let message = ControlReply(ok: true, event: "scanning", message: line.replacingOccurrences(of: "Ctrl-C stops", with: "krakl-agent stop stops"))
-        for connection in pendingScans { reply(connection, message) }
+        for connection in onLoop.pendingScans { reply(connection, message) }
         broadcast(message)
     }
 
     private func scanEnded(_ outcome: ScreenScanJob.Outcome) {
-        scanner = nil
-        let scans = pendingScans, stops = pendingStops
-        pendingScans.removeAll()
-        pendingStops.removeAll()
+        onLoop.scanner = nil
+        let scans = onLoop.pendingScans, stops = onLoop.pendingStops
+        onLoop.pendingScans.removeAll()
+        onLoop.pendingStops.removeAll()
         var failure: ControlReply?
         switch outcome {
-        case .found(let invitation) where !quitting && stops.isEmpty:
+        case .found(let invitation) where !onLoop.quitting && stops.isEmpty:
             print("krakl-agent daemon: scanning: found a join code")
             if let refusal = controller.connect(code: invitation.code.text, qr: nil) {
                 failure = .failure(refusal.message, status: refusal.status)
             } else {
                 // From here the clients wait as for a connect with a code: until sharing or the end.
-                pendingConnects += scans
+                onLoop.pendingConnects += scans
             }
         case .found, .notFound(0, _):
             failure = .failure("scanning stopped before a join code was found", status: ExitCode.daemonRefused)
@@ -480,7 +486,7 @@ final class ControlDaemon: @unchecked Sendable {
             broadcast(ControlReply(ok: true, event: "state", status: controller.status()))
         }
         for connection in stops { settle(connection, ControlReply(ok: true, message: "scanning stopped", status: controller.status())) }
-        if quitting && !controller.isActive { finish() }
+        if onLoop.quitting && !controller.isActive { finish() }
     }
 
     private func sessionEvent(_ event: SessionController.Event) {
@@ -501,8 +507,8 @@ final class ControlDaemon: @unchecked Sendable {
         print("krakl-agent daemon: \(state.name)")
         if state == .sharing {
             ServiceNotifier.notify("STATUS=sharing in \(now.room ?? "a room") as \(now.identity ?? "?")")
-            let connects = pendingConnects
-            pendingConnects.removeAll()
+            let connects = onLoop.pendingConnects
+            onLoop.pendingConnects.removeAll()
             for connection in connects { settle(connection, ControlReply(ok: true, event: "state", message: "sharing", status: now)) }
         } else {
             ServiceNotifier.notify("STATUS=\(state.name)")
@@ -513,9 +519,9 @@ final class ControlDaemon: @unchecked Sendable {
     private func sessionEnded(_ reason: EndReason, _ idle: ControlStatus) {
         print("krakl-agent daemon: \(reason.description) Idle again.")
         ServiceNotifier.notify("STATUS=idle; last session: \(reason.name)")
-        let connects = pendingConnects, stops = pendingStops
-        pendingConnects.removeAll()
-        pendingStops.removeAll()
+        let connects = onLoop.pendingConnects, stops = onLoop.pendingStops
+        onLoop.pendingConnects.removeAll()
+        onLoop.pendingStops.removeAll()
         // A connect that never got to share failed, even when the reason (a stop) is not a failure by itself.
         let connectStatus = reason.exitStatus == 0 ? ExitCode.daemonRefused : reason.exitStatus
         let words = reason == .userStopped ? "stopped before sharing began (\(reason.description))" : reason.description
@@ -524,6 +530,6 @@ final class ControlDaemon: @unchecked Sendable {
         }
         for connection in stops { settle(connection, ControlReply(ok: true, event: "ended", message: reason.description, status: idle)) }
         broadcast(ControlReply(ok: true, event: "ended", message: reason.description, status: idle))
-        if quitting { finish() }
+        if onLoop.quitting { finish() }
     }
 }

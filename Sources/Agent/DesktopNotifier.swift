@@ -1,6 +1,7 @@
 import CSdBus
 import Foundation
 import Glibc
+import KraklBase
 import KraklSession
 
 /// Desktop notifications (org.freedesktop.Notifications.Notify on the session bus, through
@@ -8,17 +9,19 @@ import KraklSession
 /// ended, and why". Best effort and bounded: each notification is sent on a work queue with a
 /// one-second budget for the whole call, at most a few are in flight (more are dropped), and a bus
 /// without a notification server (or no bus at all) is skipped silently. Sharing never waits on it.
-final class DesktopNotifier: @unchecked Sendable {
+final class DesktopNotifier: Sendable {
     /// The longest a notification may take (connecting, Hello, the Notify call), µs.
     static let budgetMicroseconds: UInt64 = 1_000_000
     private static let maximumInFlight = 3
 
     private let queue = DispatchQueue(label: "krakl-notify")
     private let group = DispatchGroup()
-    private let lock = NSLock()
-    private var inFlight = 0
-    /// The server's id of our last notification: the next one replaces it (one entry, not a pile).
-    private var lastID: UInt32 = 0
+    private struct Sent {
+        var inFlight = 0
+        /// The server's id of our last notification: the next one replaces it (one entry, not a pile).
+        var lastID: UInt32 = 0
+    }
+    private let sent = Guarded(Sent())
 
     /// A notifier when a session bus may be there (DBUS_SESSION_BUS_ADDRESS, or $XDG_RUNTIME_DIR/bus,
     /// where sd-bus looks), nil otherwise: nothing is tried, no thread is started.
@@ -44,18 +47,18 @@ final class DesktopNotifier: @unchecked Sendable {
 
     /// Any thread; returns at once.
     func notify(summary: String, body: String) {
-        let admitted = lock.withLock { () -> Bool in
-            guard inFlight < Self.maximumInFlight else { return false }
-            inFlight += 1
+        let admitted = sent.withLock { sent -> Bool in
+            guard sent.inFlight < Self.maximumInFlight else { return false }
+            sent.inFlight += 1
             return true
         }
         guard admitted else { return }
         queue.async(group: group) { [self] in
-            let replaces = lock.withLock { lastID }
+            let replaces = sent.withLock { $0.lastID }
             let id = Self.send(summary: summary, body: body, replaces: replaces)
-            lock.withLock {
-                if let id { lastID = id }
-                inFlight -= 1
+            sent.withLock { sent in
+                if let id { sent.lastID = id }
+                sent.inFlight -= 1
             }
         }
     }

@@ -7,7 +7,7 @@ import KraklRTC
 import KraklSession
 import KraklViewer
 
-/// The interactive home screen (docs/home-screen.md): the product name, the state, and keys to
+/// The interactive home screen (docs/home-terminal.value.md): the product name, the state, and keys to
 /// connect (a join code, a QR picture, the screen scanned), stop and quit; while sharing, the
 /// room, identity, backend, picture size, fps, bitrate, RTT, loss and time shared, kept current
 /// in place. When a session ends it is back home, saying why.
@@ -15,7 +15,7 @@ import KraklViewer
 /// One control plane: terminal keys (stdin), signals (ControlPipe's pipe, SIGWINCH included) and
 /// the session's steps (through SessionController, the daemon's session logic) all arrive on one
 /// EventLoop, which alone touches the screen's state; the main thread only waits for it to end.
-final class HomeScreen: @unchecked Sendable {
+final class HomeScreen: Sendable {
     /// What the keys are doing now.
     enum Input: Equatable {
         case keys
@@ -25,38 +25,43 @@ final class HomeScreen: @unchecked Sendable {
 
     private let arguments: Arguments
     private let logger: BackendLogger
-    private let screen: TerminalScreen
+    /// The terminal, drawn on the loop's thread only (and restored once the loop has ended).
+    private let terminal: LoopBound<TerminalScreen>
     private let signalFD: Int32
     private let loop: EventLoop
     private let ended = DispatchSemaphore(value: 0)
-    private var controller: SessionController!
+    private let controller: SessionController
 
-    // Loop thread only.
-    private var input = Input.keys
-    private var status: ControlStatus
-    /// One line about the last thing that happened (a refusal, "stopping…"), shown under the state.
-    private var notice: String?
-    /// Why the last session ended (EndReason's words), shown at home.
-    private var lastEnd: String?
-    private var quitAfterSession = false
-    /// A Ctrl-C stopped the running session: the next one quits, even while it is still leaving.
-    private var interrupted = false
-    private var scanner: ScreenScanJob?
-    private var quitting = false
-    /// The local preview viewer (`v`), from the first `v` until quitting.
-    private var viewer: HomeViewer?
+    /// What only the loop's thread touches, checked there (`LoopBound`).
+    private struct LoopState {
+        var input = Input.keys
+        var status: ControlStatus
+        /// One line about the last thing that happened (a refusal, "stopping…"), shown under the state.
+        var notice: String?
+        /// Why the last session ended (EndReason's words), shown at home.
+        var lastEnd: String?
+        var quitAfterSession = false
+        /// A Ctrl-C stopped the running session: the next one quits, even while it is still leaving.
+        var interrupted = false
+        var scanner: ScreenScanJob?
+        var quitting = false
+        /// The local preview viewer (`v`), from the first `v` until quitting.
+        var viewer: HomeViewer?
+    }
+    private let onLoop: LoopBound<LoopState>
     /// Every session's frames go here; the viewer plugs into it when it starts.
     private let viewerSink = FeedSink(nil, onlyCodec: .vp8)
 
     init(arguments: Arguments, logger: @escaping BackendLogger, signals: Int32, screen: TerminalScreen) throws {
         self.arguments = arguments
         self.logger = logger
-        self.screen = screen
         signalFD = signals
         loop = try EventLoop(name: "krakl-home")
-        status = ControlStatus(state: "idle", pid: getpid())
-        controller = SessionController(arguments: arguments, loop: loop, logger: logger) { [unowned self] event in sessionEvent(event) }
-        controller.alsoSendTo = viewerSink
+        terminal = LoopBound(screen, loop: loop)
+        onLoop = LoopBound(LoopState(status: ControlStatus(state: "idle", pid: getpid())), loop: loop)
+        controller = SessionController(arguments: arguments, loop: loop, logger: logger)
+        controller.onEvent { [unowned self] event in sessionEvent(event) }
+        controller.alsoSendTo.wrappedValue = viewerSink
     }
 
     /// Runs until the person quits (or a signal other than Ctrl-C), then gives the terminal back.
@@ -64,7 +69,7 @@ final class HomeScreen: @unchecked Sendable {
     func run(first: HomeStart?) {
         loop.start()
         loop.post { [self] in
-            loop.watch(fd: screen.input) { [self] in readKeys() }
+            loop.watch(fd: terminal.value.input) { [self] in readKeys() }
             loop.watch(fd: signalFD) { [self] in readSignals() }
             switch first {
             case .code(let text)?: connect(code: text, qr: nil)
@@ -76,7 +81,7 @@ final class HomeScreen: @unchecked Sendable {
         }
         ended.wait()
         loop.stop()
-        screen.restore()
+        terminal.value.restore()
         controller.finish()
     }
 
@@ -86,18 +91,18 @@ final class HomeScreen: @unchecked Sendable {
         for number in ControlPipe.signals(on: signalFD) {
             switch number {
             case SIGWINCH:
-                screen.measure()
+                terminal.value.measure()
                 redraw()
             case SIGINT:
                 // Ctrl-C: cancels scanning or typing; stops sharing first; a second one (or one at home) quits.
-                if scanner != nil {
+                if onLoop.scanner != nil {
                     stopScan(words: "Scanning stopped.")
-                } else if input != .keys {
-                    input = .keys
-                    notice = nil
-                } else if controller.isActive && !interrupted {
-                    interrupted = true
-                    notice = "Stopping… (Ctrl-C again quits)"
+                } else if onLoop.input != .keys {
+                    onLoop.input = .keys
+                    onLoop.notice = nil
+                } else if controller.isActive && !onLoop.interrupted {
+                    onLoop.interrupted = true
+                    onLoop.notice = "Stopping… (Ctrl-C again quits)"
                     controller.stop()
                 } else {
                     quit()
@@ -111,10 +116,10 @@ final class HomeScreen: @unchecked Sendable {
 
     private func readKeys() {
         var bytes = [UInt8](repeating: 0, count: 8192)
-        let n = read(screen.input, &bytes, bytes.count)
+        let n = read(terminal.value.input, &bytes, bytes.count)
         if n == 0 {
             // The terminal went away: as a quit.
-            loop.unwatch(fd: screen.input)
+            loop.unwatch(fd: terminal.value.input)
             quit()
             return
         }
@@ -131,15 +136,15 @@ final class HomeScreen: @unchecked Sendable {
                     index += 1
                     continue
                 }
-                if input != .keys { input = .keys; notice = nil }
+                if onLoop.input != .keys { onLoop.input = .keys; onLoop.notice = nil }
                 continue
             }
-            switch input {
+            switch onLoop.input {
             case .keys: key(byte)
             case .code(var text):
-                if edit(&text, byte) { submitCode(text) } else if input != .keys { input = .code(text) }
+                if edit(&text, byte) { submitCode(text) } else if onLoop.input != .keys { onLoop.input = .code(text) }
             case .picture(var text):
-                if edit(&text, byte) { submitPicture(text) } else if input != .keys { input = .picture(text) }
+                if edit(&text, byte) { submitPicture(text) } else if onLoop.input != .keys { onLoop.input = .picture(text) }
             }
         }
         redraw()
@@ -160,21 +165,21 @@ final class HomeScreen: @unchecked Sendable {
     private func key(_ byte: UInt8) {
         let active = controller.isActive
         switch Character(UnicodeScalar(byte)) {
-        case "c" where !active && scanner == nil:
-            input = .code("")
-            notice = nil
-        case "q" where !active && scanner == nil:
-            input = .picture("")
-            notice = nil
+        case "c" where !active && onLoop.scanner == nil:
+            onLoop.input = .code("")
+            onLoop.notice = nil
+        case "q" where !active && onLoop.scanner == nil:
+            onLoop.input = .picture("")
+            onLoop.notice = nil
         case "s" where active:
-            notice = "Stopping…"
+            onLoop.notice = "Stopping…"
             controller.stop()
-        case "s" where !active && scanner == nil:
+        case "s" where !active && onLoop.scanner == nil:
             startScan(camera: nil)
         // The camera's key: "c" already connects with a typed code.
-        case "w" where !active && scanner == nil:
+        case "w" where !active && onLoop.scanner == nil:
             startScan(camera: arguments.camera ?? "")
-        case "s" where scanner != nil, "w" where scanner != nil:
+        case "s" where onLoop.scanner != nil, "w" where onLoop.scanner != nil:
             stopScan(words: "Scanning stopped.")
         case "v":
             openViewer()
@@ -186,16 +191,16 @@ final class HomeScreen: @unchecked Sendable {
     }
 
     private func submitCode(_ text: String) {
-        input = .keys
+        onLoop.input = .keys
         let trimmed = text.trimmingCharacters(in: .whitespaces)
-        guard !trimmed.isEmpty else { notice = nil; return }
+        guard !trimmed.isEmpty else { onLoop.notice = nil; return }
         connect(code: trimmed, qr: nil)
     }
 
     private func submitPicture(_ text: String) {
-        input = .keys
+        onLoop.input = .keys
         var path = text.trimmingCharacters(in: .whitespaces)
-        guard !path.isEmpty else { notice = nil; return }
+        guard !path.isEmpty else { onLoop.notice = nil; return }
         if path.hasPrefix("~/"), let home = ProcessInfo.processInfo.environment["HOME"] { path = home + path.dropFirst() }
         if !path.hasPrefix("/") { path = FileManager.default.currentDirectoryPath + "/" + path }
         connect(code: nil, qr: path)
@@ -203,36 +208,36 @@ final class HomeScreen: @unchecked Sendable {
 
     private func connect(code: String?, qr: String?) {
         if let refusal = controller.connect(code: code, qr: qr) {
-            notice = "Cannot connect: \(refusal.message)"
+            onLoop.notice = "Cannot connect: \(refusal.message)"
         } else {
-            notice = nil
-            lastEnd = nil
-            interrupted = false
-            status = controller.status()
+            onLoop.notice = nil
+            onLoop.lastEnd = nil
+            onLoop.interrupted = false
+            onLoop.status = controller.status()
         }
     }
 
     private func quit() {
-        guard !quitting else { return }
-        if let scanner {
+        guard !onLoop.quitting else { return }
+        if let scanner = onLoop.scanner {
             // The scan's thread owns a capture source: it is let go before the process ends.
-            quitAfterSession = true
-            notice = "Stopping the scan, then quitting…"
+            onLoop.quitAfterSession = true
+            onLoop.notice = "Stopping the scan, then quitting…"
             scanner.stop()
             redraw()
             return
         }
         if controller.isActive {
-            quitAfterSession = true
-            notice = "Leaving the room, then quitting…"
+            onLoop.quitAfterSession = true
+            onLoop.notice = "Leaving the room, then quitting…"
             controller.stop()
             redraw()
             return
         }
-        quitting = true
-        viewer?.stop()
-        viewer = nil
-        loop.unwatch(fd: screen.input)
+        onLoop.quitting = true
+        onLoop.viewer?.stop()
+        onLoop.viewer = nil
+        loop.unwatch(fd: terminal.value.input)
         loop.unwatch(fd: signalFD)
         ended.signal()
     }
@@ -241,12 +246,12 @@ final class HomeScreen: @unchecked Sendable {
 
     /// Scans the screen (`camera` nil) or a camera ("" the first) for a join code, then shares.
     private func startScan(camera: String?) {
-        notice = nil
+        onLoop.notice = nil
         do throws(HostError) {
             var scanning = arguments
             scanning.scanOnly = false
             scanning.camera = camera
-            scanner = try ScreenScanJob(arguments: scanning, logger: logger, postingTo: loop) { [weak self] line in
+            onLoop.scanner = try ScreenScanJob(arguments: scanning, logger: logger, postingTo: loop) { [weak self] line in
                 self?.scanProgress("Scanning: " + line)
             } progress: { [weak self] line in
                 self?.scanProgress(line.prefix(1).uppercased() + line.dropFirst())
@@ -254,32 +259,32 @@ final class HomeScreen: @unchecked Sendable {
                 self?.scanEnded(outcome)
             }
         } catch {
-            notice = "Cannot scan: \(error.description)"
+            onLoop.notice = "Cannot scan: \(error.description)"
         }
     }
 
     private func stopScan(words: String) {
-        scanner?.stop()
-        notice = words
+        onLoop.scanner?.stop()
+        onLoop.notice = words
     }
 
     private func scanProgress(_ words: String) {
-        guard scanner != nil else { return }
-        notice = words
+        guard onLoop.scanner != nil else { return }
+        onLoop.notice = words
         redraw()
     }
 
     private func scanEnded(_ outcome: ScreenScanJob.Outcome) {
-        scanner = nil
-        if quitAfterSession {
-            quitAfterSession = false
+        onLoop.scanner = nil
+        if onLoop.quitAfterSession {
+            onLoop.quitAfterSession = false
             quit()
             return
         }
         switch outcome {
         case .found(let invitation): connect(code: invitation.code.text, qr: nil)
-        case .notFound(let status, let lastSaid): notice = status == 0 ? "Scanning stopped." : "Scanning: \(lastSaid)"
-        case .failed(let error): notice = "Cannot scan: \(error.description)"
+        case .notFound(let status, let lastSaid): onLoop.notice = status == 0 ? "Scanning stopped." : "Scanning: \(lastSaid)"
+        case .failed(let error): onLoop.notice = "Cannot scan: \(error.description)"
         }
         redraw()
     }
@@ -289,25 +294,25 @@ final class HomeScreen: @unchecked Sendable {
     /// `v`: the viewer's server starts (once; a bind failure is said, nothing ends), then its page
     /// is opened in the browser, or its URL is shown to open by hand.
     private func openViewer() {
-        if viewer == nil {
+        if onLoop.viewer == nil {
             do throws(ViewerServerError) {
                 let loop = self.loop
-                viewer = try HomeViewer(arguments, sink: viewerSink, logger: logger, keyframe: { [weak self] in
+                onLoop.viewer = try HomeViewer(arguments, sink: viewerSink, logger: logger, keyframe: { [weak self] in
                     loop.post { self?.controller.requestKeyframe() }
                 }, viewersChanged: { [weak self] in
                     loop.post { self?.redraw() }
                 })
             } catch {
-                notice = "Cannot start the viewer: \(error.description)"
+                onLoop.notice = "Cannot start the viewer: \(error.description)"
                 return
             }
-            viewer?.sharing(controller.status().state == "sharing")
+            onLoop.viewer?.sharing(controller.status().state == "sharing")
         }
-        guard let viewer else { return }
+        guard let viewer = onLoop.viewer else { return }
         let url = viewer.localURL
         switch BrowserOpener.open(url) {
-        case .opened(let how): notice = "Viewer: opened in your browser (\(how)): \(url)"
-        case .notOpened(let why): notice = "Viewer: open this URL: \(url) (not opened: \(why))"
+        case .opened(let how): onLoop.notice = "Viewer: opened in your browser (\(how)): \(url)"
+        case .notOpened(let why): onLoop.notice = "Viewer: open this URL: \(url) (not opened: \(why))"
         }
     }
 
@@ -318,18 +323,18 @@ final class HomeScreen: @unchecked Sendable {
         case .connecting:
             break
         case .moved(let state, let now):
-            status = now
-            if state == .sharing { viewer?.sharing(true) }
+            onLoop.status = now
+            if state == .sharing { onLoop.viewer?.sharing(true) }
         case .tick(let now):
-            status = now
+            onLoop.status = now
         case .ended(let reason, let idle):
-            status = idle
-            viewer?.sharing(false)
-            lastEnd = reason.description
-            notice = nil
-            interrupted = false
-            if quitAfterSession {
-                quitAfterSession = false
+            onLoop.status = idle
+            onLoop.viewer?.sharing(false)
+            onLoop.lastEnd = reason.description
+            onLoop.notice = nil
+            onLoop.interrupted = false
+            if onLoop.quitAfterSession {
+                onLoop.quitAfterSession = false
                 quit()
                 return
             }
@@ -340,61 +345,61 @@ final class HomeScreen: @unchecked Sendable {
     // MARK: - Drawing
 
     private func redraw() {
-        guard !quitting else { return }
+        guard !onLoop.quitting else { return }
         var lines: [String] = []
-        let title = screen.fit("krakl-agent · screen sharing into video rooms")
-        lines.append(screen.emphasis(title, colour: 36))
+        let title = terminal.value.fit("krakl-agent · screen sharing into video rooms")
+        lines.append(terminal.value.emphasis(title, colour: 36))
         lines.append("")
         let active = controller.isActive
         if active {
             lines += sessionLines()
-        } else if scanner != nil {
-            lines.append(screen.fit("State:     scanning the screen for a join code's QR code"))
+        } else if onLoop.scanner != nil {
+            lines.append(terminal.value.fit("State:     scanning the screen for a join code's QR code"))
         } else {
-            lines.append(screen.emphasis(screen.fit("State:     idle, not sharing"), colour: 33))
-            if let lastEnd { lines += screen.wrap(lastEnd, label: "Last:      ") }
+            lines.append(terminal.value.emphasis(terminal.value.fit("State:     idle, not sharing"), colour: 33))
+            if let lastEnd = onLoop.lastEnd { lines += terminal.value.wrap(lastEnd, label: "Last:      ") }
         }
-        if let viewer {
+        if let viewer = onLoop.viewer {
             let watching = viewer.viewerCount
-            lines.append(screen.fit("Viewer:    \(viewer.localURL) · \(watching == 1 ? "1 viewer" : "\(watching) viewers")"))
+            lines.append(terminal.value.fit("Viewer:    \(viewer.localURL) · \(watching == 1 ? "1 viewer" : "\(watching) viewers")"))
         }
-        if let notice {
+        if let notice = onLoop.notice {
             lines.append("")
-            lines += screen.wrap(notice, limit: 3)
+            lines += terminal.value.wrap(notice, limit: 3)
         }
         var cursor: (row: Int, column: Int)?
-        switch input {
+        switch onLoop.input {
         case .keys:
             lines.append("")
             lines += keyLines(active: active)
         case .code(let text):
             lines.append("")
-            lines.append(screen.fit("Paste or type the join code, then Enter (Esc cancels):"))
+            lines.append(terminal.value.fit("Paste or type the join code, then Enter (Esc cancels):"))
             // A join code holds a token: only its start and its length are shown.
             let shown = text.isEmpty ? "" : String(text.prefix(12)) + (text.count > 12 ? "… (\(text.count) characters)" : "")
-            lines.append(screen.fit("> " + shown))
-            cursor = (lines.count - 1, min(lines.last!.count, screen.columns - 2))
+            lines.append(terminal.value.fit("> " + shown))
+            cursor = (lines.count - 1, min(lines.last!.count, terminal.value.columns - 2))
         case .picture(let text):
             lines.append("")
-            lines.append(screen.fit("The QR code picture's path (PNG, JPEG, PNM), then Enter (Esc cancels):"))
-            let room = max(10, screen.columns - 4)
+            lines.append(terminal.value.fit("The QR code picture's path (PNG, JPEG, PNM), then Enter (Esc cancels):"))
+            let room = max(10, terminal.value.columns - 4)
             lines.append("> " + (text.count <= room ? text : "…" + text.suffix(room - 1)))
-            cursor = (lines.count - 1, min(lines.last!.count, screen.columns - 2))
+            cursor = (lines.count - 1, min(lines.last!.count, terminal.value.columns - 2))
         }
-        screen.draw(lines, cursor: cursor)
+        terminal.value.draw(lines, cursor: cursor)
     }
 
     private func keyLines(active: Bool) -> [String] {
         if active {
-            return [screen.fit("[s] stop sharing   [v] viewer   Ctrl-C stops, a second Ctrl-C quits")]
+            return [terminal.value.fit("[s] stop sharing   [v] viewer   Ctrl-C stops, a second Ctrl-C quits")]
         }
-        if scanner != nil { return [screen.fit("[s] stop scanning   [x] quit")] }
-        return [screen.fit("[c] connect with a join code   [q] a QR code picture   [s] scan the screen"),
-                screen.fit("[w] read the code with the webcam   [v] viewer   [x] quit")]
+        if onLoop.scanner != nil { return [terminal.value.fit("[s] stop scanning   [x] quit")] }
+        return [terminal.value.fit("[c] connect with a join code   [q] a QR code picture   [s] scan the screen"),
+                terminal.value.fit("[w] read the code with the webcam   [v] viewer   [x] quit")]
     }
 
     private func sessionLines() -> [String] {
-        let now = status
+        let now = onLoop.status
         var lines: [String] = []
         let state: String
         switch now.state {
@@ -406,19 +411,19 @@ final class HomeScreen: @unchecked Sendable {
         case "leaving": state = "leaving the room…"
         default: state = now.state
         }
-        lines.append(screen.emphasis(screen.fit("State:     " + state), colour: now.state == "sharing" ? 32 : 33))
-        lines.append(screen.fit("Room:      \(now.room ?? "-") (\(now.service ?? "-"))"))
-        if let details = now.roomDetails { lines.append(screen.fit("           \(details)")) }
-        lines.append(screen.fit("Identity:  \(now.identity ?? "-")"))
-        lines.append(screen.fit("Backend:   \(now.backend ?? "-")" + (now.source.map { ", \($0)" } ?? "")))
+        lines.append(terminal.value.emphasis(terminal.value.fit("State:     " + state), colour: now.state == "sharing" ? 32 : 33))
+        lines.append(terminal.value.fit("Room:      \(now.room ?? "-") (\(now.service ?? "-"))"))
+        if let details = now.roomDetails { lines.append(terminal.value.fit("           \(details)")) }
+        lines.append(terminal.value.fit("Identity:  \(now.identity ?? "-")"))
+        lines.append(terminal.value.fit("Backend:   \(now.backend ?? "-")" + (now.source.map { ", \($0)" } ?? "")))
         let size = now.width.flatMap { w in now.height.map { "\(w)x\($0)" } } ?? "-"
-        lines.append(screen.fit("Picture:   \(size), \(now.fps.map { String(format: "%.1f", $0) } ?? "-") fps"))
-        lines.append(screen.fit("Bitrate:   \(now.kbps.map { String(format: "%.0f kbit/s", $0) } ?? "-")"))
-        lines.append(screen.fit("RTT:       \(now.rttWords)"
+        lines.append(terminal.value.fit("Picture:   \(size), \(now.fps.map { String(format: "%.1f", $0) } ?? "-") fps"))
+        lines.append(terminal.value.fit("Bitrate:   \(now.kbps.map { String(format: "%.0f kbit/s", $0) } ?? "-")"))
+        lines.append(terminal.value.fit("RTT:       \(now.rttWords)"
                                 + "      Loss: \(now.lossPercent.map { String(format: "%.1f %%", $0) } ?? "-")"
                                 + "      Connection: \(now.connection ?? "-")"))
-        lines.append(screen.fit("Path:      \(now.path.map(Self.pathWords) ?? "-")"))
-        lines.append(screen.fit("Shared:    \(now.sharingSeconds.map(Self.clock) ?? "not yet")"))
+        lines.append(terminal.value.fit("Path:      \(now.path.map(Self.pathWords) ?? "-")"))
+        lines.append(terminal.value.fit("Shared:    \(now.sharingSeconds.map(Self.clock) ?? "not yet")"))
         return lines
     }
 

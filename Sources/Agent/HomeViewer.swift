@@ -10,7 +10,7 @@ import KraklViewer
 /// the room session shares (its encoded frames are tee'd here) and saying "nothing is shared
 /// right now" between sessions. The room's estimate alone sets the encoder's bitrate; viewers'
 /// keyframe requests (VideoFanout rate-limits them) go to the running session.
-final class HomeViewer: @unchecked Sendable {
+final class HomeViewer: Sendable {
     static let nothingShared = "Nothing is shared right now: the picture comes back when the agent shares into a room again."
 
     let server: ViewerServer

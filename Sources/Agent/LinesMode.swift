@@ -19,30 +19,33 @@ enum LinesStart {
 /// while waiting for the next code, the scan's lines and the session's steps (through
 /// SessionController) all arrive on one EventLoop, which alone touches this state; the status
 /// line is SessionController's once-a-second timer on it. The main thread only waits for the end.
-final class LinesMode: @unchecked Sendable {
+final class LinesMode: Sendable {
     private let arguments: Arguments
     private let logger: BackendLogger
     private let log: LifecycleLog
     private let signalFD: Int32
     private let loop: EventLoop
     private let ended = DispatchSemaphore(value: 0)
-    private var controller: SessionController!
+    private let controller: SessionController
     private let isTerminal = isatty(STDOUT_FILENO) == 1
 
-    // Loop thread only.
-    private var exitStatus: Int32 = 0
-    private var finished = false
-    /// SIGTERM, SIGHUP or SIGQUIT came while sharing: quit once the room was left.
-    private var quitAfterSession = false
-    private var current: SessionController.Start?
-    private var previous = SharingLifecycle.State.idle
-    /// Whole seconds in the current state at which the next "still …" line is due.
-    private var nextProgress = 5
-    private var scanner: ScreenScanJob?
-    private var input = BoundedLineSplitter(limit: JoinCode.maximumLength + 64)
-    private var lines: [BoundedLineSplitter.Piece] = []
-    private var inputEnded = false
-    private var readingInput = false
+    /// What only the loop's thread touches, checked there (`LoopBound`).
+    private struct LoopState {
+        var exitStatus: Int32 = 0
+        var finished = false
+        /// SIGTERM, SIGHUP or SIGQUIT came while sharing: quit once the room was left.
+        var quitAfterSession = false
+        var current: SessionController.Start?
+        var previous = SharingLifecycle.State.idle
+        /// Whole seconds in the current state at which the next "still …" line is due.
+        var nextProgress = 5
+        var scanner: ScreenScanJob?
+        var input = BoundedLineSplitter(limit: JoinCode.maximumLength + 64)
+        var lines: [BoundedLineSplitter.Piece] = []
+        var inputEnded = false
+        var readingInput = false
+    }
+    private let onLoop: LoopBound<LoopState>
 
     init(arguments: Arguments, logger: @escaping BackendLogger, signals: Int32) throws {
         self.arguments = arguments
@@ -50,7 +53,9 @@ final class LinesMode: @unchecked Sendable {
         log = LifecycleLog(format: arguments.logFormat)
         signalFD = signals
         loop = try EventLoop(name: "krakl-lines")
-        controller = SessionController(arguments: arguments, loop: loop, logger: logger) { [unowned self] event in sessionEvent(event) }
+        onLoop = LoopBound(LoopState(), loop: loop)
+        controller = SessionController(arguments: arguments, loop: loop, logger: logger)
+        controller.onEvent { [unowned self] event in sessionEvent(event) }
     }
 
     /// Runs to the end; returns the exit status (the last session's end, or why none could start).
@@ -71,15 +76,15 @@ final class LinesMode: @unchecked Sendable {
         ended.wait()
         loop.stop()
         controller.finish()
-        return exitStatus
+        return onLoop.exitStatus
     }
 
     private func finish(_ status: Int32) {
-        guard !finished else { return }
-        finished = true
-        exitStatus = status
+        guard !onLoop.finished else { return }
+        onLoop.finished = true
+        onLoop.exitStatus = status
         loop.unwatch(fd: signalFD)
-        if readingInput { loop.unwatch(fd: STDIN_FILENO) }
+        if onLoop.readingInput { loop.unwatch(fd: STDIN_FILENO) }
         ended.signal()
     }
 
@@ -87,36 +92,36 @@ final class LinesMode: @unchecked Sendable {
 
     private func readSignals() {
         for number in ControlPipe.signals(on: signalFD) {
-            if let scanner {
+            if let scanner = onLoop.scanner {
                 scanner.stop()
             } else if controller.isActive {
                 // Ctrl-C only stops the session; the others quit once the room was left.
-                if number != SIGINT { quitAfterSession = true }
+                if number != SIGINT { onLoop.quitAfterSession = true }
                 controller.stop()
             } else {
-                finish(exitStatus)
+                finish(onLoop.exitStatus)
             }
         }
     }
 
     /// The next line of stdin is the next join code; an empty line or the end of stdin quits.
     private func nextCode() {
-        guard !lines.isEmpty else {
-            if inputEnded { finish(exitStatus); return }
-            if !readingInput {
-                readingInput = true
+        guard !onLoop.lines.isEmpty else {
+            if onLoop.inputEnded { finish(onLoop.exitStatus); return }
+            if !onLoop.readingInput {
+                onLoop.readingInput = true
                 loop.watch(fd: STDIN_FILENO) { [self] in readInput() }
             }
             return
         }
-        switch lines.removeFirst() {
+        switch onLoop.lines.removeFirst() {
         case .line(let bytes):
             let text = String(decoding: bytes, as: UTF8.self)
-            if text.isEmpty && !arguments.once { finish(exitStatus); return }
+            if text.isEmpty && !arguments.once { finish(onLoop.exitStatus); return }
             share(text)
         case .tooLong:
             log.event("error", "a line longer than a join code can be (\(JoinCode.maximumLength) bytes) is not one", error: true)
-            exitStatus = 40
+            onLoop.exitStatus = 40
             afterSession()
         }
     }
@@ -128,13 +133,13 @@ final class LinesMode: @unchecked Sendable {
         let n = read(STDIN_FILENO, &chunk, chunk.count)
         if n < 0 && (errno == EINTR || errno == EAGAIN) { return }
         if n > 0 {
-            lines += input.feed(chunk[0..<n])
+            onLoop.lines += onLoop.input.feed(chunk[0..<n])
         } else {
-            inputEnded = true
-            lines += input.feed([UInt8(ascii: "\n")][...])
+            onLoop.inputEnded = true
+            onLoop.lines += onLoop.input.feed([UInt8(ascii: "\n")][...])
         }
-        guard !lines.isEmpty || inputEnded else { return }
-        readingInput = false
+        guard !onLoop.lines.isEmpty || onLoop.inputEnded else { return }
+        onLoop.readingInput = false
         loop.unwatch(fd: STDIN_FILENO)
         nextCode()
     }
@@ -143,7 +148,7 @@ final class LinesMode: @unchecked Sendable {
 
     private func startScan() {
         do throws(HostError) {
-            scanner = try ScreenScanJob(arguments: arguments, logger: logger, postingTo: loop) { [weak self] line in
+            onLoop.scanner = try ScreenScanJob(arguments: arguments, logger: logger, postingTo: loop) { [weak self] line in
                 self?.scanSaid(line)
             } progress: { [weak self] line in
                 self?.scanProgress(line)
@@ -162,12 +167,12 @@ final class LinesMode: @unchecked Sendable {
     }
 
     private func scanProgress(_ line: String) {
-        guard !arguments.quiet, scanner != nil else { return }
+        guard !arguments.quiet, onLoop.scanner != nil else { return }
         if isTerminal { print("\r\u{1B}[K" + line, terminator: ""); StandardStream.flushOutput() } else { print(line) }
     }
 
     private func scanEnded(_ outcome: ScreenScanJob.Outcome) {
-        scanner = nil
+        onLoop.scanner = nil
         switch outcome {
         case .found(let invitation):
             if arguments.scanOnly {
@@ -189,13 +194,13 @@ final class LinesMode: @unchecked Sendable {
     private func share(_ text: String) {
         guard let refusal = controller.connect(code: text, qr: nil) else { return }
         log.event("error", refusal.message, error: true)
-        exitStatus = refusal.status
+        onLoop.exitStatus = refusal.status
         afterSession()
     }
 
     /// Once a session ended (or could not start): quit, or idle until the next code.
     private func afterSession() {
-        if arguments.once || quitAfterSession { finish(exitStatus); return }
+        if arguments.once || onLoop.quitAfterSession { finish(onLoop.exitStatus); return }
         log.event("idle", state: .idle, "idle. Paste the next join code and press Enter (Ctrl-D or Ctrl-C quits).")
         nextCode()
     }
@@ -203,27 +208,27 @@ final class LinesMode: @unchecked Sendable {
     private func sessionEvent(_ event: SessionController.Event) {
         switch event {
         case .connecting(let start):
-            current = start
-            previous = .idle
-            nextProgress = 5
+            onLoop.current = start
+            onLoop.previous = .idle
+            onLoop.nextProgress = 5
         case .moved(let state, _):
             moved(to: state)
         case .tick(let now):
             tick(now)
         case .ended(let reason, _):
             if isTerminal && !arguments.quiet && log.format == .text { print("") }
-            log.event("ended", state: .idle, reason.description, reason: reason, room: current?.invitation.room, identity: current?.invitation.identity)
-            exitStatus = reason.exitStatus
+            log.event("ended", state: .idle, reason.description, reason: reason, room: onLoop.current?.invitation.room, identity: onLoop.current?.invitation.identity)
+            onLoop.exitStatus = reason.exitStatus
             afterSession()
         }
     }
 
     private func moved(to state: SharingLifecycle.State) {
-        defer { previous = state; nextProgress = 5 }
-        guard let current else { return }
+        defer { onLoop.previous = state; onLoop.nextProgress = 5 }
+        guard let current = onLoop.current else { return }
         let invitation = current.invitation
         let room = invitation.room, identity = invitation.identity
-        if state == .sharing && previous == .reconnecting {
+        if state == .sharing && onLoop.previous == .reconnecting {
             log.event("state", state: state, "the connection is back; sharing again", room: room, identity: identity)
             return
         }
@@ -253,11 +258,11 @@ final class LinesMode: @unchecked Sendable {
     /// Once a second while a session runs: long steps say how long they have taken (every 5 s,
     /// and what bounds them); while sharing, the status line (text) or the numbers (JSON).
     private func tick(_ now: ControlStatus) {
-        guard let session = controller.sessionStatus(), let current else { return }
+        guard let session = controller.sessionStatus(), let current = onLoop.current else { return }
         let room = current.invitation.room, identity = current.invitation.identity
         let waited = Int(now.stateSeconds ?? 0)
-        if waited >= nextProgress && (session.state == .preparing || session.state == .joining) {
-            nextProgress = (waited / 5 + 1) * 5
+        if waited >= onLoop.nextProgress && (session.state == .preparing || session.state == .joining) {
+            onLoop.nextProgress = (waited / 5 + 1) * 5
             let words = session.state == .preparing
                 ? "still preparing the screen source (\(waited) s; a sharing dialog may be waiting for an answer)…"
                 : "still joining (\(waited) s): " + (session.timings.answered == nil ? "waiting for the room server's answer…"

@@ -9,21 +9,20 @@ import ZeroFill
 
 /// Why the run ends: the first reason given, from any thread (the backend's, the encoder's, a
 /// signal on the main thread), wakes the main thread once.
-final class RunEnding: @unchecked Sendable {
-    private let lock = NSLock()
-    private var _reason: String?
+final class RunEnding: Sendable {
+    private let ending = Guarded<String?>(nil)
 
     func finish(_ reason: String) {
-        let first: Bool = lock.withLock {
-            guard _reason == nil else { return false }
-            _reason = reason
+        let first: Bool = ending.withLock { ending in
+            guard ending == nil else { return false }
+            ending = reason
             return true
         }
         // Once: frames after --frames still arrive until stop(), and each need not write a byte.
         if first { ControlPipe.wake() }
     }
 
-    var reason: String? { lock.withLock { _reason } }
+    var reason: String? { ending.withLock { $0 } }
 }
 
 /// Why a signal ended the run (docs/exit-codes.md: each ends it like SIGTERM, exit 0).
@@ -308,11 +307,7 @@ enum SourceMaking {
 /// SIGINT/SIGTERM/SIGHUP must still end the run then (before, only SIGKILL did).
 func makeSourceUntilSignalled(_ selection: BackendSelection, sink: FrameSink, logger: @escaping BackendLogger,
                               control: ControlPipe) throws(HostError) -> SourceMaking {
-    final class Outcome: @unchecked Sendable {
-        let lock = NSLock()
-        var result: Result<any CaptureSource, HostError>?
-    }
-    let outcome = Outcome()
+    let outcome = Guarded<Result<any CaptureSource, HostError>?>(nil)
     let begun = MonotonicClock.nanoseconds()
     // A plain pthread, named from inside as BackendCallThread's are (a Foundation Thread's name does
     // not always reach the system thread, which `top -H` and the tests read).
@@ -321,7 +316,7 @@ func makeSourceUntilSignalled(_ selection: BackendSelection, sink: FrameSink, lo
         Thread.current.name = "krakl-create"   // for `top -H`, gdb and the tests: the thread inside create()
         let result: Result<any CaptureSource, HostError>
         do throws(HostError) { result = .success(try selection.makeSource(sink: sink, logger: logger)) } catch { result = .failure(error) }
-        outcome.lock.withLock { outcome.result = result }
+        outcome.withLock { $0 = result }
         ControlPipe.wake()
     })
     var maker = pthread_t()
@@ -335,11 +330,11 @@ func makeSourceUntilSignalled(_ selection: BackendSelection, sink: FrameSink, lo
     pthread_detach(maker)
     // Bounded by the create() budget: the watchdog ends the call after it, and the result comes.
     while true {
-        if let result = outcome.lock.withLock({ outcome.result }) { return .made(try result.get()) }
+        if let result = outcome.withLock({ $0 }) { return .made(try result.get()) }
         switch control.wait(timeout: 1) {
         case .signal(SIGUSR1), .signal(SIGPIPE), .timeout: continue   // no keyframe yet; a pipe is judged when printing
         case .signal(let number):
-            if let result = outcome.lock.withLock({ outcome.result }) { return .made(try result.get()) }
+            if let result = outcome.withLock({ $0 }) { return .made(try result.get()) }
             return .signalled(number, seconds: Double(MonotonicClock.nanoseconds() - begun) / 1e9)
         }
     }

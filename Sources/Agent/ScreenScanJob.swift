@@ -8,7 +8,7 @@ import KraklRTC
 /// that lives on an EventLoop: the lines mode, the home screen and the daemon. What it says and
 /// how it ends arrive through the closures (on the scan's thread: the owner posts them to its
 /// loop); `stop` ends it within one wait.
-final class ScreenScanJob: ScanHost, @unchecked Sendable {
+final class ScreenScanJob: ScanHost, Sendable {
     /// How a scan ended: the join code found, or none and the exit status (50 nothing within
     /// --scan-timeout, 51 the source ended first, 0 stopped), with the last line it said.
     enum Outcome {
@@ -17,13 +17,15 @@ final class ScreenScanJob: ScanHost, @unchecked Sendable {
         case failed(HostError)
     }
 
-    private let condition = NSCondition()
-    private var stopped = false
-    private var changed = false
+    private struct Shared {
+        var stopped = false
+        var changed = false
+        /// The last line `scanScreen` said (why it ended).
+        var lastSaid = "scanning stopped"
+    }
+    private let shared = Guarded(Shared())
     private let sayLine: @Sendable (String) -> Void
     private let progressLine: @Sendable (String) -> Void
-    /// The last line `scanScreen` said (why it ended): the scan thread only.
-    private var lastSaid = "scanning stopped"
 
     /// Starts scanning at once; `say` gets the lines worth a line of their own, `progress` the
     /// once-a-second ones, `done` the outcome.
@@ -36,7 +38,7 @@ final class ScreenScanJob: ScanHost, @unchecked Sendable {
         let thread = Thread { [self] in
             do throws(HostError) {
                 let (invitation, status) = try scanScreen(arguments, logger: logger, host: self)
-                done(invitation.map { .found($0) } ?? .notFound(status: status, lastSaid: lastSaid))
+                done(invitation.map { .found($0) } ?? .notFound(status: status, lastSaid: shared.withLock { $0.lastSaid }))
             } catch {
                 done(.failed(error))
             }
@@ -52,33 +54,19 @@ final class ScreenScanJob: ScanHost, @unchecked Sendable {
         try self.init(arguments: arguments, logger: logger) { say($0) } progress: { progress($0) } done: { done($0) }
     }
 
-    func stop() {
-        condition.withLock {
-            stopped = true
-            condition.signal()
-        }
-    }
+    func stop() { shared.change { $0.stopped = true } }
 
     func wait(_ seconds: Double) -> Bool {
-        condition.lock()
-        defer { condition.unlock() }
-        let deadline = Date().addingTimeInterval(seconds)
-        while !stopped && !changed {
-            if !condition.wait(until: deadline) { break }
+        shared.wait(until: Date().addingTimeInterval(seconds), for: { $0.stopped || $0.changed }) { state, _ in
+            state.changed = false
+            return state.stopped
         }
-        changed = false
-        return stopped
     }
 
-    func wake() {
-        condition.withLock {
-            changed = true
-            condition.signal()
-        }
-    }
+    func wake() { shared.change { $0.changed = true } }
 
     func say(_ line: String) {
-        lastSaid = line
+        shared.withLock { $0.lastSaid = line }
         sayLine(line)
     }
 

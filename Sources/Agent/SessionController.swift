@@ -12,9 +12,9 @@ import KraklSession
 /// runs on that loop: requests come from the owner, the session's state changes and end (which
 /// happen on the session's own loop) are posted to it, and a once-a-second timer on it measures
 /// the rates while a session runs. The owner hears of each step through `onEvent`.
-/// @unchecked Sendable: the session's callbacks (on its own loop) reach it only through `loop.post`,
+/// Sendable, checked: the session's callbacks (on its own loop) reach it only through `loop.post`,
 /// and its mutable state is `LoopBound` to that loop (a touch from another thread traps).
-final class SessionController: @unchecked Sendable {
+final class SessionController: Sendable {
     enum Event {
         /// A session was started; the words say where to (room, service, identity, shortened token).
         case connecting(Start)
@@ -47,10 +47,11 @@ final class SessionController: @unchecked Sendable {
     private let loop: EventLoop
     private let logger: BackendLogger
     private let notifier: DesktopNotifier?
-    private let onEvent: (Event) -> Void
 
     /// What only the loop's thread touches, checked there (`LoopBound`).
     private struct LoopState {
+        /// The owner's: told each step (set once, before the loop runs or on it).
+        var onEvent: (Event) -> Void = { _ in }
         var session: SharingSession?
         var sessionNumber = 0
         var sharingSince: Double?
@@ -60,67 +61,38 @@ final class SessionController: @unchecked Sendable {
         var meter: (at: Double, bytes: Int, frames: Int)?
         var rates: (kbps: Double, fps: Double)?
     }
-    private let state: LoopBound<LoopState>
-    private var session: SharingSession? {
-        get { state.value.session }
-        set { state.value.session = newValue }
-    }
-    private var sessionNumber: Int {
-        get { state.value.sessionNumber }
-        set { state.value.sessionNumber = newValue }
-    }
-    private var sharingSince: Double? {
-        get { state.value.sharingSince }
-        set { state.value.sharingSince = newValue }
-    }
-    private var stateSince: Double {
-        get { state.value.stateSince }
-        set { state.value.stateSince = newValue }
-    }
-    private(set) var lastEnd: ControlEnd? {
-        get { state.value.lastEnd }
-        set { state.value.lastEnd = newValue }
-    }
-    private var ticker: EventLoop.TimerID? {
-        get { state.value.ticker }
-        set { state.value.ticker = newValue }
-    }
-    private var meter: (at: Double, bytes: Int, frames: Int)? {
-        get { state.value.meter }
-        set { state.value.meter = newValue }
-    }
-    private var rates: (kbps: Double, fps: Double)? {
-        get { state.value.rates }
-        set { state.value.rates = newValue }
-    }
+    private let onLoop: LoopBound<LoopState>
 
-    init(arguments: Arguments, loop: EventLoop, logger: @escaping BackendLogger, notifier: DesktopNotifier? = DesktopNotifier.sessionBus(),
-         onEvent: @escaping (Event) -> Void) {
+    init(arguments: Arguments, loop: EventLoop, logger: @escaping BackendLogger, notifier: DesktopNotifier? = DesktopNotifier.sessionBus()) {
         self.arguments = arguments
         self.loop = loop
-        state = LoopBound(LoopState(), loop: loop)
+        onLoop = LoopBound(LoopState(), loop: loop)
         self.logger = logger
         self.notifier = notifier
-        self.onEvent = onEvent
     }
+
+    /// Where each step goes: the owner's handler, set once it exists (before its loop runs, or on it).
+    func onEvent(_ handler: @escaping (Event) -> Void) { onLoop.onEvent = handler }
+
+    private func tell(_ event: Event) { onLoop.onEvent(event) }
 
     /// Before the process exits: lets the last notification out (bounded).
     func finish() { notifier?.finish() }
 
     /// Each session's encoded frames also go here (the home screen's local viewer); set on the loop.
-    @Locked var alsoSendTo: (any EncodedFrameSink & Sendable)? = nil
+    let alsoSendTo = Locked<(any EncodedFrameSink & Sendable)?>(wrappedValue: nil)
 
     /// The running session's encoder makes a keyframe soon (a local viewer asked); nothing when idle.
-    func requestKeyframe() { session?.requestKeyframe() }
+    func requestKeyframe() { onLoop.session?.requestKeyframe() }
 
     /// A session runs (from connect until its end).
-    var isActive: Bool { session != nil }
+    var isActive: Bool { onLoop.session != nil }
 
     /// Starts a session with a join code's text, or the join code of the QR code in the picture at
     /// the absolute path `qr`. Returns nil once the session was started (its progress arrives as
     /// events), or why it was not.
     func connect(code: String?, qr: String?) -> Refusal? {
-        guard session == nil else { return Refusal(message: "already sharing; stop first (krakl-agent stop)", status: ExitCode.daemonRefused) }
+        guard onLoop.session == nil else { return Refusal(message: "already sharing; stop first (krakl-agent stop)", status: ExitCode.daemonRefused) }
         var text: String
         if let path = qr {
             guard path.hasPrefix("/") else { return Refusal(message: "connect: the QR picture's path must be absolute (the client makes it so)", status: ExitCode.daemonRefused) }
@@ -143,9 +115,9 @@ final class SessionController: @unchecked Sendable {
         let driver = makeDriver(invitation, arguments: arguments)
         let session = SharingSession(configuration: sharingConfiguration(arguments, invitation: invitation, logger: logger), driver: driver,
                                      identity: invitation.identity, room: invitation.room, logger: logger)
-        session.alsoSendTo = alsoSendTo
-        sessionNumber += 1
-        let number = sessionNumber
+        session.alsoSendTo = alsoSendTo.wrappedValue
+        onLoop.sessionNumber += 1
+        let number = onLoop.sessionNumber
         // Both arrive on the session's own loop and are handed to this one: the owner's state has one thread.
         session.onStateChange = { [weak self] state in self?.loop.post { self?.sessionMoved(number, to: state) } }
         session.onFinished = { [weak self] reason in self?.loop.post { self?.sessionEnded(number, reason) } }
@@ -154,14 +126,14 @@ final class SessionController: @unchecked Sendable {
         } catch {
             return Refusal(message: "cannot start the session: \(error)", status: ExitCode.failure)
         }
-        self.session = session
-        sharingSince = nil
-        stateSince = MonotonicClock.milliseconds()
-        meter = nil
-        rates = nil
+        onLoop.session = session
+        onLoop.sharingSince = nil
+        onLoop.stateSince = MonotonicClock.milliseconds()
+        onLoop.meter = nil
+        onLoop.rates = nil
         startTicker()
         let place = invitation.room.map { "room \($0)" } ?? invitation.code.url.redactedForLog
-        onEvent(.connecting(Start(words: "connecting to \(place) on \(driver.service) as \"\(invitation.identity)\" (token \(invitation.token.shortened))",
+        tell(.connecting(Start(words: "connecting to \(place) on \(driver.service) as \"\(invitation.identity)\" (token \(invitation.token.shortened))",
                                   invitation: invitation, place: place, service: driver.service)))
         return nil
     }
@@ -169,76 +141,76 @@ final class SessionController: @unchecked Sendable {
     /// Asks the running session to leave; false when there is none.
     @discardableResult
     func stop() -> Bool {
-        guard let session else { return false }
+        guard let session = onLoop.session else { return false }
         session.stop()
         return true
     }
 
     private func sessionMoved(_ number: Int, to state: SharingLifecycle.State) {
-        guard number == sessionNumber, session != nil else { return }
+        guard number == onLoop.sessionNumber, onLoop.session != nil else { return }
         // Idle again: `sessionEnded` comes next and tells it with this session's end; a status now
         // would still carry the previous session's (`watch` printed "last session: You stopped
         // sharing." when a room ended).
         if state == .idle { return }
-        stateSince = MonotonicClock.milliseconds()
+        onLoop.stateSince = MonotonicClock.milliseconds()
         var firstShare = false
-        if state == .sharing && sharingSince == nil {
-            sharingSince = MonotonicClock.milliseconds()
+        if state == .sharing && onLoop.sharingSince == nil {
+            onLoop.sharingSince = MonotonicClock.milliseconds()
             firstShare = true
         }
         let now = status()
         if firstShare { notifier?.sharingStarted(room: now.room, identity: now.identity ?? "you") }
-        onEvent(.moved(state, now))
+        tell(.moved(state, now))
     }
 
     private func sessionEnded(_ number: Int, _ reason: EndReason) {
-        guard number == sessionNumber else { return }
-        let shared = sharingSince != nil
-        session = nil
-        sharingSince = nil
-        stateSince = MonotonicClock.milliseconds()
+        guard number == onLoop.sessionNumber else { return }
+        let shared = onLoop.sharingSince != nil
+        onLoop.session = nil
+        onLoop.sharingSince = nil
+        onLoop.stateSince = MonotonicClock.milliseconds()
         stopTicker()
-        lastEnd = ControlEnd(reason: reason.name, message: reason.description, exitStatus: reason.exitStatus)
+        onLoop.lastEnd = ControlEnd(reason: reason.name, message: reason.description, exitStatus: reason.exitStatus)
         // Everything of the session is freed by now (onFinished comes last): give the pages back.
         HeapRelease.trim()
         notifier?.sharingEnded(reason, shared: shared)
-        onEvent(.ended(reason, status()))
+        tell(.ended(reason, status()))
     }
 
     /// Once a second while a session runs: the rates are measured and the owner told.
     private func startTicker() {
-        guard ticker == nil else { return }
-        ticker = loop.schedule(after: .seconds(1)) { [weak self] in self?.tick() }
+        guard onLoop.ticker == nil else { return }
+        onLoop.ticker = loop.schedule(after: .seconds(1)) { [weak self] in self?.tick() }
     }
 
     private func stopTicker() {
-        if let ticker { loop.cancel(ticker) }
-        ticker = nil
+        if let ticker = onLoop.ticker { loop.cancel(ticker) }
+        onLoop.ticker = nil
     }
 
     private func tick() {
-        ticker = nil
-        guard let session else { return }
+        onLoop.ticker = nil
+        guard let session = onLoop.session else { return }
         if let rtc = session.status(window: false).rtc {
             let now = MonotonicClock.milliseconds()
-            if let meter, now > meter.at {
+            if let meter = onLoop.meter, now > meter.at {
                 let seconds = (now - meter.at) / 1000
-                rates = (Double(rtc.bytesSent - meter.bytes) * 8 / 1000 / seconds, Double(rtc.framesSent - meter.frames) / seconds)
+                onLoop.rates = (Double(rtc.bytesSent - meter.bytes) * 8 / 1000 / seconds, Double(rtc.framesSent - meter.frames) / seconds)
             }
-            meter = (now, rtc.bytesSent, rtc.framesSent)
+            onLoop.meter = (now, rtc.bytesSent, rtc.framesSent)
         }
         startTicker()
-        onEvent(.tick(status()))
+        tell(.tick(status()))
     }
 
     /// The running session's own snapshot (its timings, for words about long steps); nil when idle.
-    func sessionStatus() -> SharingStatus? { session?.status(window: false) }
+    func sessionStatus() -> SharingStatus? { onLoop.session?.status(window: false) }
 
     /// The snapshot `status` replies with and screens show.
     func status() -> ControlStatus {
-        var result = ControlStatus(state: "idle", pid: getpid(), lastEnd: lastEnd)
-        result.stateSeconds = Self.tenths(MonotonicClock.milliseconds() - stateSince)
-        guard let session else { return result }
+        var result = ControlStatus(state: "idle", pid: getpid(), lastEnd: onLoop.lastEnd)
+        result.stateSeconds = Self.tenths(MonotonicClock.milliseconds() - onLoop.stateSince)
+        guard let session = onLoop.session else { return result }
         let now = session.status(window: false)
         result.state = now.state.name
         result.room = now.room
@@ -249,7 +221,7 @@ final class SessionController: @unchecked Sendable {
         result.source = arguments.options.first { $0.key == "source" || $0.key == "scene" }.map { "\($0.key) \($0.value.serialized)" }
         result.width = now.width
         result.height = now.height
-        result.sharingSeconds = sharingSince.map { Self.tenths(MonotonicClock.milliseconds() - $0) }
+        result.sharingSeconds = onLoop.sharingSince.map { Self.tenths(MonotonicClock.milliseconds() - $0) }
         if let rtc = now.rtc {
             result.connection = rtc.state
             result.path = rtc.selectedPath
@@ -259,8 +231,8 @@ final class SessionController: @unchecked Sendable {
             result.framesSent = rtc.framesSent
             result.bytesSent = rtc.bytesSent
         }
-        result.kbps = rates.map { ($0.kbps * 10).rounded() / 10 }
-        result.fps = rates.map { ($0.fps * 10).rounded() / 10 }
+        result.kbps = onLoop.rates.map { ($0.kbps * 10).rounded() / 10 }
+        result.fps = onLoop.rates.map { ($0.fps * 10).rounded() / 10 }
         return result
     }
 

@@ -8,7 +8,7 @@ import KraklViewer
 /// The viewer's WebRTC side (the seam in Sources/KraklViewer/ViewerPeer.swift): each WHEP offer gets an
 /// answering `Publisher` (ICE-lite: the viewer's server sits on host candidates, and the browser does
 /// the checking) on one network loop shared by all viewers, fed by one `VideoFanout`.
-final class RtcViewerAnswerer: ViewerPeerFactory, VideoFeed, @unchecked Sendable {
+final class RtcViewerAnswerer: ViewerPeerFactory, VideoFeed, Sendable {
     let configuration: PublisherConfiguration
     let fanout: VideoFanout
     private let loop: EventLoop

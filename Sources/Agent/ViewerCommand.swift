@@ -33,13 +33,14 @@ final class UnavailableViewerAnswerer: ViewerPeerFactory, VideoFeed {
         throw .failure("the viewer's WebRTC answerer could not start (\(reason)): this agent serves the page and WHEP, but cannot send video to a viewer")
     }
     func send(frame: [UInt8], keyframe: Bool, captureNanoseconds: UInt64, width: Int, height: Int) {}
-    var onKeyframeRequest: (() -> Void)?
-    var onBitrate: ((Int) -> Void)?
+    /// No encoder listens: nothing is ever requested.
+    var onKeyframeRequest: (() -> Void)? { get { nil } set {} }
+    var onBitrate: ((Int) -> Void)? { get { nil } set {} }
 }
 
 /// The viewer for one run: bound before the backend is made (a taken port ends the run before
 /// any sharing dialog), serving from `start` until `stop`.
-final class ViewerRun {
+final class ViewerRun: Sendable {
     let server: ViewerServer
     let feed: VideoFeed
 

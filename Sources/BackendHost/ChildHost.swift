@@ -4,7 +4,7 @@ import KraklBase
 import KraklCore
 
 /// The backend's sink inside the child: frames into the ring, events up the socket.
-final class ChildSink: FrameSink, @unchecked Sendable {
+final class ChildSink: FrameSink, Sendable {
     let ring: FrameRingWriter
     let socket: WireSocket
 

@@ -2,6 +2,7 @@ import BackendKit
 import CX11
 import Glibc
 import KraklBackendABI
+import Synchronization
 
 /// The last X protocol error, set by the process-wide error handler. Xlib's
 /// default handler exits the process on any protocol error (a window that
@@ -23,11 +24,14 @@ private let xIOErrorHandler: @convention(c) (OpaquePointer?) -> Int32 = { _ in 0
 /// SOURCE_ENDED and never touches the display again.
 private let xIOErrorExit: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Void = { _, context in
     guard let context else { return }
-    Unmanaged<LostFlag>.fromOpaque(context).takeUnretainedValue().lost = true
+    Unmanaged<LostFlag>.fromOpaque(context).takeUnretainedValue().mark()
 }
 
-final class LostFlag: @unchecked Sendable {
-    var lost = false
+/// Set by Xlib's I/O error handler (on whichever thread made the failing call), read by the capture thread.
+final class LostFlag: Sendable {
+    private let flag = Atomic<Bool>(false)
+    func mark() { flag.store(true, ordering: .releasing) }
+    var lost: Bool { flag.load(ordering: .acquiring) }
 }
 
 /// A rectangle of the X screen being captured, in root-window pixels.

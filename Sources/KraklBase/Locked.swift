@@ -17,3 +17,44 @@ public final class Locked<Value>: @unchecked Sendable {
         set { lock.withLock { value = newValue } }
     }
 }
+
+/// State several threads share, behind one lock with a condition to wait on: the value is reachable
+/// only inside `withLock`, so an owner that keeps its mutable state in a `let Guarded` is Sendable
+/// with the compiler checking it (no `@unchecked` on the owner). Sendable when the value is: what
+/// leaves `withLock` must itself be safe to share.
+public final class Guarded<Value> {
+    private let condition = NSCondition()
+    private var value: Value
+
+    public init(_ value: Value) { self.value = value }
+
+    /// Runs `body` with the value, under the lock (never call back into this box from it).
+    @inline(__always)
+    public func withLock<Result, Failure: Error>(_ body: (inout Value) throws(Failure) -> Result) throws(Failure) -> Result {
+        condition.lock()
+        defer { condition.unlock() }
+        return try body(&value)
+    }
+
+    /// `withLock`, then wakes every waiter: for changes someone may be waiting for.
+    @inline(__always)
+    public func change<Result, Failure: Error>(_ body: (inout Value) throws(Failure) -> Result) throws(Failure) -> Result {
+        condition.lock()
+        defer {
+            condition.broadcast()
+            condition.unlock()
+        }
+        return try body(&value)
+    }
+
+    /// Waits until `done` holds for the value (checked under the lock, again after each `change`),
+    /// or `deadline` passed; then runs `then` with the value, still under the lock, and returns its result.
+    public func wait<Result>(until deadline: Date, for done: (Value) -> Bool, then: (inout Value, _ done: Bool) -> Result) -> Result {
+        condition.lock()
+        defer { condition.unlock() }
+        let held = condition.wait(while: { !done(value) }, until: deadline)
+        return then(&value, held)
+    }
+}
+
+extension Guarded: @unchecked Sendable where Value: Sendable {}

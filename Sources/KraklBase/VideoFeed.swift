@@ -2,7 +2,7 @@
 /// `VideoFanout`, the built-in viewer's answerer. `MediaPath` hands it every encoded frame (through
 /// `FeedSink`) and connects its keyframe requests and bitrate estimates to the encoder; that is the
 /// one place where the feedback is wired, whatever the feed is.
-public protocol VideoFeed: AnyObject {
+public protocol VideoFeed: AnyObject, Sendable {
     /// Encoder thread: one encoded frame. Queues it and returns; never blocks.
     func send(frame: [UInt8], keyframe: Bool, captureNanoseconds: UInt64, width: Int, height: Int)
     /// A receiver lost pictures or just arrived and wants a keyframe; any thread, must not block.

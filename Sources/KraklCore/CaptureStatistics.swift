@@ -8,8 +8,8 @@ import KraklBackendABI
 /// Fixed-size: running sums and latency histograms (LogHistogram), one for
 /// the whole run and one for the status line's window, so a run of days or a
 /// backend flooding frames costs no more memory than a short run.
-public final class CaptureStatistics: @unchecked Sendable {
-    public struct Snapshot {
+public final class CaptureStatistics: Sendable {
+    public struct Snapshot: Sendable {
         public var frames = 0
         public var invalidFrames = 0
         public var seconds = 0.0
@@ -32,13 +32,15 @@ public final class CaptureStatistics: @unchecked Sendable {
         }
     }
 
-    private let lock = PThreadLock()
     private let started = DispatchTime.now().uptimeNanoseconds
-    private var total = Span()
-    private var window = Span()
-    private var invalidFrames = 0
-    private var lastSize = ""
-    private var windowStartNs = DispatchTime.now().uptimeNanoseconds
+    private struct Counts {
+        var total = Span()
+        var window = Span()
+        var invalidFrames = 0
+        var lastSize = ""
+        var windowStartNs = DispatchTime.now().uptimeNanoseconds
+    }
+    private let counts = Guarded(Counts())
 
     public init() {}
 
@@ -47,39 +49,39 @@ public final class CaptureStatistics: @unchecked Sendable {
         // A timestamp from the future (a backend on another clock) counts as no latency, never as a trap.
         let latency = receivedNs > frame.raw.timestamp_ns ? receivedNs - frame.raw.timestamp_ns : 0
         let size = lastSizeText(frame)
-        lock.withLock {
-            total.add(damageShare: frame.damageShare, latencyNs: latency)
-            window.add(damageShare: frame.damageShare, latencyNs: latency)
-            if lastSize != size { lastSize = size }
+        counts.withLock { c in
+            c.total.add(damageShare: frame.damageShare, latencyNs: latency)
+            c.window.add(damageShare: frame.damageShare, latencyNs: latency)
+            if c.lastSize != size { c.lastSize = size }
         }
     }
 
     private func lastSizeText(_ frame: FrameInfo) -> String { "\(FrameCheck.formatName(frame.format)) \(frame.width)x\(frame.height)" }
 
-    public func recordInvalid() { lock.withLock { invalidFrames += 1 } }
+    public func recordInvalid() { counts.withLock { c in c.invalidFrames += 1 } }
 
-    public var frameCount: Int { lock.withLock { total.frames } }
-    public var invalidCount: Int { lock.withLock { invalidFrames } }
+    public var frameCount: Int { counts.withLock { c in c.total.frames } }
+    public var invalidCount: Int { counts.withLock { c in c.invalidFrames } }
 
     /// Numbers over the whole run, or (`window: true`) over the frames since
     /// the previous windowed snapshot, for the once-a-second status line.
     public func snapshot(window windowed: Bool = false) -> Snapshot {
-        lock.withLock {
+        counts.withLock { c in
             let now = DispatchTime.now().uptimeNanoseconds
-            let span = windowed ? window : total
+            let span = windowed ? c.window : c.total
             var shot = Snapshot()
             shot.frames = span.frames
-            shot.invalidFrames = invalidFrames
-            let from = windowed ? windowStartNs : started
+            shot.invalidFrames = c.invalidFrames
+            let from = windowed ? c.windowStartNs : started
             shot.seconds = Double(now > from ? now - from : 0) / 1e9
             shot.damageShareMean = span.frames > 0 ? span.damageShareSum / Double(span.frames) : 0
             func ms(_ ns: UInt64?) -> Double { Double(ns ?? 0) / 1e6 }
             shot.latencyMs = (ms(span.latencies.percentile(0.5)), ms(span.latencies.percentile(0.99)),
                               span.frames > 0 ? ms(span.latencies.maximum) : 0)
-            shot.lastSize = lastSize
+            shot.lastSize = c.lastSize
             if windowed {
-                window = Span()
-                windowStartNs = now
+                c.window = Span()
+                c.windowStartNs = now
             }
             return shot
         }

@@ -128,11 +128,10 @@ public enum FrameCheck {
 /// frame with impossible geometry or damage outside it is dropped, and the first one is logged,
 /// once, naming the backend, so a misbehaving backend is visible without flooding the log.
 /// Called on the backend's capture thread.
-public final class FrameGate: @unchecked Sendable {
+public final class FrameGate: Sendable {
     private let backend: String
     private let logger: BackendLogger
-    private let lock = NSLock()
-    private var reported = false
+    private let reported = Guarded(false)
 
     public init(backend: String, logger: @escaping BackendLogger) {
         self.backend = backend
@@ -144,7 +143,7 @@ public final class FrameGate: @unchecked Sendable {
         let geometry = FrameCheck.geometryProblem(pointer)
         let info = FrameInfo(pointer)
         guard let problem = geometry ?? FrameCheck.damageProblem(info) else { return info }
-        let first = lock.withLock { () -> Bool in defer { reported = true }; return !reported }
+        let first = reported.withLock { reported -> Bool in defer { reported = true }; return !reported }
         if first { logger(backend, .error, "dropped an invalid frame (the backend is misbehaving): \(problem)") }
         return nil
     }

@@ -5,7 +5,7 @@ import KraklCore
 /// What the encoder did, in total and per status-line window; read from any thread.
 /// Fixed-size (running sums, an encode-time histogram): per-frame rows go to the frame log as
 /// they happen (FrameLog), not into memory.
-public final class EncoderStatistics: @unchecked Sendable {
+public final class EncoderStatistics: Sendable {
     public struct Frame: Sendable {
         public let bytes: Int
         public let keyframe: Bool
@@ -62,41 +62,43 @@ public final class EncoderStatistics: @unchecked Sendable {
         }
     }
 
-    private let lock = NSLock()
-    private var total = Span()
-    private var window = Span()
-    private(set) var captured = 0
-    private(set) var skipped = 0
-    private var dropped = 0
-    private var corrected = 0
-    private var coalesced = 0
-    private var conversionCpuNs: UInt64 = 0
-    private var encoderCpuNs: UInt64 = 0
+    private struct Counts {
+        var total = Span()
+        var window = Span()
+        var captured = 0
+        var skipped = 0
+        var dropped = 0
+        var corrected = 0
+        var coalesced = 0
+        var conversionCpuNs: UInt64 = 0
+        var encoderCpuNs: UInt64 = 0
+    }
+    private let counts = Guarded(Counts())
 
     func record(_ frame: Frame) {
-        lock.withLock {
-            total.add(frame)
-            window.add(frame)
+        counts.withLock { c in
+            c.total.add(frame)
+            c.window.add(frame)
         }
     }
     func recordCapture(conversionCpuNs ns: UInt64, skippedPrevious: Bool) {
-        lock.withLock {
-            captured += 1
-            conversionCpuNs += ns
-            if skippedPrevious { skipped += 1 }
+        counts.withLock { c in
+            c.captured += 1
+            c.conversionCpuNs += ns
+            if skippedPrevious { c.skipped += 1 }
         }
     }
-    func recordDrop() { lock.withLock { dropped += 1 } }
-    func recordCorrectedTimestamp() { lock.withLock { corrected += 1 } }
-    func recordCoalescedKeyframeRequest() { lock.withLock { coalesced += 1 } }
-    func setEncoderCpu(_ ns: UInt64) { lock.withLock { encoderCpuNs = ns } }
+    func recordDrop() { counts.withLock { c in c.dropped += 1 } }
+    func recordCorrectedTimestamp() { counts.withLock { c in c.corrected += 1 } }
+    func recordCoalescedKeyframeRequest() { counts.withLock { c in c.coalesced += 1 } }
+    func setEncoderCpu(_ ns: UInt64) { counts.withLock { c in c.encoderCpuNs = ns } }
 
     /// Totals over the run, or (`window: true`) over the frames since the
     /// previous windowed summary.
     public func summary(window windowed: Bool = false) -> Summary {
-        lock.withLock {
-            let span = windowed ? window : total
-            if windowed { window = Span() }
+        counts.withLock { c in
+            let span = windowed ? c.window : c.total
+            if windowed { c.window = Span() }
             var s = Summary()
             s.frames = span.frames
             s.keyframes = span.keyframes
@@ -112,12 +114,12 @@ public final class EncoderStatistics: @unchecked Sendable {
             s.encodeMs = (ms(span.encodeTimes.percentile(0.5)), ms(span.encodeTimes.percentile(0.99)),
                           span.frames > 0 ? ms(span.encodeTimes.maximum) : 0)
             s.activeShareMean = span.frames > 0 ? span.activeShareSum / Double(span.frames) : 0
-            s.capturedFrames = captured
-            s.skippedFrames = skipped
-            s.droppedFrames = dropped
-            s.correctedTimestamps = corrected
-            s.coalescedKeyframeRequests = coalesced
-            s.cpuSeconds = Double(conversionCpuNs + encoderCpuNs) / 1e9
+            s.capturedFrames = c.captured
+            s.skippedFrames = c.skipped
+            s.droppedFrames = c.dropped
+            s.correctedTimestamps = c.corrected
+            s.coalescedKeyframeRequests = c.coalesced
+            s.cpuSeconds = Double(c.conversionCpuNs + c.encoderCpuNs) / 1e9
             return s
         }
     }

@@ -1,4 +1,5 @@
 import Foundation
+import KraklBase
 import Glibc
 import KraklRTC
 
@@ -39,15 +40,14 @@ public enum HostNameResolver {
     }
 
     /// One name's lookup on its thread; the result is kept under a lock for whoever waits.
-    private final class Lookup: @unchecked Sendable {
+    private final class Lookup: Sendable {
         private let done = DispatchSemaphore(value: 0)
-        private let lock = NSLock()
-        private var result: Result<[IPAddress], Failure>?
+        private let result = Guarded<Result<[IPAddress], Failure>?>(nil)
 
         init(name: String) {
             let thread = Thread { [self] in
                 let answer = HostNameResolver.lookUp(name)
-                lock.withLock { result = answer }
+                result.withLock { $0 = answer }
                 done.signal()
             }
             thread.name = "krakl-resolve"
@@ -56,7 +56,7 @@ public enum HostNameResolver {
 
         func wait(until deadline: DispatchTime) -> Result<[IPAddress], Failure>? {
             guard done.wait(timeout: deadline) == .success else { return nil }
-            return lock.withLock { result }
+            return result.withLock { $0 }
         }
     }
 

@@ -165,9 +165,9 @@ public final class MediaPath: FrameSink, @unchecked Sendable {
 
 /// One encoder's output to several sinks, in order (the room's publisher first). A sink that
 /// fails does not keep the frame from the others; the first failure is passed on.
-final class EncodedFrameTee: EncodedFrameSink, @unchecked Sendable {
-    let sinks: [any EncodedFrameSink]
-    init(_ sinks: [any EncodedFrameSink]) { self.sinks = sinks }
+final class EncodedFrameTee: EncodedFrameSink, Sendable {
+    let sinks: [any EncodedFrameSink & Sendable]
+    init(_ sinks: [any EncodedFrameSink & Sendable]) { self.sinks = sinks }
 
     func write(_ frame: EncodedFrame) throws(EncoderError) {
         var failure: EncoderError?

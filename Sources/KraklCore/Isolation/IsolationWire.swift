@@ -153,7 +153,7 @@ public struct WireReader {
 }
 
 /// One end of the socketpair.
-public struct WireSocket: @unchecked Sendable {
+public struct WireSocket: Sendable {
     public let fd: Int32
 
     public init(fd: Int32) { self.fd = fd }

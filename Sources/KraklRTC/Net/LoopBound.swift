@@ -1,7 +1,9 @@
 /// A value that belongs to one `EventLoop`'s thread: every read and write checks that it happens on
 /// that thread and traps otherwise (as swift-nio's `NIOLoopBound` does), so "loop thread only" is
 /// a check instead of a comment. Sendable because only the loop's thread can reach the value; the
-/// box is a class so that the owner may keep it in a `let`.
+/// box is a class so that the owner may keep it in a `let`. Its fields read as the owner's own:
+/// `state.quitting = true` (dynamic member lookup, each access checked).
+@dynamicMemberLookup
 public final class LoopBound<Value>: @unchecked Sendable {
     public let loop: EventLoop
     private var _value: Value
@@ -21,6 +23,18 @@ public final class LoopBound<Value>: @unchecked Sendable {
         _modify {
             loop.preconditionInLoop()
             yield &_value
+        }
+    }
+
+    /// A field of the value, on the loop's thread only.
+    public subscript<Field>(dynamicMember field: WritableKeyPath<Value, Field>) -> Field {
+        get {
+            loop.preconditionInLoop()
+            return _value[keyPath: field]
+        }
+        _modify {
+            loop.preconditionInLoop()
+            yield &_value[keyPath: field]
         }
     }
 }

@@ -380,11 +380,12 @@ public final class Publisher: @unchecked Sendable {
             currentOffer.icePwd = credentials.pwd
             currentOffer.sessionVersion += 1
         }
-        let result = RestartResult()
+        let result = Guarded<[IceCandidate]?>(nil)
         let work = { [self] in
             guard !transport.finished else { return }
             transport.restartIce(local: credentials, remote: remote, candidates: candidates, now: MonotonicClock.nanoseconds())
-            result.candidates = transport.ice.localCandidates
+            let candidates = transport.ice.localCandidates
+            result.withLock { $0 = candidates }
         }
         if loop.isLoopThread {
             work()
@@ -393,12 +394,9 @@ public final class Publisher: @unchecked Sendable {
             loop.post { work(); done.signal() }
             guard done.wait(timeout: .now() + 2) == .success else { return nil }
         }
-        guard let candidates = result.candidates else { return nil }
+        guard let candidates = result.withLock({ $0 }) else { return nil }
         return (credentials, candidates)
     }
-
-    /// Carries the network thread's answer back to `restartIce(remote:candidates:)`'s caller (after a semaphore).
-    private final class RestartResult: @unchecked Sendable { var candidates: [IceCandidate]? }
 
     /// Sends RTCP BYE and DTLS close_notify, closes the sockets and stops the network thread (only
     /// when it is the publisher's own; a shared loop keeps running).

@@ -41,19 +41,14 @@ public struct OutgoingVideoFrame: Sendable {
 }
 
 /// The publisher's numbers behind a lock: written on the network thread, read from any.
-public final class RtcStatsCell: @unchecked Sendable {
-    private let lock = NSLock()
-    private var value = RtcStats()
+public final class RtcStatsCell: Sendable {
+    private let value = Guarded(RtcStats())
 
     public init() {}
 
-    public var snapshot: RtcStats { lock.lock(); defer { lock.unlock() }; return value }
+    public var snapshot: RtcStats { value.withLock { $0 } }
 
-    public func update(_ change: (inout RtcStats) -> Void) {
-        lock.lock()
-        change(&value)
-        lock.unlock()
-    }
+    public func update(_ change: (inout RtcStats) -> Void) { value.withLock { change(&$0) } }
 }
 
 /// One video stream's sending rules, without sockets or a clock: packetizing, the RTP history for

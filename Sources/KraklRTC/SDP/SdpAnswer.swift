@@ -18,10 +18,32 @@ public enum SdpError: Error, Equatable, CustomStringConvertible {
     case noUsableVideo(String)
     case offerNotAnswerable(String)
 
-    public var description: String {
+    /// One printable line: the peer's text quoted in these messages (a line, a value, a candidate)
+    /// may hold control characters, shown escaped (`\n`, `\x01`) so the message stays one log line.
+    public var description: String { Self.printable(words) }
+
+    /// At most `limit` characters of the peer's text, escaped first (so the cut is of what is shown).
+    static func excerpt(_ text: some StringProtocol, _ limit: Int) -> String { String(printable(String(text.prefix(limit * 4))).prefix(limit)) }
+
+    static func printable(_ text: String) -> String {
+        var line = ""
+        for scalar in text.unicodeScalars {
+            switch scalar {
+            case "\n": line += "\\n"
+            case "\r": line += "\\r"
+            case "\t": line += "\\t"
+            case _ where scalar.value < 0x20 || scalar.value == 0x7F || (0x80..<0xA0).contains(scalar.value):
+                line += (scalar.value < 0x10 ? "\\x0" : "\\x") + String(scalar.value, radix: 16, uppercase: true)
+            default: line.unicodeScalars.append(scalar)
+            }
+        }
+        return line
+    }
+
+    private var words: String {
         switch self {
         case .malformedLine(let n, let text, let reason):
-            return "SDP answer line \(n) \"\(text.prefix(80))\" is malformed: \(reason)"
+            return "SDP answer line \(n) \"\(Self.excerpt(text, 80))\" is malformed: \(reason)"
         case .noVideoSection:
             return "SDP answer has no m=video section: the peer did not answer our video offer"
         case .videoRejected:
@@ -41,7 +63,7 @@ public enum SdpError: Error, Equatable, CustomStringConvertible {
         case .notReceiving(let direction):
             return "SDP answer says a=\(direction.rawValue) for our send-only video: the peer will not receive it"
         case .badCandidate(let line, let why):
-            return "SDP candidate \"\(line.prefix(100))\" is malformed: \(why)"
+            return "SDP candidate \"\(Self.excerpt(line, 100))\" is malformed: \(why)"
         case .noUsableVideo(let why):
             return "SDP offer has no video we can send: \(why)"
         case .offerNotAnswerable(let why):

@@ -76,19 +76,24 @@ public final class WebSocket: @unchecked Sendable {
     }
 
     /// A cancellable connect: `cancel()` from another thread ends it at once (a leave while joining).
-    public final class Attempt: @unchecked Sendable {
-        private let lock = NSLock()
-        private var connection: HTTPConnection?
-        private var cancelled = false
+    public final class Attempt: Sendable {
+        private struct State {
+            var connection: HTTPConnection?
+            var cancelled = false
+        }
+        private let state = Guarded(State())
         public init() {}
         func attach(_ connection: HTTPConnection) -> Bool {
-            lock.withLock { () -> Bool in
-                self.connection = connection
-                return !cancelled
+            state.withLock { state -> Bool in
+                state.connection = connection
+                return !state.cancelled
             }
         }
         public func cancel() {
-            let connection = lock.withLock { () -> HTTPConnection? in cancelled = true; return self.connection }
+            let connection = state.withLock { state -> HTTPConnection? in
+                state.cancelled = true
+                return state.connection
+            }
             connection?.cancel()
         }
     }

@@ -142,6 +142,9 @@ import Testing
             "", "v=0", "v=1\r\n", "garbage", String(repeating: "a", count: 100_000),
             "v=0\r\nm=video / UDP/TLS/RTP/SAVPF 96\r\n", "v=0\r\nm=video 99999999 UDP/TLS/RTP/SAVPF 96\r\n",
             "v=0\r\nm=\r\n", "v=0\r\nm=video 9\r\n", "v=0\r\n=\r\n", "v=0\r\na=\r\n",
+            // A bare line feed or other control bytes inside a line: quoted escaped, still one line
+            // (a random mutation found it: "S=0\no=- …" was echoed with its line break).
+            "S=0\no=- 1 2 IN IP4 127.0.0.1\r\n", "v=0\r\nx=\u{1}\u{7F}\u{85}\t\r\n",
             base.replacingOccurrences(of: "a=mid:1", with: "a=mid:has space"),
             base.replacingOccurrences(of: "a=mid:1", with: "a=mid:" + String(repeating: "x", count: 200)),
             base.replacingOccurrences(of: "a=mid:2", with: "a=mid:1"),
