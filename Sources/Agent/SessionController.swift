@@ -212,7 +212,10 @@ final class SessionController: Sendable {
         result.stateSeconds = Self.tenths(MonotonicClock.milliseconds() - onLoop.stateSince)
         guard let session = onLoop.session else { return result }
         let now = session.status(window: false)
-        result.state = now.state.name
+        // A session that reached idle on its own loop is still leaving here until its end is
+        // posted (`sessionEnded`): "idle" now would carry the previous session's end, and `watch`
+        // printed "last session: You stopped sharing." just before a room's own end.
+        result.state = now.state == .idle ? "leaving" : now.state.name
         result.room = now.room
         result.identity = now.identity
         result.service = now.service

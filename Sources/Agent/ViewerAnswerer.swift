@@ -75,11 +75,10 @@ final class RtcViewerAnswerer: ViewerPeerFactory, VideoFeed, Sendable {
 }
 
 /// One viewer: its answering publisher, taken out of the fan-out when it ends either way.
-final class RtcViewerPeer: ViewerPeer, @unchecked Sendable {
+final class RtcViewerPeer: ViewerPeer, Sendable {
     let publisher: Publisher
-    private weak var fanout: VideoFanout?
-    private let lock = NSLock()
-    private var closedHandler: ((String) -> Void)?
+    private weak let fanout: VideoFanout?
+    private let closedHandler = Guarded<(@Sendable (String) -> Void)?>(nil)
 
     init(_ publisher: Publisher, fanout: VideoFanout) {
         self.publisher = publisher
@@ -87,7 +86,7 @@ final class RtcViewerPeer: ViewerPeer, @unchecked Sendable {
         publisher.onClosed = { [weak self] reason in
             guard let self else { return }
             self.fanout?.remove(self.publisher)
-            self.lock.withLock { self.closedHandler }?(reason)
+            self.closedHandler.withLock { $0 }?(reason)
         }
     }
 
@@ -128,9 +127,9 @@ final class RtcViewerPeer: ViewerPeer, @unchecked Sendable {
         publisher.close()
     }
 
-    var onClosed: ((String) -> Void)? {
-        get { lock.withLock { closedHandler } }
-        set { lock.withLock { closedHandler = newValue } }
+    var onClosed: (@Sendable (String) -> Void)? {
+        get { closedHandler.withLock { $0 } }
+        set { closedHandler.withLock { $0 = newValue } }
     }
 
     var stats: ViewerPeerStats {

@@ -2,6 +2,7 @@ import BackendKit
 import CPipeWire
 import Glibc
 import KraklBackendABI
+import Synchronization
 
 /// One PipeWire capture source. create() (this init) goes through the
 /// ScreenCast portal (or, with option `node`, straight to a node on the
@@ -50,7 +51,10 @@ final class PipeWireSource: CaptureSource {
     private(set) var nodes: [PipeWireNode] = []
     private var coreFailure: String?
 
-    // Loop thread state (read or written by the control thread only with the loop locked).
+    // Loop thread state: read or written on PipeWire's loop thread (its callbacks), or by the control
+    // thread holding the loop's lock; each entry point checks which (`checkLoopState`).
+    /// The control thread holding the loop's lock through `lockLoop` (0: none).
+    private let lockHolder = Atomic<UInt>(0)
     private var delivering = false
     private var ended = false
     private var endReported = false
@@ -149,8 +153,8 @@ final class PipeWireSource: CaptureSource {
             if portalFD >= 0 { close(portalFD) }
             throw BackendError(-EAGAIN, "could not start the PipeWire thread")
         }
-        pw_thread_loop_lock(threadLoop)
-        defer { pw_thread_loop_unlock(threadLoop) }
+        lockLoop()
+        defer { unlockLoop() }
         try connect(portalFD: portalFD)
         try listNodes(timeout: min(timeout, 10))
         if listOnly { return }
@@ -386,10 +390,33 @@ final class PipeWireSource: CaptureSource {
 
     // MARK: control thread: start/stop/destroy
 
+    /// Takes the loop's lock on the control thread (callbacks run with it held: none runs meanwhile).
+    private func lockLoop() {
+        guard let threadLoop else { return }
+        pw_thread_loop_lock(threadLoop)
+        lockHolder.store(UInt(pthread_self()), ordering: .relaxed)
+    }
+
+    private func unlockLoop() {
+        guard let threadLoop else { return }
+        lockHolder.store(0, ordering: .relaxed)
+        pw_thread_loop_unlock(threadLoop)
+    }
+
+    /// Traps unless this is PipeWire's loop thread or the control thread holding the loop's lock:
+    /// where the loop state may be touched.
+    @inline(__always)
+    private func checkLoopState() {
+        guard let threadLoop else { return }
+        precondition(pw_thread_loop_in_thread(threadLoop) || lockHolder.load(ordering: .relaxed) == UInt(pthread_self()),
+                     "PipeWire loop state touched off its thread without the loop's lock")
+    }
+
     func start() throws(BackendError) {
         guard let threadLoop else { throw BackendError(-EINVAL, "the pipewire source was not created") }
-        pw_thread_loop_lock(threadLoop)
-        defer { pw_thread_loop_unlock(threadLoop) }
+        lockLoop()
+        defer { unlockLoop() }
+        checkLoopState()
         guard !delivering else { throw BackendError(-EBUSY, "the pipewire source is already started") }
         delivering = true
         endReported = false
@@ -401,14 +428,16 @@ final class PipeWireSource: CaptureSource {
     func stop() {
         guard let threadLoop else { return }
         // Callbacks run with the loop locked: once we hold it, none is running.
-        pw_thread_loop_lock(threadLoop)
+        lockLoop()
+        checkLoopState()
         delivering = false
-        pw_thread_loop_unlock(threadLoop)
+        unlockLoop()
     }
 
     private func teardown() {
         if let threadLoop {
-            pw_thread_loop_lock(threadLoop)
+            lockLoop()
+            checkLoopState()
             tearingDown = true
             delivering = false
             if let busSource { krakl_pw_loop_destroy_source(loop, busSource) }
@@ -421,7 +450,7 @@ final class PipeWireSource: CaptureSource {
             registry = nil
             if let core { pw_core_disconnect(core) }
             core = nil
-            pw_thread_loop_unlock(threadLoop)
+            unlockLoop()
             pw_thread_loop_stop(threadLoop)
         }
         if let context { pw_context_destroy(context) }
@@ -457,6 +486,7 @@ final class PipeWireSource: CaptureSource {
 
     /// start() asked for the current picture (or bus messages are waiting).
     private func kicked() {
+        checkLoopState()
         portal?.processPending()
         if ended { end(endMessage); return }
         if camera != nil { deliverCamera(); return }
@@ -497,6 +527,7 @@ final class PipeWireSource: CaptureSource {
     }
 
     private func stateChanged(_ state: pw_stream_state, _ error: String?) {
+        checkLoopState()
         guard !tearingDown else { return }
         switch state {
         case PW_STREAM_STATE_STREAMING:
@@ -511,6 +542,7 @@ final class PipeWireSource: CaptureSource {
     }
 
     private func paramChanged(_ id: UInt32, _ param: UnsafePointer<spa_pod>?) {
+        checkLoopState()
         guard id == SPA_PARAM_Format.rawValue, let param, let stream else { return }
         var format: UInt32 = 0, width: UInt32 = 0, height: UInt32 = 0
         guard krakl_pw_parse_format(param, &format, &width, &height) == 0 else { return }
@@ -570,6 +602,7 @@ final class PipeWireSource: CaptureSource {
     }
 
     private func process() {
+        checkLoopState()
         guard let stream, !tearingDown else { return }
         var newest: UnsafeMutablePointer<pw_buffer>?
         while let next = pw_stream_dequeue_buffer(stream) {

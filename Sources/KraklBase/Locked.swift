@@ -58,3 +58,36 @@ public final class Guarded<Value> {
 }
 
 extension Guarded: @unchecked Sendable where Value: Sendable {}
+
+/// A value one thread owns from the moment it claims it (`claim()`, first thing on that thread):
+/// every read and write then checks that it happens there and traps otherwise, so "that thread
+/// only" is a check instead of a comment (`LoopBound` is the same for an EventLoop's thread).
+/// Before the claim the creating thread may set it up.
+public final class ThreadConfined<Value> {
+    private var owner: pthread_t?
+    private var _value: Value
+
+    public init(_ value: Value) { _value = value }
+
+    /// The calling thread owns the value from now on.
+    public func claim() {
+        precondition(owner == nil, "a thread-confined value was claimed twice")
+        owner = pthread_self()
+    }
+
+    public var value: Value {
+        get {
+            check()
+            return _value
+        }
+        _modify {
+            check()
+            yield &_value
+        }
+    }
+
+    @inline(__always)
+    private func check() {
+        if let owner { precondition(pthread_equal(owner, pthread_self()) != 0, "touched off the thread that owns it") }
+    }
+}

@@ -219,7 +219,7 @@ public func parseOptionAssignment(_ text: String) throws(HostError) -> (key: Str
 /// command line's `--option`s applied, whether it runs isolated, and (in the agent's
 /// process only) its loaded library. The one way the agent's commands, the sharing
 /// session and the probe pick a backend and make its source.
-public struct BackendSelection: @unchecked Sendable {
+public struct BackendSelection: Sendable {
     public let entry: BackendEntry
     public let options: JSONObject
     /// The backend runs in a child process (krakl-backend-host); the agent never loads it.

@@ -167,8 +167,9 @@ public final class SharingSession: @unchecked Sendable {
         set { control.value.pathWatch = newValue }
     }
 
-    // Owned parts; touched only on the work queue (created, used, torn down there), read for
-    // status under `lock`.
+    // Owned parts: made and used by the steps on the work queue (each checks it runs there), torn
+    // down by the leave (on the work queue, or beside a create() that holds it), read for status;
+    // every access under `lock`.
     private let lock = NSLock()
     private var source: (any CaptureSource)?
     private var selection: BackendSelection?
@@ -373,6 +374,7 @@ public final class SharingSession: @unchecked Sendable {
 
     /// Loads the backend and creates its source: where the person may be asked for permission.
     private func prepareSource() {
+        dispatchPrecondition(condition: .onQueue(work))
         // From here until the source exists (or failed), a leave does not queue behind this step.
         guard lock.withLock({ () -> Bool in makingSource = !leaveBegun; return makingSource }) else { return }
         let made: Result<(BackendSelection, MediaPath, any CaptureSource), HostError>
@@ -408,6 +410,7 @@ public final class SharingSession: @unchecked Sendable {
 
     /// Offer → room server → answer; the connect time-out starts with the answer.
     private func join(attempt: Int) {
+        dispatchPrecondition(condition: .onQueue(work))
         // On the work queue, never the control loop: a slow resolver holds this join only.
         var publisherConfiguration = configuration.publisher
         let servers = ResolvedIceServers.resolve(configuration.iceServers, timeout: configuration.resolveTimeout)
@@ -558,6 +561,7 @@ public final class SharingSession: @unchecked Sendable {
     static let roomWordsGrace = 0.3
 
     private func startMedia() {
+        dispatchPrecondition(condition: .onQueue(work))
         let (source, path) = lock.withLock { (self.source, self.path) }
         path?.start()
         do throws(HostError) {
@@ -568,6 +572,7 @@ public final class SharingSession: @unchecked Sendable {
     }
 
     private func restartIce() {
+        dispatchPrecondition(condition: .onQueue(work))
         guard let publisher = lock.withLock({ self.publisher }) else { return }
         let offer = publisher.restartIce()
         let answer: String

@@ -24,7 +24,7 @@ public protocol ViewerPeer: AnyObject {
     /// Ends the peer (DTLS close_notify); `onClosed` is not called for a close asked for here.
     func close()
     /// The peer ended by itself (consent expired, DTLS closed, failed); any thread, once.
-    var onClosed: ((String) -> Void)? { get set }
+    var onClosed: (@Sendable (String) -> Void)? { get set }
     /// For status lines and `GET /status`.
     var stats: ViewerPeerStats { get }
 }

@@ -2,7 +2,7 @@
 /// the WHEP endpoint behind it, and the access token when one is needed.
 /// The agent makes one per sharing run and gives it the peer factory; that
 /// is the only place the WebRTC side is plugged in.
-public final class ViewerServer: @unchecked Sendable {
+public final class ViewerServer: Sendable {
     public let endpoint: WhepEndpoint
     public let http: HTTPServer
     /// nil: loopback without `--viewer-token`; no token is asked for.

@@ -32,11 +32,13 @@ public enum ChildEnd: Equatable, Sendable {
 }
 
 /// krakl-backend-host, spawned for one source: its pid, reaped exactly once.
-final class BackendHostProcess: @unchecked Sendable {
+final class BackendHostProcess: Sendable {
     let pid: pid_t
-    private let lock = NSLock()
-    private var ended: ChildEnd?
-    private var killedFor: ChildEnd?
+    private struct Fate {
+        var ended: ChildEnd?
+        var killedFor: ChildEnd?
+    }
+    private let fate = Guarded(Fate())
 
     /// Where the helper is: $KRAKL_BACKEND_HOST, else an installed agent's
     /// PREFIX/lib/krakl-agent/krakl-backend-host (not in PREFIX/bin: it is no command for people),
@@ -77,9 +79,9 @@ final class BackendHostProcess: @unchecked Sendable {
 
     /// SIGKILL, remembering why (the reason wins over the signal when it is reaped).
     func kill(because reason: ChildEnd) {
-        lock.withLock {
-            guard ended == nil else { return }
-            if killedFor == nil { killedFor = reason }
+        fate.withLock { fate in
+            guard fate.ended == nil else { return }
+            if fate.killedFor == nil { fate.killedFor = reason }
             _ = Glibc.kill(pid, SIGKILL)
         }
     }
@@ -88,7 +90,7 @@ final class BackendHostProcess: @unchecked Sendable {
     /// so it is on its way out), then kills it. Returns how it ended; idempotent.
     @discardableResult
     func reap(grace: Double) -> ChildEnd {
-        if let ended = lock.withLock({ ended }) { return ended }
+        if let ended = fate.withLock({ $0.ended }) { return ended }
         var status: Int32 = 0
         let deadline = MonotonicClock.nanoseconds() + UInt64(grace * 1e9)
         var result = waitpid(pid, &status, WNOHANG)
@@ -104,14 +106,14 @@ final class BackendHostProcess: @unchecked Sendable {
                 if result >= 0 || errno != EINTR { break }
             }
         }
-        return lock.withLock {
-            if let ended { return ended }
+        return fate.withLock { fate in
+            if let ended = fate.ended { return ended }
             let end: ChildEnd
-            if let killedFor { end = killedFor }
+            if let killedFor = fate.killedFor { end = killedFor }
             else if result < 0 { end = .exited(-1) }
             else if status & 0x7F == 0 { end = .exited((status >> 8) & 0xFF) }
             else { end = .signalled(status & 0x7F) }
-            ended = end
+            fate.ended = end
             return end
         }
     }

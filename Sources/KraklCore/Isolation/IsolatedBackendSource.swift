@@ -88,8 +88,8 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
     private var delivering = false
 
     private var reader: pthread_t?
-    // The ring as mapped here: touched by the reader thread only.
-    private var ring: (generation: UInt32, base: UnsafeMutableRawPointer, size: Int, slots: Int, slotSize: Int)?
+    /// The ring as mapped here: the reader thread's (claimed as it starts; other threads trap).
+    private let mapped = ThreadConfined<(generation: UInt32, base: UnsafeMutableRawPointer, size: Int, slots: Int, slotSize: Int)?>(nil)
     private let frame = UnsafeMutablePointer<krakl_frame>.allocate(capacity: 1)
     private let rects = UnsafeMutablePointer<krakl_rect>.allocate(capacity: WireLimits.maximumRects)
     private let cursor = UnsafeMutablePointer<krakl_cursor>.allocate(capacity: 1)
@@ -338,6 +338,7 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
     // MARK: - The reader thread
 
     private func readLoop() {
+        mapped.claim()
         Thread.current.name = "krakl-isolated"
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: WireLimits.maximumChildMessage + 64, alignment: 8)
         defer { buffer.deallocate() }
@@ -443,8 +444,8 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
         guard (2...WireLimits.maximumSlots).contains(slots), slotSize > 0, slotSize % 4096 == 0, slotSize <= UInt64(largest) else {
             throw WireError("a ring of \(slots) slots of \(slotSize) bytes")
         }
-        guard ring.map({ generation &- $0.generation < 1 << 31 && generation != $0.generation }) ?? true else {
-            throw WireError("ring generation \(generation) after \(ring!.generation)")
+        guard mapped.value.map({ generation &- $0.generation < 1 << 31 && generation != $0.generation }) ?? true else {
+            throw WireError("ring generation \(generation) after \(mapped.value!.generation)")
         }
         let size = Int(slots) * Int(slotSize)
         var info = stat()
@@ -457,18 +458,18 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
             throw WireError("a ring that cannot be mapped: \(String(cString: strerror(errno)))")
         }
         unmapRing()
-        ring = (generation, base, size, Int(slots), Int(slotSize))
+        mapped.value = (generation, base, size, Int(slots), Int(slotSize))
     }
 
     private func unmapRing() {
-        if let ring { munmap(ring.base, ring.size) }
-        ring = nil
+        if let ring = mapped.value { munmap(ring.base, ring.size) }
+        mapped.value = nil
     }
 
     /// Checks every field against the mapping, builds the krakl_frame in this process's memory
     /// (pointers into the mapping), hands it to the sink, and releases the slot.
     private func deliverFrame(_ m: FrameMessage) throws(WireError) {
-        guard let ring, m.generation == ring.generation else { throw WireError("a frame for ring generation \(m.generation)") }
+        guard let ring = mapped.value, m.generation == ring.generation else { throw WireError("a frame for ring generation \(m.generation)") }
         guard Int(m.slot) < ring.slots else { throw WireError("a frame in slot \(m.slot) of \(ring.slots)") }
         let width = Int(m.width), height = Int(m.height)
         guard (1...FrameCheck.maximumSide).contains(width), (1...FrameCheck.maximumSide).contains(height),

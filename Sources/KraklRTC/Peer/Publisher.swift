@@ -124,15 +124,18 @@ public final class Publisher: @unchecked Sendable {
     private var frameQueueOverflowed = false
     private var negotiated: SdpAnswer?
 
-    // Network thread only: set and read in work posted to `loop` (shutDown checks it).
-    private var stream: VideoSendStream?
-    private var media = false
-    /// What was encoded before the transport connected, sent first when it does.
-    private var early = EarlyFrames()
-    /// The transport ended: frames from now on go nowhere.
-    private var mediaEnded = false
-    /// Called once gathering has ended, on the network thread: `whenGatheringEnds`.
-    private var gatheringWaiters: [@Sendable () -> Void] = []
+    /// The network thread's: set and read in work posted to `loop`, checked there (`LoopBound`).
+    private struct NetworkState {
+        var stream: VideoSendStream?
+        var media = false
+        /// What was encoded before the transport connected, sent first when it does.
+        var early = EarlyFrames()
+        /// The transport ended: frames from now on go nowhere.
+        var mediaEnded = false
+        /// Called once gathering has ended, on the network thread: `whenGatheringEnds`.
+        var gatheringWaiters: [@Sendable () -> Void] = []
+    }
+    private let net: LoopBound<NetworkState>
 
     /// Sockets, certificate, SSRCs and the loop; no network activity yet.
     private init(role: PeerRole, configuration: PublisherConfiguration, loop: EventLoop?) throws {
@@ -145,6 +148,7 @@ public final class Publisher: @unchecked Sendable {
             self.loop = try EventLoop(name: "krakl-rtc")
             ownsLoop = true
         }
+        net = LoopBound(NetworkState(), loop: self.loop)
         transport = try PeerTransport(role: role, configuration: configuration, loop: self.loop, stats: statistics)
         certificate = transport.certificate
         var random = SystemRandomNumberGenerator()
@@ -224,7 +228,7 @@ public final class Publisher: @unchecked Sendable {
         loop.post { [self] in
             transport.start()
             if let remote {
-                stream = makeStream(VideoSendParameters(codec: remote.codec, payloadType: remote.payloadType,
+                net.stream = makeStream(VideoSendParameters(codec: remote.codec, payloadType: remote.payloadType,
                                                         rtxPayloadType: remote.rtxPayloadType, extensions: remote.extensions, mid: remote.mid))
                 // Our setup answers theirs: passive (the usual answer to actpass) makes us the DTLS server.
                 let dtlsRole: DtlsRole = SdpVideoAnswer.setup(answering: remote.setup) == .active ? .client : .server
@@ -261,7 +265,7 @@ public final class Publisher: @unchecked Sendable {
 
     private func makeStream(_ parameters: VideoSendParameters) -> VideoSendStream {
         let stream = VideoSendStream(configuration: configuration.video, parameters: parameters, ssrc: ssrc, rtxSSRC: rtxSSRC, cname: cname,
-                                     stats: statistics)
+                                     stats: statistics, confinedTo: loop)
         stream.onKeyframeRequest = { [unowned self] in onKeyframeRequest?() }
         stream.onBitrate = { [unowned self] in onBitrate?($0) }
         return stream
@@ -295,7 +299,7 @@ public final class Publisher: @unchecked Sendable {
             }
         }
         loop.post { [self] in
-            if first { stream = makeStream(VideoSendParameters(answer: answer, offerMid: offerMid)) }
+            if first { net.stream = makeStream(VideoSendParameters(answer: answer, offerMid: offerMid)) }
             transport.setRemote(credentials: IceCredentials(ufrag: answer.iceUfrag, pwd: answer.icePwd), candidates: answer.candidates,
                                 connectionAddress: answer.connectionAddress, port: answer.port, fingerprint: answer.fingerprint,
                                 dtlsRole: answer.setup == .active ? .server : .client, first: first, now: now)
@@ -319,7 +323,7 @@ public final class Publisher: @unchecked Sendable {
     /// after `addStunServers`/`addTurnServers`, so their gathering counts.
     public func whenGatheringEnds(_ handler: @escaping @Sendable () -> Void) {
         loop.post { [self] in
-            gatheringWaiters.append(handler)
+            net.gatheringWaiters.append(handler)
             transport.service()
         }
     }
@@ -448,12 +452,12 @@ public final class Publisher: @unchecked Sendable {
     /// Network thread: says goodbye to the peer and lets go of the sockets.
     private func shutDown() {
         loop.preconditionInLoop()
-        transport.shutDown(bye: stream?.bye)
-        media = false
-        mediaEnded = true
-        stream?.stop()
+        transport.shutDown(bye: net.stream?.bye)
+        net.media = false
+        net.mediaEnded = true
+        net.stream?.stop()
         _ = takeQueuedFrames()
-        early.clear()
+        net.early.clear()
         updateStats { if $0.state == "connected" || $0.state == "checking" || $0.state == "new" { $0.state = "closed" } }
     }
 
@@ -491,7 +495,7 @@ public final class Publisher: @unchecked Sendable {
 
     /// Before the transport is up, frames go to `early`; what it gives up counts as dropped.
     private func keepEarly(_ taken: [OutgoingVideoFrame]) {
-        let discarded = early.add(taken)
+        let discarded = net.early.add(taken)
         if discarded > 0 { updateStats { $0.framesDropped += discarded } }
     }
 
@@ -502,8 +506,8 @@ public final class Publisher: @unchecked Sendable {
         frameQueueOverflowed = false
         stateLock.unlock()
         let taken = takeQueuedFrames()
-        guard media, let stream else {
-            if !mediaEnded { keepEarly(taken) } else if !taken.isEmpty { updateStats { $0.framesDropped += taken.count } }
+        guard net.media, let stream = net.stream else {
+            if !net.mediaEnded { keepEarly(taken) } else if !taken.isEmpty { updateStats { $0.framesDropped += taken.count } }
             return
         }
         stream.enqueue(taken, queueOverflowed: overflowed, now: now)
@@ -513,35 +517,35 @@ public final class Publisher: @unchecked Sendable {
 
 extension Publisher: PeerTransportDelegate {
     func transportService(now: UInt64) {
-        if !gatheringWaiters.isEmpty, !transport.ice.isGathering {
-            let waiters = gatheringWaiters
-            gatheringWaiters.removeAll()
+        if !net.gatheringWaiters.isEmpty, !transport.ice.isGathering {
+            let waiters = net.gatheringWaiters
+            net.gatheringWaiters.removeAll()
             for waiter in waiters { waiter() }
         }
-        stream?.poll(now: now, pathReady: transport.pathReady, clock: MonotonicClock.nanoseconds, unixNanoseconds: Publisher.unixNanoseconds,
+        net.stream?.poll(now: now, pathReady: transport.pathReady, clock: MonotonicClock.nanoseconds, unixNanoseconds: Publisher.unixNanoseconds,
                      transmit: { [transport] plain, rtcp in transport.transmit(plain, rtcp: rtcp) })
     }
 
-    func transportNextDeadline(now: UInt64) -> UInt64? { stream?.nextDeadline(now: now) }
+    func transportNextDeadline(now: UInt64) -> UInt64? { net.stream?.nextDeadline(now: now) }
 
     func transportConnected(milliseconds: Double) {
-        media = true
+        net.media = true
         emit(.connected(milliseconds: milliseconds))
         // A chain encoded while connecting (from its keyframe on) goes first; without one, the
         // receiver needs a keyframe and the stream asks the encoder for it.
         keepEarly(takeQueuedFrames())
         let now = MonotonicClock.nanoseconds()
-        let (chain, stale) = early.take(now: now)
+        let (chain, stale) = net.early.take(now: now)
         if stale > 0 { updateStats { $0.framesDropped += stale } }
-        stream?.start(now: now, keyframeReady: !chain.isEmpty)
+        net.stream?.start(now: now, keyframeReady: !chain.isEmpty)
         if !chain.isEmpty {
             updateStats { $0.earlyFramesSent += chain.count }
-            stream?.enqueue(chain, queueOverflowed: false, now: now)
+            net.stream?.enqueue(chain, queueOverflowed: false, now: now)
         }
     }
 
     func transportReceivedRtcp(_ plain: [UInt8], now: UInt64) {
-        guard let stream else { return }
+        guard let stream = net.stream else { return }
         if let bye = stream.handleRtcp(plain, now: now, unixNanoseconds: Publisher.unixNanoseconds) {
             transport.end(.remoteBye(reason: bye.reason), state: "closed")
             return
@@ -550,10 +554,10 @@ extension Publisher: PeerTransportDelegate {
     }
 
     func transportEnded(_ event: PublisherEvent) {
-        media = false
-        mediaEnded = true
-        early.clear()
-        stream?.stop()
+        net.media = false
+        net.mediaEnded = true
+        net.early.clear()
+        net.stream?.stop()
         emit(event)
         let reason: String
         switch event {

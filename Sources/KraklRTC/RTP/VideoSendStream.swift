@@ -55,7 +55,8 @@ public final class RtcStatsCell: Sendable {
 /// retransmissions, the pacer, loss protection, RTCP feedback (NACK, PLI/FIR, REMB, transport-wide-cc,
 /// receiver reports, BYE), sender reports and the bandwidth estimate. The owner (`Publisher`, over a
 /// `PeerTransport`) passes the time into every call and sends what `pump` hands it; tests drive it the
-/// same way with a made-up clock. Network thread only (one thread at a time).
+/// same way with a made-up clock. Network thread only: given its loop (`confinedTo`), every call
+/// checks that it runs there (tests drive it from one thread without a loop).
 ///
 /// Split out of the publisher so that these rules can be tested without a network and so that one
 /// encoder can feed several peers: each peer has its own stream (sequence numbers, history, estimate).
@@ -100,9 +101,12 @@ public final class VideoSendStream {
     private var mediaPacketCount: UInt32 = 0
     private var mediaOctetCount: UInt32 = 0
     private var roundTripMilliseconds: Double?
+    /// The network loop whose thread alone may call in (nil: the caller keeps to one thread).
+    private let loop: EventLoop?
 
     public init(configuration: VideoSendConfiguration, parameters: VideoSendParameters, ssrc: UInt32, rtxSSRC: UInt32, cname: String,
-                stats: RtcStatsCell = RtcStatsCell()) {
+                stats: RtcStatsCell = RtcStatsCell(), confinedTo loop: EventLoop? = nil) {
+        self.loop = loop
         self.configuration = configuration
         self.parameters = parameters
         self.ssrc = ssrc
@@ -134,6 +138,7 @@ public final class VideoSendStream {
     /// and, unless a keyframe encoded while connecting is about to be enqueued (`keyframeReady`), asked
     /// for a keyframe: the receiver has nothing to decode from.
     public func start(now: UInt64, keyframeReady: Bool = false) {
+        loop?.preconditionInLoop()
         media = true
         nextSenderReportAt = now + configuration.senderReportInterval.inNanoseconds / 2
         reportBitrate(force: true, now: now)
@@ -141,7 +146,10 @@ public final class VideoSendStream {
     }
 
     /// No more media (the peer ended the session, or it failed).
-    public func stop() { media = false }
+    public func stop() {
+        loop?.preconditionInLoop()
+        media = false
+    }
 
     // MARK: Frames
 
@@ -149,6 +157,7 @@ public final class VideoSendStream {
     /// here, so the receiver needs a keyframe. Returns false (and does nothing) before `start`.
     @discardableResult
     public func enqueue(_ frames: [OutgoingVideoFrame], queueOverflowed: Bool, now: UInt64) -> Bool {
+        loop?.preconditionInLoop()
         guard media else { return false }
         if queueOverflowed { requestKeyframe(now: now) }
         var framesSent = 0, keyframes = 0, dropped = 0
@@ -196,6 +205,7 @@ public final class VideoSendStream {
     ///   - transmit: protects and sends one datagram (`rtcp` tells which kind).
     public func poll(now: UInt64, pathReady: Bool = true, clock: () -> UInt64, unixNanoseconds: () -> UInt64,
                      transmit: (_ plain: [UInt8], _ rtcp: Bool) -> TransmitResult) {
+        loop?.preconditionInLoop()
         if keyframeLimiter.takeDue(now: now) {
             stats.update { $0.keyframeRequests += 1 }
             onKeyframeRequest?()
@@ -212,6 +222,7 @@ public final class VideoSendStream {
 
     /// When `poll` must run next (nil: nothing timed).
     public func nextDeadline(now: UInt64) -> UInt64? {
+        loop?.preconditionInLoop()
         var next: UInt64?
         func consider(_ t: UInt64?) { if let t { next = min(next ?? t, t) } }
         consider(keyframeLimiter.deferredUntil)
@@ -285,6 +296,7 @@ public final class VideoSendStream {
 
     /// A sender report with SDES (RFC 3550 §6.4.1), once media has left; nil before.
     public func senderReport(now: UInt64, unixNanoseconds: UInt64) -> [UInt8]? {
+        loop?.preconditionInLoop()
         guard mediaPacketCount > 0 else { return nil }
         var clock = sender.clock
         let rtpTimestamp = clock.timestamp(captureNanoseconds: now)
@@ -317,6 +329,7 @@ public final class VideoSendStream {
 
     /// Asks the encoder for a keyframe, at most once per `keyframeRequestInterval` (later ones coalesce into one).
     public func requestKeyframe(now: UInt64) {
+        loop?.preconditionInLoop()
         guard keyframeLimiter.request(now: now) else { return }
         stats.update { $0.keyframeRequests += 1 }
         onKeyframeRequest?()
@@ -328,6 +341,7 @@ public final class VideoSendStream {
     /// session is over: its reason, control characters removed), else nil.
     /// - Parameter unixNanoseconds: wall-clock time of arrival, for round-trip times from report blocks.
     public func handleRtcp(_ datagram: [UInt8], now: UInt64, unixNanoseconds: () -> UInt64) -> RemoteBye? {
+        loop?.preconditionInLoop()
         guard let packets = try? RtcpPacket.parseCompound(datagram) else { return nil }
         stats.update { $0.lastRtcpReceivedMs = Double(now) / 1e6 }
         var bitrateInput = false

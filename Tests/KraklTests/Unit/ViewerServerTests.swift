@@ -12,7 +12,7 @@ final class FakePeerFactory: ViewerPeerFactory, @unchecked Sendable {
         private let lock = NSLock()
         private var _closed = false
         private var _candidates: [String] = []
-        var onClosed: ((String) -> Void)?
+        var onClosed: (@Sendable (String) -> Void)?
         var stats: ViewerPeerStats { ViewerPeerStats(state: closed ? "closed" : "connected") }
         var closed: Bool { lock.withLock { _closed } }
         var candidates: [String] { lock.withLock { _candidates } }
