@@ -54,7 +54,7 @@ swift_runtime() {
   ldd "$@" | awk '$3 ~ /\/lib\/swift\/linux\// { print $3 }' | sort -u
 }
 
-# build-info for `krakl-agent --version` (Sources/Agent/BuildInfo.swift): the checkout's commit,
+# build-info for `krakl-agent --version` (Sources/Agent/CLI/BuildInfo.swift): the checkout's commit,
 # "-dirty" when tracked files differ from it. --build-dir names products built from this
 # checkout, so its commit is theirs. safe.directory: run through sudo, git refuses another user's checkout.
 build_info() {

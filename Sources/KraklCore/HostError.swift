@@ -5,7 +5,7 @@ import Glibc
 /// Every way the host can fail before or while capturing (command line,
 /// plugins.json, loading and running a backend, the encoder), each with a
 /// one-line message that says what to do. The agent maps each case to its
-/// own exit status (Sources/Agent/ExitStatus.swift, docs/exit-codes.md).
+/// own exit status (Sources/Agent/CLI/ExitStatus.swift, docs/exit-codes.md).
 public enum HostError: Error, Equatable, Sendable, CustomStringConvertible {
     case usage(String)
     case invalidOption(String)

@@ -182,7 +182,7 @@ struct BadInputTests {
         expectFailure(result, status: 64, [how == "garbage" ? "reply" : "closed the connection"])
     }
 
-    /// docs/exit-codes.md, `--help`'s EXIT STATUS and Sources/Agent/ExitStatus.swift name the same
+    /// docs/exit-codes.md, `--help`'s EXIT STATUS and Sources/Agent/CLI/ExitStatus.swift name the same
     /// statuses: what one lists and another does not is an error (a status added in code and not
     /// documented, or one documented that nothing returns).
     @Test func everyStatusIsDocumentedInTheDocsAndInHelp() throws {
@@ -226,9 +226,9 @@ enum ExitStatusTable {
         return found
     }
 
-    /// Every `return N` and `= N` of Sources/Agent/ExitStatus.swift.
+    /// Every `return N` and `= N` of Sources/Agent/CLI/ExitStatus.swift.
     static func inCode() -> Set<Int> {
-        let text = (try? String(contentsOfFile: Harness.repoRoot + "/Sources/Agent/ExitStatus.swift", encoding: .utf8)) ?? ""
+        let text = (try? String(contentsOfFile: Harness.repoRoot + "/Sources/Agent/CLI/ExitStatus.swift", encoding: .utf8)) ?? ""
         let regex = try? NSRegularExpression(pattern: #"(?:return|: Int32 =) (\d+)\b"#)
         return Set((regex?.matches(in: text, range: NSRange(text.startIndex..., in: text)) ?? []).compactMap { match in
             Range(match.range(at: 1), in: text).flatMap { Int(text[$0]) }
