@@ -32,11 +32,11 @@ let package = Package(
         .target(name: "BackendKit", dependencies: ["KraklBackendABI"], swiftSettings: swift6),
         .target(name: "BackendFile", dependencies: ["BackendKit", "FrameStamp"], swiftSettings: swift6),
         // Xlib + MIT-SHM + XDamage + XFixes + XRandR (Debian libx11-dev and friends).
-        .systemLibrary(name: "CX11"),
+        .systemLibrary(name: "CX11", path: "Sources/System/CX11"),
         .target(name: "BackendX11", dependencies: ["BackendKit", "KraklBackendABI", "CX11"], swiftSettings: swift6),
         // libpipewire-0.3 (macro and SPA pod helpers) and sd-bus (the ScreenCast portal client), from Debian.
-        .systemLibrary(name: "CPipeWire", pkgConfig: "libpipewire-0.3"),
-        .systemLibrary(name: "CSdBus", pkgConfig: "libsystemd"),
+        .systemLibrary(name: "CPipeWire", path: "Sources/System/CPipeWire", pkgConfig: "libpipewire-0.3"),
+        .systemLibrary(name: "CSdBus", path: "Sources/System/CSdBus", pkgConfig: "libsystemd"),
         .target(name: "BackendPipeWire", dependencies: ["BackendKit", "KraklBackendABI", "CPipeWire", "CSdBus", "CYuv"], swiftSettings: swift6),
         // What every layer uses and none owns: the monotonic clock, IP literals, codecs, the VideoFeed
         // protocol, JSON, histograms, child processes, log rate limits, the one TLS client context.
@@ -44,22 +44,22 @@ let package = Package(
         // The host side: plugins.json, dlopen loader, source lifecycle, conformance suite.
         .target(name: "KraklCore", dependencies: ["KraklBase", "KraklBackendABI"], swiftSettings: swift6),
         // libvpx (Debian libvpx-dev) with shims for its macro-only calls.
-        .target(name: "CVpx", linkerSettings: [.linkedLibrary("vpx")]),
+        .target(name: "CVpx", path: "Sources/System/CVpx", linkerSettings: [.linkedLibrary("vpx")]),
         // libyuv (Debian libyuv-dev): colour conversion and scaling; no .pc file.
-        .systemLibrary(name: "CYuv"),
+        .systemLibrary(name: "CYuv", path: "Sources/System/CYuv"),
         // Frames -> I420 -> VP8/VP9, damage-driven; WebM/IVF recording.
         .target(name: "KraklEncoder", dependencies: ["KraklBase", "KraklCore", "CVpx", "CYuv"], swiftSettings: swift6),
         // OpenSSL (DTLS 1.2, certificates, HMAC) and libsrtp2 (SRTP), both from Debian.
-        .systemLibrary(name: "COpenSSL", pkgConfig: "openssl"),
-        .systemLibrary(name: "CSrtp", pkgConfig: "libsrtp2"),
+        .systemLibrary(name: "COpenSSL", path: "Sources/System/COpenSSL", pkgConfig: "openssl"),
+        .systemLibrary(name: "CSrtp", path: "Sources/System/CSrtp", pkgConfig: "libsrtp2"),
         // The send-only WebRTC stack: SDP, ICE/STUN, DTLS-SRTP, RTP/RTCP, pacing, bandwidth estimate.
         .target(name: "KraklRTC", dependencies: ["KraklBase", "COpenSSL", "CSrtp"], swiftSettings: swift6),
         // Rooms: join codes and tokens, the WHIP and Janus VideoRoom drivers (HTTP via FoundationNetworking).
         .target(name: "KraklRoom", dependencies: ["KraklBase", "COpenSSL"], swiftSettings: swift6),
         // QR scanning: libzbar (Debian libzbar-dev) and stb_image (Debian libstb-dev, header-only,
         // compiled here for PNG, JPEG and PNM only), under the join-code scanner.
-        .systemLibrary(name: "CZbar", pkgConfig: "zbar"),
-        .target(name: "CStbImage"),
+        .systemLibrary(name: "CZbar", path: "Sources/System/CZbar", pkgConfig: "zbar"),
+        .target(name: "CStbImage", path: "Sources/System/CStbImage"),
         .target(name: "KraklScan", dependencies: ["KraklBase", "KraklCore", "KraklBackendABI", "CYuv", "KraklRoom", "CZbar", "CStbImage"], swiftSettings: swift6),
         // The built-in viewer: a bounded HTTP/1.1 server, WHEP's rules and the viewer page, over a
         // ViewerPeerFactory protocol (the WebRTC answerer lives in KraklRTC).
@@ -70,10 +70,10 @@ let package = Package(
         .target(name: "KraklSession", dependencies: ["KraklBase", "KraklCore", "KraklEncoder", "KraklRTC", "KraklRoom"], swiftSettings: swift6),
         // The agent's memset: large zero fills of private anonymous memory become
         // page releases (libvpx's 50 MB token-buffer clear at 1080p). Agent only.
-        .target(name: "ZeroFill"),
+        .target(name: "ZeroFill", path: "Sources/System/ZeroFill"),
         // krakl-backend-host: dlopens one backend in a child process and hands its frames to the
         // agent through a shared-memory ring (isolated mode); a C shim for memfd seals and close_range.
-        .target(name: "CBackendHost"),
+        .target(name: "CBackendHost", path: "Sources/System/CBackendHost"),
         .executableTarget(name: "BackendHost", dependencies: ["KraklBase", "KraklCore", "KraklBackendABI", "CBackendHost"], swiftSettings: swift6),
         .executableTarget(name: "Agent", dependencies: ["KraklBase", "KraklCore", "KraklEncoder", "KraklRTC", "KraklRoom", "KraklSession", "KraklScan", "KraklViewer", "ZeroFill", "CSdBus"], swiftSettings: swift6),
         // Test-only: runs the publisher against a given SDP answer (issue 6 item 8).
