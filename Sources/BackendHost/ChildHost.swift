@@ -37,6 +37,7 @@ final class ChildSink: FrameSink, Sendable {
 /// thread (create, start, stop, destroy, list) while the main thread reads the socket (slot
 /// releases at once, commands queued), so a backend blocked in a call never stops releases, and
 /// the agent's end (the socket closes) ends this process whatever the backend is doing.
+/// @unchecked Sendable: the library and source belong to the control thread; commands pass under `commands`.
 final class ChildHost: @unchecked Sendable {
     let socket: WireSocket
     let backend: String

@@ -36,6 +36,7 @@ enum Damage {
 /// and counted, its damage carried into the next frame the agent gets; after a drop it does not
 /// wait again until the agent releases a slot, so a stuck agent never slows a backend by more
 /// than one wait.
+/// @unchecked Sendable: the ring's slots are shared memory whose ownership moves by messages; the free list is under `condition`.
 final class FrameRingWriter: @unchecked Sendable {
     let socket: WireSocket
     let slotCount: Int

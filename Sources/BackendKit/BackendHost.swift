@@ -4,6 +4,7 @@ import KraklBackendABI
 /// The host's services as a backend sees them: logging, frame and event
 /// delivery, and option look-up. Wraps the `krakl_host` the agent passed to
 /// create(); valid until destroy() returns.
+/// @unchecked Sendable: it wraps the host's C table, which the ABI lets any backend thread call.
 public final class BackendHost: @unchecked Sendable {
     private let raw: UnsafePointer<krakl_host>
     private let data: UnsafeMutableRawPointer?

@@ -4,6 +4,7 @@ import Glibc
 /// CLOCK_MONOTONIC deadlines, and that stop() wakes at once (a condition
 /// variable on the monotonic clock, not a sleep), so stop returns in
 /// microseconds rather than up to one frame interval.
+/// @unchecked Sendable: a thread primitive: its flags are under its own pthread mutex and condition.
 public final class PacedThread: @unchecked Sendable {
     public enum Step {
         /// Tick again at the next interval.

@@ -57,6 +57,7 @@ public final class Guarded<Value> {
     }
 }
 
+/// @unchecked Sendable: the value is reached only inside `withLock`, under the condition's lock.
 extension Guarded: @unchecked Sendable where Value: Sendable {}
 
 /// A value one thread owns from the moment it claims it (`claim()`, first thing on that thread):

@@ -16,6 +16,7 @@ import KraklCore
 /// Backend timestamps pass a PresentationClock on the way in, so the outputs
 /// only ever see increasing times; keyframe requests are held to one per
 /// `settings.keyframeRequestSpacing` (FrameRateCap holds frames to `--max-fps`).
+/// @unchecked Sendable: what the capture and encoder threads share is under `condition`; the libvpx context is the encoder thread's alone.
 public final class EncoderPipeline: @unchecked Sendable {
     public let settings: EncoderSettings
     public let statistics = EncoderStatistics()

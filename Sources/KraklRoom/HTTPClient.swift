@@ -62,6 +62,7 @@ public struct HTTPResponse: Sendable {
 /// Through an HTTP proxy (`ProxySettings`, by default from the environment as
 /// curl reads it): https URLs by a CONNECT tunnel with TLS to the server inside
 /// it; http URLs by a request in absolute form to the proxy (RFC 9112 §3.2.2).
+/// @unchecked Sendable: the proxy settings are fixed at init; the reused connection is under `lock`.
 public final class HTTPClient: @unchecked Sendable {
     /// The largest reply body read (signalling is small: an SDP answer, a JSON event batch).
     public static let maximumBody = 4 << 20

@@ -15,6 +15,7 @@ import KraklBase
 /// `io` (one SSL object must not be used by two threads at once), but the waits in poll(2) do not,
 /// so a reader waiting for the server never holds up a writer. Reads and writes may pass a
 /// deadline of their own; without one, the connection's deadline applies.
+/// @unchecked Sendable: OpenSSL calls are serialized by `io`, the deadlines and closing by `lock`; poll waits run outside both.
 final class HTTPConnection: @unchecked Sendable {
     private var fd: Int32 = -1
     private var ssl: OpaquePointer?

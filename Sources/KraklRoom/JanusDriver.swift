@@ -14,6 +14,7 @@ import Foundation
 ///
 /// `leave()` must follow every `publish`, also a failed one (the
 /// `RoomDriver` rule): until then the long-poll keeps the session alive.
+/// @unchecked Sendable: the session's fields are read and written under `state` (an NSCondition the join waits on).
 public final class JanusDriver: RoomDriver, @unchecked Sendable {
     /// How long each part may take. Every request and wait is bounded.
     public struct Timeouts: Sendable {

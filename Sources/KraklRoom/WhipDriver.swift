@@ -43,6 +43,7 @@ public struct WhipTimeouts: Sendable, Equatable {
 /// publisher, not this driver. `onEvent` is therefore never called by it.
 /// The identity has no WHIP field either: the offer carries it (`s=`, the
 /// `a=msid` stream id), so `publish` ignores its `identity` argument.
+/// @unchecked Sendable: the resource, ETag and candidates are under `lock`; `leftSignal` orders the leave.
 public final class WhipDriver: RoomDriver, @unchecked Sendable {
     public let service = "WHIP"
     public let endpoint: URL

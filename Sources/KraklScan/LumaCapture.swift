@@ -11,6 +11,7 @@ internal import CYuv
 /// through the same host as the encoder; it never holds more than that one
 /// picture. Frames arrive on the backend's thread; `scan` runs on another
 /// and holds the picture's lock while zbar reads it.
+/// @unchecked Sendable: the picture and its change state are under `lock` (the backend's thread writes, the scan reads).
 public final class LumaCapture: FrameSink, @unchecked Sendable {
     private let lock = NSLock()
     private var picture: [UInt8] = []

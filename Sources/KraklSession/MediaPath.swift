@@ -26,6 +26,7 @@ public enum MediaPathEvent: Sendable {
 ///
 /// Threads: `frame` and `event` on the backend's capture thread; the encoder's own thread behind
 /// `pipeline`; everything else from any thread.
+/// @unchecked Sendable: the source, encoder and outputs are under `lock`; frames pass on the capture and encoder threads only.
 public final class MediaPath: FrameSink, @unchecked Sendable {
     /// Where the encoded frames go.
     public enum Output {

@@ -113,6 +113,7 @@ public struct SharingTotals: Sendable {
 /// work queue and post their outcome back as events. Frames go from the
 /// backend's thread to the encoder thread to the publisher's network thread
 /// and never touch either queue.
+/// @unchecked Sendable: the control loop's state is `LoopBound`; the owned parts are under `lock`, the loop handle under `loopLock`.
 public final class SharingSession: @unchecked Sendable {
     public let configuration: SharingConfiguration
     public let driver: RoomDriver

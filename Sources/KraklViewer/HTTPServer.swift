@@ -37,6 +37,7 @@ public enum ViewerServerError: Error, Equatable, CustomStringConvertible {
 /// on that thread, so it must not block for long. Bounded everywhere: head
 /// and body sizes, time to send a request, time to take the response, open
 /// connections.
+/// @unchecked Sendable: connections and the accept loop's state are under `lock`; `ended` says when serving stopped.
 public final class HTTPServer: @unchecked Sendable {
     public typealias Handler = (HTTPRequest) -> HTTPResponse
 

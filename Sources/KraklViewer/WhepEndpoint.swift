@@ -4,6 +4,7 @@ import Foundation
 /// the HTTP rules of WHIP, RFC 9725) for players, the page and its status
 /// for people. Pure request → response over the peers it keeps; the
 /// server's thread calls it, peers' close callbacks may come from any thread.
+/// @unchecked Sendable: the viewers' resources and notes are under `lock`; `onViewersChanged` is set before serving.
 public final class WhepEndpoint: @unchecked Sendable {
     public struct Policy: Sendable {
         /// Viewers at once; the next POST gets 503 with Retry-After.

@@ -143,6 +143,7 @@ configuration.startBitrate = min(max(configuration.startBitrate, configuration.m
 // MARK: the answer comes from stdin (or --answer FILE)
 
 /// The room driver of the probe: prints the offer and an empty line on stdout and reads the answer.
+/// @unchecked Sendable: the probe sets `onEvent` before the session starts and never again.
 final class StdioSignalling: RoomDriver, @unchecked Sendable {
     let service = "stdio"
     var onEvent: (@Sendable (RoomEvent) -> Void)?
@@ -169,6 +170,7 @@ final class StdioSignalling: RoomDriver, @unchecked Sendable {
 }
 
 /// What the publisher reported, as JSON lines on stderr and for the final report.
+/// @unchecked Sendable: every field is under `lock` (the publisher's events come on its network thread).
 final class EventLog: @unchecked Sendable {
     let lock = NSLock()
     var connected = false

@@ -98,157 +98,37 @@ struct Arguments {
             return next
         }
         var positional: [String] = []
-        var listenGiven: (host: String, port: UInt16?)?
-        var viewerPort: UInt16?
+        var given = Given()
         while let word = rest.popFirst() {
             // --flag=value is the same as --flag value.
-            var flag = word
+            var name = word
             if word.hasPrefix("--"), let equals = word.firstIndex(of: "=") {
-                flag = String(word[..<equals])
+                name = String(word[..<equals])
                 rest.insert(String(word[word.index(after: equals)...]), at: rest.startIndex)
             }
-            switch flag {
-            case "-h", "--help": command = .help; return
-            case "--version": command = .version; return
-            case "--backend", "-b": backend = try value(for: flag)
-            case "--plugins": plugins = try value(for: flag)
-            case "--isolate": isolate = true
-            case "--no-isolate": isolate = false
-            case "--option", "-o": options.append(try parseOptionAssignment(try value(for: flag)))
-            case "--frames":
-                let text = try value(for: flag)
-                guard let n = Int(text), n > 0 else { throw .usage("--frames \(text): give a positive whole number") }
-                frames = n
-            case "--seconds":
-                let text = try value(for: flag)
-                guard let s = Double(text), s > 0, s.isFinite else { throw .usage("--seconds \(text): give a positive number") }
-                seconds = s
-            case "--timeout":
-                let text = try value(for: flag)
-                guard let s = Double(text), s > 0, s <= 600 else { throw .usage("--timeout \(text): give seconds from 0 to 600") }
-                timeout = s
-            case "--record":
-                let path = try value(for: flag)
-                // The suffix picks the container, in any case (x.WEBM is a WebM file too).
-                let suffix = path.lowercased()
-                guard suffix.hasSuffix(".webm") || suffix.hasSuffix(".ivf") else { throw .usage("--record \(path): the file must end in .webm or .ivf") }
-                record = path
-                captureOnly = false
-            case "--no-record":
-                record = nil
-                captureOnly = true
-            case "--listen":
-                let text = try value(for: flag)
-                // Port 0 (an explicit ":0") is any free port; the printed URL shows the one chosen.
-                let explicitPort = text.hasPrefix("[") ? text.contains("]:") : text.filter({ $0 == ":" }).count == 1
-                guard let address = ListenAddress(text) else {
-                    throw .usage("--listen \(text): give an IP address of this machine, optionally with :PORT (e.g. 127.0.0.1:8990, 192.168.1.5, [::1]:9000)")
-                }
-                listenGiven = (address.host, explicitPort ? address.port : nil)
-            case "--viewer-port":
-                let text = try value(for: flag)
-                guard let port = UInt16(text) else { throw .usage("--viewer-port \(text): give a port from 1 to 65535 (0: any free port)") }
-                viewerPort = port
-            case "--max-viewers":
-                let text = try value(for: flag)
-                guard let n = Int(text), (1...64).contains(n) else { throw .usage("--max-viewers \(text): give 1 to 64") }
-                maximumViewers = n
-            case "--viewer-token": viewerToken = true
-            case "--codec":
-                let text = try value(for: flag)
-                guard let codec = VideoCodec(rawValue: text) else { throw .usage("--codec \(text): use vp8 or vp9") }
-                encoder.codec = codec
-            case "--bitrate":
-                let text = try value(for: flag)
-                guard let kbps = Int(text), (50...50_000).contains(kbps) else { throw .usage("--bitrate \(text): give kbit/s from 50 to 50000") }
-                encoder.bitrateKbps = kbps
-            case "--max-size":
-                let text = try value(for: flag)
-                let parts = text.split(separator: "x").compactMap { Int($0) }
-                guard parts.count == 2, parts.allSatisfy({ (16...16384).contains($0) }) else { throw .usage("--max-size \(text): give WIDTHxHEIGHT, e.g. 1920x1080") }
-                encoder.maximumSize = (parts[0], parts[1])
-            case "--max-fps":
-                let text = try value(for: flag)
-                guard let fps = Double(text), fps >= 1, fps <= 120 else { throw .usage("--max-fps \(text): give 1 to 120") }
-                encoder.maximumFps = fps
-            case "--refresh":
-                let text = try value(for: flag)
-                guard let s = Double(text), s >= 0, s <= 3600 else { throw .usage("--refresh \(text): give seconds from 0 (off) to 3600") }
-                encoder.refreshInterval = .seconds(s)
-                refreshGiven = true
-            case "--keyframe-interval":
-                let text = try value(for: flag)
-                guard let s = Double(text), s >= 0, s <= 3600 else { throw .usage("--keyframe-interval \(text): give seconds from 0 (on request only) to 3600") }
-                encoder.keyframeInterval = .seconds(s)
-            case "--encoder-threads":
-                let text = try value(for: flag)
-                guard let n = Int(text), (0...16).contains(n) else { throw .usage("--encoder-threads \(text): give 0 (automatic) to 16") }
-                encoder.threads = n
-            case "--vp8-profile":
-                let text = try value(for: flag)
-                guard let n = Int(text), (0...3).contains(n) else { throw .usage("--vp8-profile \(text): give 0 to 3 (2, the default, has no loop filter; 0 is the one every hardware decoder knows)") }
-                encoder.vp8Profile = n
-            case "--dump-input": dumpInput = try value(for: flag)
-            case "--stats-json": statsJSON = try value(for: flag)
-            case "--frame-log": frameLog = try value(for: flag)
-            case "--join", "-j": join = JoinCodeSource(try value(for: flag))
-            case "--once": once = true
-            case "--qr": qr = try value(for: flag)
-            case "--scan-only": scanOnly = true
-            case "--scan": scan = true
-            case "--camera":
-                // The name is optional: the next word is one unless it is a flag or a command.
-                scan = true
-                if word.contains("=") || (rest.first.map { !$0.hasPrefix("-") && !Self.commands.contains($0) } ?? false) {
-                    camera = try value(for: flag)
-                } else {
-                    camera = ""
-                }
-            case "--cameras": cameras = true
-            case "--preview": preview = true
-            case "--scan-timeout":
-                let text = try value(for: flag)
-                guard let s = Double(text), s >= 1, s <= 3600 else { throw .usage("--scan-timeout \(text): give seconds from 1 to 3600") }
-                scanTimeout = s
-            case "--connect-timeout":
-                let text = try value(for: flag)
-                guard let s = Double(text), s >= 1, s <= 300 else { throw .usage("--connect-timeout \(text): give seconds from 1 to 300") }
-                connectTimeout = s
-            case "--twilio-url":
-                let text = try value(for: flag)
-                do throws(JoinCodeError) { twilioURL = try JoinCode.signalingURL(text) } catch {
-                    throw .usage("--twilio-url \(text.prefix(200)): \(Self.urlProblem(error))")
-                }
-            case "--address":
-                let text = try value(for: flag)
-                guard let ip = IPAddress(text) else { throw .usage("--address \(text): give an IP address of this machine") }
-                addresses.append(ip)
-            case "--ice-server":
-                iceServers.append(try Self.iceServer(try value(for: flag)))
-            case "--ice-transport":
-                let text = try value(for: flag)
-                guard text == "all" || text == "relay" else { throw .usage("--ice-transport \(text): use all or relay") }
-                relayOnly = text == "relay"
-            case "--ice-ca":
-                let path = try value(for: flag)
-                guard access(path, R_OK) == 0 else {
-                    throw .usage("--ice-ca \(path): cannot read it (\(String(cString: strerror(errno)))); give a PEM file of CA certificates")
-                }
-                iceCAFile = path
-            case "--expect-end": expectEnd = true
-            case "--json": json = true
-            case "--headless": headless = true
-            case "--log-format":
-                let text = try value(for: flag)
-                guard let format = LogFormat(rawValue: text) else { throw .usage("--log-format \(text): use text or json") }
-                logFormat = format
-            case "--run-group": conformanceGroup = try value(for: flag)
-            case "-v", "--verbose": verbose = true
-            case "-q", "--quiet": quiet = true
-            default:
-                if flag.hasPrefix("-") && flag != "-" { throw .usage("unknown flag \(flag)") }
+            guard let flag = Self.flagsByName[name] else {
+                if name.hasPrefix("-") && name != "-" { throw .usage("unknown flag \(name)") }
                 positional.append(word)
+                continue
             }
+            let text: String
+            if flag.value == nil {
+                text = ""
+            } else if flag.optionalValue {
+                // The next word is the value unless it is a flag or a command (`--camera home`).
+                let takes = word.contains("=") || (rest.first.map { !$0.hasPrefix("-") && !Self.commands.contains($0) } ?? false)
+                text = takes ? try value(for: name) : ""
+            } else {
+                text = try value(for: name)
+            }
+            do {
+                try flag.apply(&self, &given, text)
+            } catch let error as HostError {
+                throw error
+            } catch {
+                throw .usage("\(name) \(text): \(error)")
+            }
+            if flag.ends { return }
         }
         // A malformed $KRAKL_TWILIO_URL is a usage error now, not a silent fall-back to Twilio's endpoint.
         if twilioURL == nil, let text = environment["KRAKL_TWILIO_URL"], !text.isEmpty {
@@ -293,11 +173,11 @@ struct Arguments {
         if preview && command != .scan && command != .home {
             throw .usage("--preview is for a scan this process runs (--scan --camera, home), not one through the daemon")
         }
-        if let port = listenGiven?.port, let other = viewerPort, port != other {
+        if let port = given.listen?.port, let other = given.viewerPort, port != other {
             throw .usage("--listen names port \(port) and --viewer-port \(other): give one")
         }
-        listen = ListenAddress(host: listenGiven?.host ?? "127.0.0.1", port: listenGiven?.port ?? viewerPort ?? ListenAddress.defaultPort)
-        if (listenGiven != nil || viewerPort != nil || viewerToken) && !sharesToViewer && !mayShowHomeScreen {
+        listen = ListenAddress(host: given.listen?.host ?? "127.0.0.1", port: given.listen?.port ?? given.viewerPort ?? ListenAddress.defaultPort)
+        if (given.listen != nil || given.viewerPort != nil || viewerToken) && !sharesToViewer && !mayShowHomeScreen {
             throw .usage("--listen, --viewer-port and --viewer-token are for the viewer: a run without --join, --record or --no-record, "
                          + "or the home screen's (home, or --join/--qr/--scan on a terminal)")
         }
@@ -417,8 +297,8 @@ COMMANDS
                   in place runs it at login: systemctl --user enable --now krakl-agent.
   connect CODE    Ask the daemon to share into a join code's room (CODE, @FILE, - for
                   stdin, --qr FILE: the daemon reads the picture, or --scan: the daemon
-                  scans its screen, --scan --camera [NAME]: a camera's view). Returns once the screen is shared (0) or with the
-                  status of why it could not be.
+                  scans its screen, --scan --camera [NAME]: a camera's view). Returns
+                  once the screen is shared (0) or with the status of why it could not be.
   open LINK       What the desktop entry runs for a krakl: link (xdg-open, a browser):
                   hands the join code it carries to the running daemon, as connect does
                   (a link percent-encoded by a browser is decoded first). A link that is
@@ -446,85 +326,10 @@ COMMANDS
                   the first line says the run's time bound.
 
 OPTIONS
-  -b, --backend NAME      Backend to use. Default: plugins.json's "default" if it names one,
-                          else the screen's: pipewire on a Wayland session ($WAYLAND_DISPLAY),
-                          x11 when $DISPLAY is set, else file (a test pattern, said so);
-                          the same for --join, home, connect, --scan and the viewer.
-      --plugins FILE      Backend registry (default: $KRAKL_PLUGINS, ./plugins.json,
-                          or plugins.json next to the executable or up to 4 folders above).
-  -o, --option KEY=VALUE  Override a backend option; VALUE is read as JSON when it is
-                          a number, true/false or null, else as a string. Repeatable.
-      --isolate           Run the backend in a child process (krakl-backend-host): a crash,
-                          exit or hang of the backend ends the source (exit 24 or 22 for a
-                          run), never the agent. --no-isolate loads it into the agent. Default:
-                          the backend's "isolate" in plugins.json, else isolated for a library
-                          from elsewhere, in the agent for those next to krakl-agent.
-      --frames N          Stop after N frames.
-      --seconds S         Stop after S seconds.
-      --once              (--join) Exit when the session ends, with its end reason's status.
-      --headless          (--join, --qr, --scan) Lines, never the home screen, even on a terminal.
-      --log-format F      (--join, --qr, --scan without the home screen) text (default) or
-                          json: one JSON object a line (time, event, state, reason, numbers).
-      --address IP        (--join) Offer host candidates from this address only (repeatable;
-                          default: every interface that is up, loopback excluded).
-      --ice-server URL[,USER,CREDENTIAL]
-                          (--join) A STUN or TURN server besides the join code's and the room
-                          server's (repeatable): stun:HOST[:PORT], turn:HOST[:PORT][?transport=udp|tcp]
-                          or turns:HOST[:PORT] (TLS, port 5349 unless given) with its long-term
-                          credentials; HOST is an address or a name (every address it resolves
-                          to within 2 s is used; a turns: certificate must be for HOST).
-      --ice-ca FILE       (--join) Check turns: servers' certificates against the CA certificates
-                          in this PEM file only (default: the system store, /etc/ssl/certs).
-      --ice-transport P   (--join) all (default) or relay: only relay candidates (TURN).
-      --twilio-url URL    (Twilio codes without u=, and bare Twilio access tokens) The signaling
-                          WebSocket to use instead of wss://global.vss.twilio.com/signaling: a
-                          region's (wss://au1.vss.twilio.com/signaling) or a test server's
-                          (ws:// only to a loopback address). Also $KRAKL_TWILIO_URL.
-      --connect-timeout S (--join) ICE and DTLS must be up S seconds after the room's
-                          answer (default 15), else the session ends as connection lost.
-      --listen ADDR[:PORT] (viewer) Listen on this IP address (default 127.0.0.1:8990).
-                          Any address that is not loopback requires an access token: a
-                          random one is made and shown once, in the printed URL (#token=…).
-      --viewer-port N     (viewer) The port (default 8990; 0: any free port).
-      --max-viewers N     (viewer) Viewers at once (default 4; more get 503 Retry-After).
-      --viewer-token      (viewer) Require the token on loopback too.
-      --expect-end        (conformance) The options make the source end; check that.
-      --timeout S         (conformance) Wait at most S seconds for frames, create() or
-                          start() (default 10); the run's bound grows with it.
+\(Arguments.helpText(.options))
+
 ENCODER OPTIONS
-      --record FILE       Write the encoded screen to FILE (.webm or .ivf) instead of
-                          sharing it to the viewer.
-      --no-record         Capture only: no encoding, no file, no viewer.
-      --codec vp8|vp9     Codec (default vp8).
-      --bitrate KBPS      Target bitrate, CBR (default 2500).
-      --max-size WxH      Scale down to fit within this (default 1920x1080).
-      --max-fps N         At most N encoded frames a second (default 30), held over
-                          time; a frame that comes a little early is not delayed.
-      --refresh S         Re-encode an unchanged screen every S seconds so late or
-                          lossy receivers recover (default 1 when recording; 0 = off,
-                          the default in a room and for the viewer, where receivers ask
-                          with PLI/NACK and the screen gets three passes 1, 2 and 4 s
-                          after it settles, then nothing).
-      --keyframe-interval S  A keyframe at least every S seconds (default 0: on
-                          request only; SIGUSR1 requests one, at most one per 0.3 s).
-      --encoder-threads N libvpx threads (default 0: 2 at 720p and up on 4+ cores, else 1).
-      --vp8-profile N     VP8 bitstream version 0-3 (default 2: no loop filter, ~20 %
-                          less encoder CPU on a screen; 0 for a receiver whose hardware
-                          decoder knows only version 0).
-      --dump-input FILE   Also write every encoded picture as raw I420 (for PSNR).
-      --stats-json FILE   Write the run's numbers as JSON at the end.
-      --frame-log FILE    Write one CSV line per encoded frame (time, bytes, keyframe,
-                          refresh, active-block share, encode ms) as it is encoded.
-                          Every output is opened (or its folder checked) before
-                          capture starts; one that cannot be written ends the run
-                          with status 23. --record may name a FIFO (mkfifo live.webm):
-                          WebM is then written as a live stream (no seeking needed).
-      --json              (status, watch) Print the daemon's JSON lines (docs/daemon.md).
-  -v, --verbose           Show backends' info and debug log lines.
-  -q, --quiet             No live status line; summary only.
-  -h, --help              This text.
-      --version           The version, the git commit it was installed from (scripts/install
-                          and the Debian package record it), and libvpx, OpenSSL and zbar as loaded.
+\(Arguments.helpText(.encoder))
 
 FILE BACKEND OPTIONS (--backend file)
   scene=static|typing|scrolling|video   width=320..7680   height=240..4320

@@ -196,7 +196,7 @@ final class ControlDaemon: Sendable {
     private func quit(signal number: Int32) {
         guard !onLoop.quitting else { return }
         onLoop.quitting = true
-        print("krakl-agent daemon: signal \(number): \(controller.isActive ? "leaving the room, then onLoop.quitting" : "onLoop.quitting")")
+        print("krakl-agent daemon: signal \(number): \(controller.isActive ? "leaving the room, then quitting" : "quitting")")
         ServiceNotifier.notify("STOPPING=1\nSTATUS=quitting")
         if let scanner = onLoop.scanner {
             scanner.stop()   // finishes when the scan has let its screen source go

@@ -35,6 +35,7 @@ struct CallbackProblems {
 ///
 /// Never freed: a backend that calls after destroy() (a thread left
 /// behind) must find a live host, so the suite can report it and survive.
+/// @unchecked Sendable: every recorded callback is under `condition`, which the checks wait on.
 final class CallbackRecorder: @unchecked Sendable {
     let backend: String
     /// Parses the options and answers host->option / host->check_options

@@ -25,6 +25,7 @@ public enum ContractViolation: String, CaseIterable, Sendable {
 /// frame that breaks a rule is dropped or repaired here, so the encoder, the recording and RTP
 /// downstream see a sane stream whatever the backend does; each kind of breach is warned about
 /// once and counted. Frame geometry (sizes, strides, damage inside the frame) stays FrameGate's.
+/// @unchecked Sendable: the contract's state is under `lock` (a pthread mutex: backend threads enter it from C).
 public final class FrameContract: @unchecked Sendable {
     public enum Phase: Sendable { case creating, created, delivering, stopped }
 

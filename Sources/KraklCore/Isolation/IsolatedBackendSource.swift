@@ -39,6 +39,7 @@ public struct IsolationSettings: Sendable {
 /// throw `.backendCrashed`, stop throws it once, destroy only cleans up. A call that overruns its
 /// budget kills the child and throws `.backendHung`. Do not call the source from its sink's
 /// callbacks (they run on the thread that reads the child's replies).
+/// @unchecked Sendable: replies and the child's end are under `state`, delivery under `delivery`, the ring mapping the reader thread's (ThreadConfined).
 public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
     public let backendName: String
     public let libraryPath: String

@@ -6,6 +6,7 @@ import KraklBackendABI
 /// most once per path and never unloaded: a library with Swift code in it
 /// cannot be dlclose()d safely (its runtime metadata stays registered), and
 /// a C backend gains nothing from it either.
+/// @unchecked Sendable: immutable after loading; the table's C function pointers may be called from any thread (the ABI's rule).
 public final class BackendLibrary: @unchecked Sendable {
     public let path: String
     /// The backend's table, copied by the size rule: min(its size, ours)
@@ -79,6 +80,7 @@ public final class BackendLibrary: @unchecked Sendable {
 
 /// A pthread mutex without Foundation's overhead, for short critical
 /// sections that C callbacks enter from backend threads.
+/// @unchecked Sendable: a lock: the mutex it owns is what makes its callers' state safe.
 final class PThreadLock: @unchecked Sendable {
     private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
     init() { pthread_mutex_init(mutex, nil) }

@@ -9,6 +9,7 @@ import KraklBackendABI
 /// after `reuseAfter` others retired, so the memory kept is bounded (≈ 100 bytes a slot)
 /// however many sources a long-running agent makes; a backend thread that calls on after that
 /// many later sources reaches a newer source, whose frame checks still hold.
+/// @unchecked Sendable: C memory handed to a backend, never freed; the context is swapped under `lock`.
 final class HostSlot: @unchecked Sendable {
     let host: UnsafeMutablePointer<krakl_host>
     private let lock = PThreadLock()
@@ -48,6 +49,7 @@ final class HostSlot: @unchecked Sendable {
 
 /// The host side of one source (or one list_sources call): options, the frame contract, the
 /// sink, and the error line kept for the HostError that reports a failed call.
+/// @unchecked Sendable: backend threads call in through C; the sink, options and counts are under its pthread locks.
 final class HostContext: @unchecked Sendable {
     let backend: String
     let logger: BackendLogger

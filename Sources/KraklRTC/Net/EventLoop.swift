@@ -11,6 +11,7 @@ import Glibc
 /// thread (inside a posted closure, a timer or a readable handler), so the
 /// loop's own state needs no lock; they check it (`preconditionInLoop`), as
 /// `LoopBound` does for the state of the loop's owners.
+/// @unchecked Sendable: its queue and timers are under `lock`; everything else is its own thread's (checked: preconditionInLoop).
 public final class EventLoop: @unchecked Sendable {
     public typealias TimerID = UInt64
 

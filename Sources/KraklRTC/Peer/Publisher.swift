@@ -46,6 +46,7 @@ import Glibc
 /// 4. `close()` as above; a shared loop passed in keeps running.
 ///
 /// `KraklRTC.prepare()` at start-up keeps the process's one-time set-up off the first join.
+/// @unchecked Sendable: signalling state is under `stateLock`, closing under `closeCondition`, the network state `LoopBound` to `loop`.
 public final class Publisher: @unchecked Sendable {
     public let configuration: PublisherConfiguration
     public let role: PeerRole

@@ -13,21 +13,31 @@ import Foundation
 /// Thread-safe: `send` from the encoder thread, the peers' callbacks from their network threads,
 /// `add`/`remove` from anywhere. `onKeyframeRequest` and `onBitrate` are called on whichever thread
 /// triggered them (a coalesced keyframe request on a Dispatch timer thread) and must not block.
-public final class VideoFanout: @unchecked Sendable {
+public final class VideoFanout: Sendable {
     public let floorBitrate: Int
     public let keyframeInterval: Duration
     /// Ask the encoder for a keyframe. Set before adding peers.
-    @Locked public var onKeyframeRequest: (() -> Void)? = nil
+    public var onKeyframeRequest: (() -> Void)? {
+        get { keyframeHandler.wrappedValue }
+        set { keyframeHandler.wrappedValue = newValue }
+    }
     /// The encoder's new target in bits per second. Set before adding peers.
-    @Locked public var onBitrate: ((Int) -> Void)? = nil
+    public var onBitrate: ((Int) -> Void)? {
+        get { bitrateHandler.wrappedValue }
+        set { bitrateHandler.wrappedValue = newValue }
+    }
+    private let keyframeHandler = Locked<(() -> Void)?>(wrappedValue: nil)
+    private let bitrateHandler = Locked<((Int) -> Void)?>(wrappedValue: nil)
 
-    private let lock = NSLock()
-    private var peers: [ObjectIdentifier: Publisher] = [:]
-    /// Each peer's last estimate (none until it reported).
-    private var estimates: [ObjectIdentifier: Int] = [:]
-    private var lastBitrate: Int?
-    private var limiter: KeyframeRequestLimiter
-    private var timerArmed = false
+    private struct Peers {
+        var peers: [ObjectIdentifier: Publisher] = [:]
+        /// Each peer's last estimate (none until it reported).
+        var estimates: [ObjectIdentifier: Int] = [:]
+        var lastBitrate: Int?
+        var limiter: KeyframeRequestLimiter
+        var timerArmed = false
+    }
+    private let state: Guarded<Peers>
 
     /// - Parameters:
     ///   - floorBitrate: the encoder never gets less than this, whatever one peer estimates (bits/s).
@@ -35,17 +45,17 @@ public final class VideoFanout: @unchecked Sendable {
     public init(floorBitrate: Int = 300_000, keyframeInterval: Duration = .milliseconds(300)) {
         self.floorBitrate = floorBitrate
         self.keyframeInterval = keyframeInterval
-        limiter = KeyframeRequestLimiter(interval: keyframeInterval.inNanoseconds)
+        state = Guarded(Peers(limiter: KeyframeRequestLimiter(interval: keyframeInterval.inNanoseconds)))
     }
 
     /// The peers frames go to now.
-    public var count: Int { lock.withLock { peers.count } }
+    public var count: Int { state.withLock { $0.peers.count } }
 
     /// Starts sending frames to `publisher` and takes over its `onKeyframeRequest` and `onBitrate`.
     /// Its stream asks for a keyframe itself once it connects.
     public func add(_ publisher: Publisher) {
         let id = ObjectIdentifier(publisher)
-        lock.withLock { peers[id] = publisher }
+        state.withLock { $0.peers[id] = publisher }
         publisher.onKeyframeRequest = { [weak self] in self?.requestKeyframe(now: MonotonicClock.nanoseconds()) }
         publisher.onBitrate = { [weak self] bps in self?.peerEstimate(id, bps) }
     }
@@ -53,7 +63,7 @@ public final class VideoFanout: @unchecked Sendable {
     /// Stops sending to `publisher` (call before or after closing it); its estimate no longer counts.
     public func remove(_ publisher: Publisher) {
         let id = ObjectIdentifier(publisher)
-        let removed = lock.withLock { peers.removeValue(forKey: id) != nil }
+        let removed = state.withLock { $0.peers.removeValue(forKey: id) != nil }
         guard removed else { return }
         publisher.onKeyframeRequest = nil
         publisher.onBitrate = nil
@@ -62,7 +72,7 @@ public final class VideoFanout: @unchecked Sendable {
 
     /// Hands one encoded frame to every peer (each queues it for its own network thread; never blocks).
     public func send(frame: [UInt8], keyframe: Bool, captureNanoseconds: UInt64, width: Int, height: Int) {
-        let targets = lock.withLock { Array(peers.values) }
+        let targets = state.withLock { Array($0.peers.values) }
         for peer in targets {
             peer.send(frame: frame, keyframe: keyframe, captureNanoseconds: captureNanoseconds, width: width, height: height)
         }
@@ -70,15 +80,13 @@ public final class VideoFanout: @unchecked Sendable {
 
     /// A peer wants a keyframe (its own stream already filtered and rate-limited it).
     func requestKeyframe(now: UInt64) {
-        lock.lock()
-        let now = max(now, limiter.last ?? 0)
-        let pass = limiter.request(now: now)
-        var armAfter: UInt64?
-        if !pass, !timerArmed, let due = limiter.deferredUntil {
-            timerArmed = true
-            armAfter = due &- min(due, now)
+        let (pass, armAfter) = state.withLock { state -> (Bool, UInt64?) in
+            let now = max(now, state.limiter.last ?? 0)
+            let pass = state.limiter.request(now: now)
+            guard !pass, !state.timerArmed, let due = state.limiter.deferredUntil else { return (pass, nil) }
+            state.timerArmed = true
+            return (pass, due &- min(due, now))
         }
-        lock.unlock()
         if pass { onKeyframeRequest?() }
         if let armAfter {
             DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(min(armAfter, 10_000_000_000)))) { [weak self] in
@@ -88,21 +96,21 @@ public final class VideoFanout: @unchecked Sendable {
     }
 
     private func fireDeferred() {
-        lock.lock()
-        timerArmed = false
-        let fire = limiter.takeDue(now: max(MonotonicClock.nanoseconds(), limiter.deferredUntil ?? 0))
-        lock.unlock()
+        let fire = state.withLock { state in
+            state.timerArmed = false
+            return state.limiter.takeDue(now: max(MonotonicClock.nanoseconds(), state.limiter.deferredUntil ?? 0))
+        }
         if fire { onKeyframeRequest?() }
     }
 
     private func peerEstimate(_ id: ObjectIdentifier, _ bps: Int?) {
-        lock.lock()
-        estimates[id] = bps
-        let lowest = estimates.values.min()
-        let target = lowest.map { max($0, floorBitrate) }
-        let changed = target != nil && target != lastBitrate
-        if changed { lastBitrate = target }
-        lock.unlock()
+        let (changed, target) = state.withLock { state -> (Bool, Int?) in
+            state.estimates[id] = bps
+            let target = state.estimates.values.min().map { max($0, floorBitrate) }
+            let changed = target != nil && target != state.lastBitrate
+            if changed { state.lastBitrate = target }
+            return (changed, target)
+        }
         if changed, let target { onBitrate?(target) }
     }
 }

@@ -14,6 +14,7 @@ import KraklBase
 ///
 /// Threads: `publish`, `leave` and `abandonJoin` come from the session; one reader thread per
 /// driver reads the socket, keeps the heartbeats and reconnects; `onEvent` is called from it.
+/// @unchecked Sendable: every field is under `state` (an NSCondition the join waits on); the reader thread is the only reader of the socket.
 public final class TwilioDriver: RoomDriver, @unchecked Sendable {
     public struct Timeouts: Sendable {
         /// Each `hello` waits this long for `welcome`; three hellos at most (as the SDK).

@@ -11,6 +11,7 @@ import KraklBase
 /// any thread ends a waiting read or write at once. Pings from the server are answered inside
 /// `receive`; when nothing has arrived for `Options.pingAfterIdle`, `receive` sends a ping of its
 /// own, and a server that then stays silent as long again ends the connection (1006).
+/// @unchecked Sendable: frames leave under `sendLock`, the connection's state is under `state`; one reader thread reads.
 public final class WebSocket: @unchecked Sendable {
     public struct Options: Sendable {
         /// TCP connect, proxy CONNECT, TLS and the upgrade, in all.

@@ -159,6 +159,36 @@ struct BadInputTests {
         expectFailure(try Harness.agent(["conformance"]), status: 2, ["needs the path"])
     }
 
+    /// Every flag `--help` names is one the parser knows (its table prints those lines), and the
+    /// OPTIONS lines line up: a flag added to the help text alone, or one renamed in the table but
+    /// not in the words around it, fails here. Each run ends on a command that does not exist, so
+    /// nothing is started: the flag's own check or "unknown command" answers, never "unknown flag".
+    @Test func everyFlagHelpNamesIsParsed() throws {
+        try Harness.requireBuild()
+        let help = try Harness.agent(["--help"])
+        try #require(help.status == 0, "\(help)")
+        let regex = try NSRegularExpression(pattern: #"(?<![\w-])--[a-z][a-z0-9-]*"#)
+        let text = help.stdout
+        let flags = Set(regex.matches(in: text, range: NSRange(text.startIndex..., in: text)).compactMap { Range($0.range, in: text).map { String(text[$0]) } })
+        #expect(flags.count >= 50, "only \(flags.sorted()) in --help")
+        // systemctl's, quoted in the daemon's words ("systemctl --user enable --now krakl-agent").
+        let others: Set<String> = ["--user", "--now"]
+        for flag in flags.subtracting(others).sorted() {
+            let result = try Harness.agent([flag + "=1", "no-such-command"], timeout: 20)
+            // --help and --version answer before anything else is read; the others end on their
+            // own check of "1" (2, or 3 for --option) or on the command that does not exist (2).
+            let expected: Set<Int32> = flag == "--help" || flag == "--version" ? [0] : [2, 3]
+            #expect(expected.contains(result.status) && !result.stderr.contains("unknown flag"), "\(flag): \(result.status) \(result.stderr.prefix(300))")
+        }
+        // The generated OPTIONS lines: names and value, then the words from column 27.
+        let options = text.split(separator: "\n").drop { $0 != "OPTIONS" }.dropFirst().prefix { !$0.isEmpty }
+        #expect(options.count > 30, "OPTIONS: \(options)")
+        for line in options where line.hasPrefix("  -") || line.hasPrefix("      --") {
+            let head = line.prefix(26)
+            #expect(line.count <= 26 || head.hasSuffix(" ") || !line.dropFirst(26).hasPrefix(" "), "misaligned: \(line)")
+        }
+    }
+
     /// A "daemon" whose replies are unusable (not JSON, or the connection closed without a reply):
     /// the client says so with 64, not a crash or a hang.
     @Test(arguments: ["garbage", "close"])

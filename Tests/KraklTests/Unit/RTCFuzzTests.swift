@@ -23,6 +23,15 @@ enum Fuzz {
         mutating func bytes(_ count: Int) -> [UInt8] { (0..<count).map { _ in byte() } }
     }
 
+    /// A generator seeded from the clock, or from `KRAKL_FUZZ_SEED`; the seed is printed with the
+    /// test's name, so a failing run is reproduced from its log.
+    static func seeded(_ test: String, salt: UInt64 = 0) -> Rng {
+        let fresh = UInt64(Date().timeIntervalSince1970 * 1000) ^ salt
+        let seed = ProcessInfo.processInfo.environment["KRAKL_FUZZ_SEED"].flatMap { UInt64($0) } ?? fresh
+        print("\(test) seed \(seed) (KRAKL_FUZZ_SEED=\(seed) runs it again)")
+        return Rng(state: seed)
+    }
+
     static func mutate(_ input: [UInt8], _ rng: inout Rng) -> [UInt8] {
         var b = input
         for _ in 0...rng.below(4) {

@@ -155,7 +155,7 @@ import Testing
             base + String(repeating: "m=audio 9 UDP/TLS/RTP/SAVPF 0\r\n", count: 100),
         ]
         // Random bytes and random cuts of a good offer.
-        var generator = SystemRandomNumberGenerator()
+        var generator = Fuzz.seeded("RTCSdpAnswerTests.hostileOffersAreErrorsNotCrashes")
         for _ in 0..<200 {
             var bytes = Array(base.utf8)
             for _ in 0..<8 { bytes[Int.random(in: 0..<bytes.count, using: &generator)] = UInt8.random(in: 0...255, using: &generator) }
