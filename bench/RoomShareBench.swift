@@ -50,6 +50,8 @@ struct RoomShareRun {
     var firstFrameMs = Double.nan
     var p50 = Double.nan, p99 = Double.nan
     var kbps = Double.nan
+    /// Distinct frames (stamps) decoded per second, drawn 2 s or more after the first.
+    var fps = Double.nan
     var quality = ReceivedQuality()
     var failure: String?
     var cpuTotal: Double { cpuPublisher + cpuServer }
@@ -137,9 +139,10 @@ func runRoomShareBench(seconds: Double, rounds: Int, scenes: [String], publisher
                                                xroom: painterBinary, smapsPath: smapsOut.map { $0 + "-\(scene)-\(round + 1).txt" },
                                                keepAs: keepSamples.map { $0 + "/\(scene)-\(publisher)-\(round + 1)" })
                 if let failure = run.failure { print("    \(failure)") }
-                print(String(format: "    first frame %.0f ms, CPU %.2f + %.2f s/min (ticks %.2f), PSS %.1f / RSS %.1f / peak %.1f MB, latency %.0f / %.0f ms, %.0f kbit/s, PSNR %.2f (worst %.2f) dB, SSIM %.4f over %d samples (%d unreadable)",
+                print(String(format: "    first frame %.0f ms, CPU %.2f + %.2f s/min (ticks %.2f), PSS %.1f / RSS %.1f / peak %.1f MB, latency %.0f / %.0f ms, %.0f kbit/s, %.1f frames/s, PSNR %.2f (worst %.2f) dB, SSIM %.4f over %d samples (%d unreadable, %d matched the next frame)",
                              run.firstFrameMs, run.cpuPublisher, run.cpuServer, run.cpuTicks, run.pssMB, run.rssMB, run.peakMB, run.p50, run.p99, run.kbps,
-                             run.quality.psnr, run.quality.worstPsnr, run.quality.ssim, run.quality.samples, run.quality.unreadable))
+                             run.fps, run.quality.psnr, run.quality.worstPsnr, run.quality.ssim, run.quality.samples, run.quality.unreadable,
+                             run.quality.nextFrame))
                 runs[publisher, default: []].append(run)
             }
         }
@@ -233,14 +236,13 @@ func roomShareSession(publisher: String, name: String, scene: String, session: I
         run.failure = "no report from the subscriber"
         return run
     }
-    let latencies = (report["latency_ms"] as? [[Any]] ?? []).compactMap { pair -> Double? in
-        guard pair.count == 2, let at = pair[0] as? Double, at >= 2000 else { return nil }
-        return pair[1] as? Double
-    }.sorted()
+    let steady = (report["latency_ms"] as? [[Any]] ?? []).filter { ($0.first as? Double ?? 0) >= 2000 }
+    let latencies = steady.compactMap { $0.count == 2 ? $0[1] as? Double : nil }.sorted()
     run.p50 = latencies.nearestRank(0.5) ?? .nan
     run.p99 = latencies.nearestRank(0.99) ?? .nan
     if let bytes = report["bytes_steady"] as? Double, let span = report["steady_seconds"] as? Double, span > 0 {
         run.kbps = bytes * 8 / span / 1000
+        run.fps = Double(steady.count) / span
     }
     if let sizes = report["sizes"] as? [String: Any], sizes.keys.contains(where: { $0 != "1920x1080" }) {
         print("    note: decoded sizes \(sizes) (scaled to 1920x1080 for the quality)")
@@ -277,12 +279,12 @@ func printRoomShareTable(_ results: [(scene: String, publisher: String, runs: [R
     }
     func cell(_ value: Double, _ format: String) -> String { value.isNaN ? "n/a" : String(format: format, value) }
     print("")
-    print("| scene | publisher | CPU s/min: publisher + X server extra = total | PSS / RSS (MB) | peak RSS (MB) | start → first frame decoded (ms) | draw → decoded p50 / p99 (ms) | bitrate (kbit/s) | received PSNR Y (dB) | received SSIM Y | rounds ok |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| scene | publisher | CPU s/min: publisher + X server extra = total | PSS / RSS (MB) | peak RSS (MB) | start → first frame decoded (ms) | draw → decoded p50 / p99 (ms) | bitrate (kbit/s) | frames/s decoded | received PSNR Y (dB) | received SSIM Y | rounds ok |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for (scene, publisher, runs) in results {
         print("| \(scene) | \(roomShareLabels[publisher]!) | \(cell(median(runs, \.cpuPublisher), "%.2f")) + \(cell(median(runs, \.cpuServer), "%.2f")) = \(range(runs, \.cpuTotal, "%.2f"))"
               + " | \(cell(median(runs, \.pssMB), "%.1f")) / \(cell(median(runs, \.rssMB), "%.1f")) | \(cell(median(runs, \.peakMB), "%.1f"))"
-              + " | \(range(runs, \.firstFrameMs, "%.0f")) | \(cell(median(runs, \.p50), "%.0f")) / \(cell(median(runs, \.p99), "%.0f")) | \(cell(median(runs, \.kbps), "%.0f"))"
+              + " | \(range(runs, \.firstFrameMs, "%.0f")) | \(cell(median(runs, \.p50), "%.0f")) / \(cell(median(runs, \.p99), "%.0f")) | \(cell(median(runs, \.kbps), "%.0f")) | \(cell(median(runs, \.fps), "%.1f"))"
               + " | \(range(runs, \.quality.psnr, "%.2f")) | \(range(runs, \.quality.ssim, "%.4f")) | \(runs.filter { $0.failure == nil }.count)/\(runs.count) |")
     }
     print("")
