@@ -288,7 +288,7 @@ func printRoomShareTable(_ results: [(scene: String, publisher: String, runs: [R
               + " | \(range(runs, \.quality.psnr, "%.2f")) | \(range(runs, \.quality.ssim, "%.4f")) | \(runs.filter { $0.failure == nil }.count)/\(runs.count) |")
     }
     print("")
-    guard publishers.contains("krakl") else { return }
+    guard publishers.contains("krakl"), publishers.count > 1 else { return }
     for scene in scenes {
         let pick = { (name: String) in results.first { $0.scene == scene && $0.publisher == name }?.runs ?? [] }
         let k = pick("krakl")
@@ -296,10 +296,11 @@ func printRoomShareTable(_ results: [(scene: String, publisher: String, runs: [R
         for peer in publishers where peer != "krakl" {
             let p = pick(peer)
             let ratio = median(p, \.cpuTotal) / median(k, \.cpuTotal)
-            parts.append(String(format: "%@: CPU %.2f vs %.2f s/min (%@), PSNR %.2f vs %.2f dB, SSIM %.4f vs %.4f, first frame %.0f vs %.0f ms, latency p50 %.0f vs %.0f ms",
-                                peer, median(k, \.cpuTotal), median(p, \.cpuTotal), median(k, \.cpuTotal) < 0.01 ? "krakl rounds to 0" : String(format: "%.1fx less", ratio),
-                                median(k, \.quality.psnr), median(p, \.quality.psnr), median(k, \.quality.ssim), median(p, \.quality.ssim),
-                                median(k, \.firstFrameMs), median(p, \.firstFrameMs), median(k, \.p50), median(p, \.p50)))
+            let versus = { (value: (RoomShareRun) -> Double, format: String) in cell(median(k, value), format) + " vs " + cell(median(p, value), format) }
+            parts.append("\(peer): CPU \(versus(\.cpuTotal, "%.2f")) s/min ("
+                         + (median(k, \.cpuTotal) < 0.01 ? "krakl rounds to 0" : String(format: "%.1fx less", ratio))
+                         + "), PSNR \(versus(\.quality.psnr, "%.2f")) dB, SSIM \(versus(\.quality.ssim, "%.4f")), frames/s \(versus(\.fps, "%.1f")),"
+                         + " first frame \(versus(\.firstFrameMs, "%.0f")) ms, latency p50 \(versus(\.p50, "%.0f")) ms")
         }
         print("\(scene), krakl against " + parts.joined(separator: "; "))
     }
