@@ -79,7 +79,9 @@ let package = Package(
         // Test-only: runs the publisher against a given SDP answer (issue 6 item 8).
         .executableTarget(name: "RTCProbe", dependencies: ["KraklBackendABI", "KraklBase", "KraklCore", "KraklEncoder", "KraklRTC", "KraklRoom", "KraklSession"], swiftSettings: swift6),
         // bench/: krakl vs ffmpeg vs GStreamer on the same content (docs/PERFORMANCE.md).
-        .executableTarget(name: "KraklBench", dependencies: ["KraklBase", "KraklCore"], path: "bench", exclude: ["xactivity.c", "portal_gst.py", "xroom.c", "gst_janus_publisher.py", "room_watch.py"], swiftSettings: swift5),
+        .executableTarget(name: "KraklBench", dependencies: ["KraklBase", "KraklCore"], path: "bench",
+                          exclude: ["xactivity.c", "portal_gst.py", "xroom.c", "xaside.c", "gst_janus_publisher.py", "room_watch.py",
+                                    "chromium_publisher.py", "chromium_share.html"], swiftSettings: swift5),
         .testTarget(name: "KraklTests", dependencies: ["KraklBase", "KraklCore", "KraklEncoder", "FrameStamp", "KraklRTC", "ZeroFill", "BackendKit", "KraklRoom", "KraklSession", "KraklScan", "KraklViewer"], swiftSettings: swift6),
     ]
 )

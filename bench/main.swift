@@ -37,6 +37,10 @@ var roomMode = false
 var roomService = "janus"
 var roomShareMode = false
 var smapsPrefix: String?
+/// roomshare: which publishers, in the order of the first round (issue 27).
+var roomSharePublisherList = ["krakl", "gst", "chromium"]
+/// roomshare: keep the subscriber's sampled frames and report in this folder.
+var keepSamplesFolder: String?
 var viewerMode = false
 var viewerLoss = true
 var scanMode = false
@@ -64,6 +68,8 @@ while let word = words.popFirst() {
     case "--service": roomService = words.popFirst() ?? roomService
     case "roomshare": roomShareMode = true
     case "--smaps": smapsPrefix = words.popFirst()
+    case "--publishers": roomSharePublisherList = (words.popFirst() ?? "").split(separator: ",").map(String.init)
+    case "--keep-samples": keepSamplesFolder = words.popFirst()
     case "viewer": viewerMode = true
     case "--no-loss": viewerLoss = false
     case "scan": scanMode = true
@@ -83,7 +89,7 @@ while let word = words.popFirst() {
         let parts = (words.popFirst() ?? "").split(separator: "x").compactMap { Int($0) }
         if parts.count == 2 { (width, height) = (parts[0], parts[1]) }
     default:
-        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT'] [--probe-arg ARG]...|turn [--rounds N] [--seconds S (1080p media sessions; 0: connect only)] [--joins N (krakl-agent joins a WHIP room through the relay)]|room [--service janus|twilio] [--joins N]|roomshare [--rounds N] [--seconds S] [--scenes a,b] [--smaps PREFIX]|viewer [--rounds N] [--seconds S] [--no-loss]|scan [--camera] [--rounds N]|soak [--minutes N] [--isolate]|isolate [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
+        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT'] [--probe-arg ARG]...|turn [--rounds N] [--seconds S (1080p media sessions; 0: connect only)] [--joins N (krakl-agent joins a WHIP room through the relay)]|room [--service janus|twilio] [--joins N]|roomshare [--rounds N] [--seconds S] [--scenes a,b] [--publishers krakl,gst,chromium] [--smaps PREFIX] [--keep-samples DIR]|viewer [--rounds N] [--seconds S] [--no-loss]|scan [--camera] [--rounds N]|soak [--minutes N] [--isolate]|isolate [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
         exit(2)
     }
 }
@@ -197,7 +203,7 @@ if scanMode {
 }
 if roomShareMode {
     try runRoomShareBench(seconds: seconds == 10 ? 20 : seconds, rounds: rounds, scenes: scenesGiven ? scenes : ["static", "typing", "scrolling"],
-                          smapsOut: smapsPrefix)
+                          publishers: roomSharePublisherList, smapsOut: smapsPrefix, keepSamples: keepSamplesFolder)
     exit(0)
 }
 if roomMode {
