@@ -47,8 +47,8 @@ public struct RtcStats: Sendable, Equatable {
     public var nackedPacketsResent = 0
     public var nackedPacketsInFlight = 0
     public var nackedPacketsRefused = 0
-    /// Resends that went out twice: the receiver reported loss, or named a packet already resent.
-    public var retransmissionsDoubled = 0
+    /// Copies beyond the first of resent packets (`retransmissionCopies`).
+    public var retransmissionsRepeated = 0
     /// The longest a retransmission waited in the pacer, ms (they go before media).
     public var retransmissionWaitMaxMs = 0.0
     public var plisReceived = 0
@@ -112,7 +112,7 @@ public struct RtcStats: Sendable, Equatable {
             "redundant_packets": redundantPackets, "redundant_bytes": redundantBytes,
             "nacks_received": nacksReceived, "nacked_packets": nackedPackets, "nacked_packets_resent": nackedPacketsResent,
             "nacked_packets_in_flight": nackedPacketsInFlight, "nacked_packets_refused": nackedPacketsRefused,
-            "retransmissions_doubled": retransmissionsDoubled, "retransmission_wait_max_ms": retransmissionWaitMaxMs, "plis_received": plisReceived,
+            "retransmissions_repeated": retransmissionsRepeated, "retransmission_wait_max_ms": retransmissionWaitMaxMs, "plis_received": plisReceived,
             "firs_received": firsReceived, "keyframe_requests": keyframeRequests, "keyframe_requests_suppressed": keyframeRequestsSuppressed, "sender_reports_sent": senderReportsSent,
             "pacer_dropped_packets": pacerDroppedPackets, "total_packet_send_delay": totalPacketSendDelay, "socket_send_failures": socketSendFailures,
             "receiver_reports": receiverReports, "target_bitrate": targetBitrate, "loss_based_bitrate": lossBasedBitrate,

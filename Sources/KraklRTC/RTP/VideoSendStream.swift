@@ -460,8 +460,6 @@ public final class VideoSendStream {
         var queued: [RtpPacket] = [], again: [RtpPacket] = []
         var inFlight = 0, refused = 0
         let rttNs = UInt64((roundTripMilliseconds ?? 20) * 1e6)
-        let lossy = protection.reportedLoss >= configuration.retransmitTwiceLoss
-        let twiceWhenAskedAgain = configuration.retransmitTwiceLoss <= 1
         for sequence in sequences {
             guard let entry = history.entry(sequenceNumber: sequence), entry.retransmissions < 8 else {
                 refused += 1
@@ -475,18 +473,16 @@ public final class VideoSendStream {
                 continue
             }
             guard let original = history.takeForRetransmission(sequenceNumber: sequence, nowNanoseconds: now) else { continue }
-            let packet = rtx != nil ? rtx!.wrap(original) : original
-            queued.append(packet)
-            // Twice while the path loses packets, or when asked again after a resend (which was lost):
-            // `retransmitTwiceLoss`. The second copies follow all the first ones, so the two copies of a
-            // packet are as far apart as the NACK is long.
-            if lossy || (twiceWhenAskedAgain && entry.retransmissions > 0) { again.append(rtx != nil ? rtx!.wrap(original) : original) }
+            queued.append(rtx != nil ? rtx!.wrap(original) : original)
+            // Further copies (`retransmissionCopies`) follow all the first ones, so the copies of a packet are
+            // as far apart as the NACK is long.
+            for _ in 1..<max(configuration.retransmissionCopies, 1) { again.append(rtx != nil ? rtx!.wrap(original) : original) }
         }
         stats.update {
             $0.nackedPacketsResent += queued.count
             $0.nackedPacketsInFlight += inFlight
             $0.nackedPacketsRefused += refused
-            $0.retransmissionsDoubled += again.count
+            $0.retransmissionsRepeated += again.count
         }
         if !queued.isEmpty { pacer.enqueue(queued + again, kind: .retransmission, now: now) }
     }
