@@ -37,7 +37,9 @@ class RepairLog:
     lists every packet it still misses), what arrived, its PLIs and why. Recorded by wrapping aiortc's
     own methods, so it is aiortc's behaviour, not a model of it. Cheap (a few dict updates a packet);
     with KRAKL_AIORTC_PACKET_LOG_DIR=DIR every event is also written to DIR/packets-PID.log at the end,
-    one line each (ms since start, then what).
+    one line each (ms since start, then what). "slow_repairs" lists the holes that held frames back for
+    more than 200 ms after their first NACK (CLOCK_MONOTONIC ms), with how many NACKs named them: 2 or more means aiortc had to
+    ask again (its first NACK, or both resends it brought, were lost), which it does only at a new gap.
     A packet lost on the way (the nftables drop) never shows here: a gap in "arrived" is the loss."""
 
     def __init__(self):
@@ -48,6 +50,9 @@ class RepairLog:
         self.arrived = set()          # media sequence numbers that arrived (directly or as RTX)
         self.highest = None           # the newest media sequence number seen
         self.nacked = {}              # sequence number -> how many NACKs named it
+        self.first_nack = {}          # sequence number -> when a NACK first named it (CLOCK_MONOTONIC ms)
+        self.slow = []                # [seq, first NACK ms, arrived ms, NACKs naming it] of holes that held frames back
+        self.arrived_nacked = set()   # NACKed packets that came
         self.nacks = 0
         self.rtx = 0
         self.rtx_duplicates = 0       # RTX of a packet that had already arrived
@@ -73,8 +78,10 @@ class RepairLog:
         send_nack = RTCRtpReceiver._send_rtcp_nack
         async def logged_nack(self, media_ssrc, lost):
             log.nacks += 1
+            now = time.monotonic() * 1000
             for seq in lost:
                 log.nacked[seq] = log.nacked.get(seq, 0) + 1
+                log.first_nack.setdefault(seq, now)
             log.event("nack", ",".join(str(s) for s in lost))
             return await send_nack(self, media_ssrc, lost)
         RTCRtpReceiver._send_rtcp_nack = logged_nack
@@ -95,6 +102,14 @@ class RepairLog:
                 log.arrived.add(packet.sequence_number)
                 if log.highest is None or 0 < ((packet.sequence_number - log.highest) & 0xFFFF) < 0x8000:
                     log.highest = packet.sequence_number
+                seq = packet.sequence_number
+                if seq in log.first_nack and seq not in log.arrived_nacked:
+                    # A hole filled: aiortc hands frames on strictly in order, so everything behind it waited
+                    # from its first NACK on. Kept when that took longer than a resend (200 ms).
+                    log.arrived_nacked.add(seq)
+                    now = time.monotonic() * 1000
+                    if now - log.first_nack[seq] > 200:
+                        log.slow.append([seq, round(log.first_nack[seq], 1), round(now, 1), log.nacked[seq]])
                 origin = self._origin
                 pli, frame = add(self, packet)
                 if pli:
@@ -120,6 +135,8 @@ class RepairLog:
         # aiortc's NackGenerator stops asking for a packet once the newest is 128 (RTP_HISTORY_SIZE) past it;
         # its jitter buffer then waits for 512 newer packets and asks for a keyframe: a stall of seconds.
         forgotten = [s for s in never if self.highest is not None and ((self.highest - s) & 0xFFFF) >= 128]
+        # Packets lost together are named by the same NACKs and forgotten together: one event.
+        forgotten_events = len({round(self.first_nack[s], 1) for s in forgotten})
         if self.lines is not None:
             with open(self.path, "w") as out:
                 out.write("\n".join(self.lines) + "\n")
@@ -129,6 +146,8 @@ class RepairLog:
             "nacked_again": sum(1 for n in self.nacked.values() if n > 1),
             "nacked_never_arrived": never,
             "forgotten": forgotten,
+            "forgotten_events": forgotten_events,
+            "slow_repairs": self.slow,
             "rtx_received": self.rtx,
             "rtx_duplicates": self.rtx_duplicates,
             "plis_sent": self.plis,
