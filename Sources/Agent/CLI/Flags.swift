@@ -69,17 +69,12 @@ extension Arguments {
         var viewerPort: UInt16?
     }
 
-    /// A number in a range, or a usage error that says what to give.
+    /// A number in a range, or a usage error that says what to give (a bounded range also refuses
+    /// "inf" and "nan", which Double reads).
     private static func number<T: LosslessStringConvertible & Comparable>(_ text: String, _ flag: String, in range: ClosedRange<T>,
                                                                           _ give: String) throws(HostError) -> T {
         guard let n = T(text), range.contains(n) else { throw HostError.usage("\(flag) \(text): \(give)") }
         return n
-    }
-
-    /// Seconds from 0 (or 1) to a bound, as most time flags take them.
-    private static func seconds(_ text: String, _ flag: String, _ range: ClosedRange<Double>, _ give: String) throws(HostError) -> Double {
-        guard let s = Double(text), s.isFinite, range.contains(s) else { throw HostError.usage("\(flag) \(text): \(give)") }
-        return s
     }
 
     /// Every flag, in `--help`'s order.
@@ -95,7 +90,7 @@ extension Arguments {
         Flag(["--preview"], nil, .commands) { a, _, _ in a.preview = true },
         Flag(["--scan-only"], nil, .commands) { a, _, _ in a.scanOnly = true },
         Flag(["--scan-timeout"], "S", .commands) { a, _, v in
-            a.scanTimeout = try seconds(v, "--scan-timeout", 1...3600, "give seconds from 1 to 3600")
+            a.scanTimeout = try number(v, "--scan-timeout", in: 1.0...3600.0, "give seconds from 1 to 3600")
         },
         Flag(["--cameras"], nil, .commands) { a, _, _ in a.cameras = true },
         Flag(["--run-group"], "GROUP", .hidden) { a, _, v in a.conformanceGroup = v },
@@ -182,7 +177,7 @@ extension Arguments {
             "(--join) ICE and DTLS must be up S seconds after the room's",
             "answer (default 15), else the session ends as connection lost.",
         ]) { a, _, v in
-            a.connectTimeout = try seconds(v, "--connect-timeout", 1...300, "give seconds from 1 to 300")
+            a.connectTimeout = try number(v, "--connect-timeout", in: 1.0...300.0, "give seconds from 1 to 300")
         },
         Flag(["--listen"], "ADDR[:PORT]", .options, [
             "(viewer) Listen on this IP address (default 127.0.0.1:8990).",
@@ -252,7 +247,7 @@ extension Arguments {
             "At most N encoded frames a second (default 30), held over",
             "time; a frame that comes a little early is not delayed.",
         ]) { a, _, v in
-            a.encoder.maximumFps = try seconds(v, "--max-fps", 1...120, "give 1 to 120")
+            a.encoder.maximumFps = try number(v, "--max-fps", in: 1.0...120.0, "give 1 to 120")
         },
         Flag(["--refresh"], "S", .encoder, [
             "Re-encode an unchanged screen every S seconds so late or",
@@ -261,14 +256,14 @@ extension Arguments {
             "with PLI/NACK and the screen gets three passes 1, 2 and 4 s",
             "after it settles, then nothing).",
         ]) { a, _, v in
-            a.encoder.refreshInterval = .seconds(try seconds(v, "--refresh", 0...3600, "give seconds from 0 (off) to 3600"))
+            a.encoder.refreshInterval = .seconds(try number(v, "--refresh", in: 0.0...3600.0, "give seconds from 0 (off) to 3600"))
             a.refreshGiven = true
         },
         Flag(["--keyframe-interval"], "S", .encoder, [
             "A keyframe at least every S seconds (default 0: on",
             "request only; SIGUSR1 requests one, at most one per 0.3 s).",
         ]) { a, _, v in
-            a.encoder.keyframeInterval = .seconds(try seconds(v, "--keyframe-interval", 0...3600, "give seconds from 0 (on request only) to 3600"))
+            a.encoder.keyframeInterval = .seconds(try number(v, "--keyframe-interval", in: 0.0...3600.0, "give seconds from 0 (on request only) to 3600"))
         },
         Flag(["--encoder-threads"], "N", .encoder, ["libvpx threads (default 0: 2 at 720p and up on 4+ cores, else 1)."]) { a, _, v in
             a.encoder.threads = try number(v, "--encoder-threads", in: 0...16, "give 0 (automatic) to 16")
