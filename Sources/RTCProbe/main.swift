@@ -30,6 +30,7 @@ usage: krakl-rtc-probe [--address IP]... [--allow-loopback] [--no-ipv6] [--stun 
                        [--bitrate KBPS] [--min-bitrate KBPS] [--max-bitrate KBPS]
                        [--fps N] [--max-size WxH] [--dump-input FILE] [--vp9-first]
                        [--startup-probe-ceiling BITS_PER_SECOND (0: off)] [--refresh S (0: off, the default)]
+                       [--retransmission-copies N (copies of each NACKed packet; 2 by default)]
                        [--media-at-connect (capture and encoding start when ICE+DTLS are up, not at the answer)]
 """
 
@@ -126,6 +127,7 @@ do {
         case "--dump-input": dumpInput = value(flag)
         case "--vp9-first": configuration.codecs = [.vp9, .vp8]
         case "--startup-probe-ceiling": configuration.startupProbeCeiling = number(flag)
+        case "--retransmission-copies": configuration.retransmissionCopies = Int(number(flag))
         case "--refresh": encoderSettings.refreshInterval = .seconds(number(flag))
         case "--media-at-connect": mediaAtConnect = true
         case "--help", "-h":

@@ -5,7 +5,8 @@ Protocol on stdin/stdout (so a test can sit between it and krakl-rtc-probe):
   1. reads the offer SDP from stdin, up to an empty line;
   2. prints the answer SDP (ICE candidates included), then an empty line;
   3. receives and decodes video until the track ends (DTLS close), stdin
-     reaches its end, or --seconds pass;
+     reaches its end, or --seconds pass; prints {"event": "first_frame"} once
+     the first frame is decoded;
   4. prints one line: {"report": {...}}.
 
 Each decoded frame's number and capture time are read from the frame stamp
@@ -26,7 +27,132 @@ import time
 
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
+from aiortc import rtcrtpreceiver
+from aiortc.jitterbuffer import JitterBuffer
 from aiortc.rtcrtpreceiver import RTCRtpReceiver
+
+
+class RepairLog:
+    """What aiortc did about lost packets, for the report's "repair" object: every NACK it sent (each
+    lists every packet it still misses), what arrived, its PLIs and why. Recorded by wrapping aiortc's
+    own methods, so it is aiortc's behaviour, not a model of it. Cheap (a few dict updates a packet);
+    with KRAKL_AIORTC_PACKET_LOG_DIR=DIR every event is also written to DIR/packets-PID.log at the end,
+    one line each (ms since start, then what). "slow_repairs" lists the holes that held frames back for
+    more than 200 ms after their first NACK (CLOCK_MONOTONIC ms), with how many NACKs named them: 2 or more means aiortc had to
+    ask again (its first NACK, or both resends it brought, were lost), which it does only at a new gap.
+    A packet lost on the way (the nftables drop) never shows here: a gap in "arrived" is the loss."""
+
+    def __init__(self):
+        self.started = time.monotonic()
+        folder = os.environ.get("KRAKL_AIORTC_PACKET_LOG_DIR")
+        self.path = os.path.join(folder, "packets-%d.log" % os.getpid()) if folder else None
+        self.lines = [] if self.path else None
+        self.arrived = set()          # media sequence numbers that arrived (directly or as RTX)
+        self.highest = None           # the newest media sequence number seen
+        self.nacked = {}              # sequence number -> how many NACKs named it
+        self.first_nack = {}          # sequence number -> when a NACK first named it (CLOCK_MONOTONIC ms)
+        self.slow = []                # [seq, first NACK ms, arrived ms, NACKs naming it] of holes that held frames back
+        self.arrived_nacked = set()   # NACKed packets that came
+        self.nacks = 0
+        self.rtx = 0
+        self.rtx_duplicates = 0       # RTX of a packet that had already arrived
+        self.plis = {"jitter_reset": 0, "jitter_overflow": 0, "decode_error": 0}
+        self.jitter_pli = False
+
+    def event(self, *fields):
+        if self.lines is not None:
+            self.lines.append("%.1f %s" % ((time.monotonic() - self.started) * 1000, " ".join(str(f) for f in fields)))
+
+    def install(self):
+        log = self
+        unwrap = rtcrtpreceiver.unwrap_rtx
+        def logged_unwrap(rtx, payload_type, ssrc):
+            packet = unwrap(rtx, payload_type, ssrc)
+            log.rtx += 1
+            if packet.sequence_number in log.arrived:
+                log.rtx_duplicates += 1
+            log.event("rtx", rtx.sequence_number, "osn", packet.sequence_number)
+            return packet
+        rtcrtpreceiver.unwrap_rtx = logged_unwrap
+
+        send_nack = RTCRtpReceiver._send_rtcp_nack
+        async def logged_nack(self, media_ssrc, lost):
+            log.nacks += 1
+            now = time.monotonic() * 1000
+            for seq in lost:
+                log.nacked[seq] = log.nacked.get(seq, 0) + 1
+                log.first_nack.setdefault(seq, now)
+            log.event("nack", ",".join(str(s) for s in lost))
+            return await send_nack(self, media_ssrc, lost)
+        RTCRtpReceiver._send_rtcp_nack = logged_nack
+
+        send_pli = RTCRtpReceiver._send_rtcp_pli
+        async def logged_pli(self, media_ssrc):
+            # The jitter buffer's reason was noted just before; otherwise it was a frame the decoder refused.
+            if not log.jitter_pli:
+                log.plis["decode_error"] += 1
+                log.event("pli", "decode_error")
+            log.jitter_pli = False
+            return await send_pli(self, media_ssrc)
+        RTCRtpReceiver._send_rtcp_pli = logged_pli
+
+        add = JitterBuffer.add
+        def logged_add(self, packet):
+            if self._is_video:
+                log.arrived.add(packet.sequence_number)
+                if log.highest is None or 0 < ((packet.sequence_number - log.highest) & 0xFFFF) < 0x8000:
+                    log.highest = packet.sequence_number
+                seq = packet.sequence_number
+                if seq in log.first_nack and seq not in log.arrived_nacked:
+                    # A hole filled: aiortc hands frames on strictly in order, so everything behind it waited
+                    # from its first NACK on. Kept when that took longer than a resend (200 ms).
+                    log.arrived_nacked.add(seq)
+                    now = time.monotonic() * 1000
+                    if now - log.first_nack[seq] > 200:
+                        log.slow.append([seq, round(log.first_nack[seq], 1), round(now, 1), log.nacked[seq]])
+                origin = self._origin
+                pli, frame = add(self, packet)
+                if pli:
+                    # aiortc's two reasons (jitterbuffer.py): a packet 100 or more behind the buffer's start
+                    # throws the whole buffer away (a reset); a hole that held 512 packets back is dropped
+                    # with its frames (an overflow).
+                    behind = (origin - packet.sequence_number) & 0xFFFF
+                    reason = "jitter_reset" if behind < ((packet.sequence_number - origin) & 0xFFFF) else "jitter_overflow"
+                    log.plis[reason] += 1
+                    log.jitter_pli = True
+                    log.event("pli", reason, "origin", origin, "seq", packet.sequence_number)
+                if frame is not None:
+                    log.event("frame", frame.timestamp)
+                return pli, frame
+            return add(self, packet)
+        JitterBuffer.add = logged_add
+
+    def packet(self, packet):
+        self.event("rtp", packet.ssrc, packet.payload_type, packet.sequence_number, packet.timestamp)
+
+    def report(self):
+        never = sorted(s for s in self.nacked if s not in self.arrived)
+        # aiortc's NackGenerator stops asking for a packet once the newest is 128 (RTP_HISTORY_SIZE) past it;
+        # its jitter buffer then waits for 512 newer packets and asks for a keyframe: a stall of seconds.
+        forgotten = [s for s in never if self.highest is not None and ((self.highest - s) & 0xFFFF) >= 128]
+        # Packets lost together are named by the same NACKs and forgotten together: one event.
+        forgotten_events = len({round(self.first_nack[s], 1) for s in forgotten})
+        if self.lines is not None:
+            with open(self.path, "w") as out:
+                out.write("\n".join(self.lines) + "\n")
+        return {
+            "nacks_sent": self.nacks,
+            "packets_nacked": len(self.nacked),
+            "nacked_again": sum(1 for n in self.nacked.values() if n > 1),
+            "nacked_never_arrived": never,
+            "forgotten": forgotten,
+            "forgotten_events": forgotten_events,
+            "slow_repairs": self.slow,
+            "rtx_received": self.rtx,
+            "rtx_duplicates": self.rtx_duplicates,
+            "plis_sent": self.plis,
+            "log": self.path,
+        }
 
 
 async def collect_stamped_frames(track, frames, ended):
@@ -138,7 +264,11 @@ async def main():
     first_timestamp = []
     handle_rtp = RTCRtpReceiver._handle_rtp_packet
 
+    repair = RepairLog()
+    repair.install()
+
     async def recording_handle_rtp(self, packet, arrival_time_ms):
+        repair.packet(packet)
         if not first_timestamp:
             first_timestamp.append(packet.timestamp)
         last_packet[packet.timestamp] = time.monotonic() * 1000
@@ -168,6 +298,9 @@ async def main():
                 complete = last_packet.get((frame.pts + first_timestamp[0]) % (1 << 32)) if first_timestamp and frame.pts is not None else None
                 frames.append((arrival, stamp[0] if stamp else None, stamp[1] if stamp else None, frame.width, frame.height,
                                round(complete, 1) if complete is not None else None))
+                if len(frames) == 1:
+                    # For a test that starts its faults once a picture is up (RTCPublisherTests' loss cases).
+                    print(json.dumps({"event": "first_frame"}), flush=True)
                 if args.dump and stamp and len(frames) % args.psnr_every == 1:
                     # Packed luma rows (the decoder's stride may be wider than the picture).
                     packed = b"".join(luma[r * plane.line_size:r * plane.line_size + frame.width] for r in range(frame.height))
@@ -219,6 +352,7 @@ async def main():
         # [decoded ms, stamp frame number, stamp capture ms, last packet ms] per decoded frame
         # (CLOCK_MONOTONIC; capture mod 2^32)
         "arrivals": [[round(f[0], 1), f[1], f[2], f[5]] for f in frames],
+        "repair": repair.report(),
     }
     if args.dump and samples:
         scores = []

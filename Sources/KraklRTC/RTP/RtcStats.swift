@@ -39,7 +39,18 @@ public struct RtcStats: Sendable, Equatable {
     public var redundantPackets = 0
     public var redundantBytes = 0
     public var nacksReceived = 0
+    /// Packets named in NACKs (a packet named in three NACKs counts three times), and what became of
+    /// each naming: resent; not resent because its last resend left less than the resend window ago
+    /// (it is still on its way); or not resent at all (no longer in the history, resent too often, or
+    /// in a NACK the size of an outage, which gets a keyframe instead).
     public var nackedPackets = 0
+    public var nackedPacketsResent = 0
+    public var nackedPacketsInFlight = 0
+    public var nackedPacketsRefused = 0
+    /// Copies beyond the first of resent packets (`retransmissionCopies`).
+    public var retransmissionsRepeated = 0
+    /// The longest a retransmission waited in the pacer, ms (they go before media).
+    public var retransmissionWaitMaxMs = 0.0
     public var plisReceived = 0
     public var firsReceived = 0
     /// Keyframe requests handed to the encoder (after rate limiting).
@@ -99,7 +110,9 @@ public struct RtcStats: Sendable, Equatable {
             "packets_sent": packetsSent, "bytes_sent": bytesSent, "payload_bytes_sent": payloadBytesSent,
             "retransmitted_packets": retransmittedPackets, "retransmitted_bytes": retransmittedBytes,
             "redundant_packets": redundantPackets, "redundant_bytes": redundantBytes,
-            "nacks_received": nacksReceived, "nacked_packets": nackedPackets, "plis_received": plisReceived,
+            "nacks_received": nacksReceived, "nacked_packets": nackedPackets, "nacked_packets_resent": nackedPacketsResent,
+            "nacked_packets_in_flight": nackedPacketsInFlight, "nacked_packets_refused": nackedPacketsRefused,
+            "retransmissions_repeated": retransmissionsRepeated, "retransmission_wait_max_ms": retransmissionWaitMaxMs, "plis_received": plisReceived,
             "firs_received": firsReceived, "keyframe_requests": keyframeRequests, "keyframe_requests_suppressed": keyframeRequestsSuppressed, "sender_reports_sent": senderReportsSent,
             "pacer_dropped_packets": pacerDroppedPackets, "total_packet_send_delay": totalPacketSendDelay, "socket_send_failures": socketSendFailures,
             "receiver_reports": receiverReports, "target_bitrate": targetBitrate, "loss_based_bitrate": lossBasedBitrate,

@@ -20,6 +20,17 @@ public struct VideoSendConfiguration: Sendable {
     public var keyframeRequestInterval: Duration = .milliseconds(300)
     /// A NACK asking for more packets than this gets a keyframe instead of retransmissions.
     public var nackBurstLimit = 64
+    /// How many copies of a NACKed packet go out (each its own RTX packet). Two: a receiver that asks for a
+    /// lost packet only when it sees a new gap (aiortc) and forgets it once 128 newer packets came cannot
+    /// recover a packet whose NACK and resends are all lost; its 512-packet jitter buffer then waits and
+    /// asks for a keyframe (a 2.3-2.8 s freeze). At 5 % loss a single resend is lost 1 time in 20, two
+    /// copies 1 in 400. Measured against aiortc at 5 % loss (issue 26, docs/webrtc.md "5 % loss,
+    /// scrolling"): lost packets whose first NACK did not bring them 6.3-8.7 % -> 3.0-5.3 % (what is left
+    /// is NACKs lost on the way), for about 5 % more packets; typing sessions with a freeze over 1 s 1 in
+    /// 40 -> 0 in 40. Always, not only while receiver reports say loss: in a typing run the first NACK came
+    /// while the last report still said 0 %, its one resend was lost, and aiortc asked again 1.8 s later.
+    /// A packet is copied only when asked for, so a clean path pays nothing.
+    public var retransmissionCopies = 2
     public var senderReportInterval: Duration = .seconds(1)
     /// Loss protection for small frames: until the first receiver report says the path loses nothing,
     /// and while the receiver has reported loss (a NACK, or a receiver report with loss) within

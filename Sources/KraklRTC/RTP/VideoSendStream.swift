@@ -234,7 +234,7 @@ public final class VideoSendStream {
     private func pump(now: UInt64, clock: () -> UInt64, transmit: (_ plain: [UInt8], _ rtcp: Bool) -> TransmitResult) {
         guard media else { return }
         var packets = 0, bytes = 0, payload = 0, resent = 0, resentBytes = 0, redundant = 0, redundantBytes = 0, failures = 0
-        var waitedNs: UInt64 = 0
+        var waitedNs: UInt64 = 0, resentWaitNs: UInt64 = 0
         for _ in 0..<512 {
             guard let item = pacer.pop(now: now) else { break }
             var packet = item.packet
@@ -275,6 +275,7 @@ public final class VideoSendStream {
             } else if item.kind == .retransmission {
                 resent += 1
                 resentBytes += plain.count
+                resentWaitNs = max(resentWaitNs, sendNs &- min(sendNs, item.enqueuedNs))
             } else {
                 redundant += 1
                 redundantBytes += plain.count
@@ -291,6 +292,7 @@ public final class VideoSendStream {
             $0.redundantBytes += redundantBytes
             $0.socketSendFailures += failures
             $0.totalPacketSendDelay += Double(waitedNs) / 1e9
+            $0.retransmissionWaitMaxMs = max($0.retransmissionWaitMaxMs, Double(resentWaitNs) / 1e6)
         }
     }
 
@@ -451,22 +453,38 @@ public final class VideoSendStream {
         // stale burst behind live video (and resets some receivers' jitter buffers to the past).
         // A keyframe repairs the picture in one frame (libwebrtc receivers make the same choice).
         if sequences.count > configuration.nackBurstLimit {
+            stats.update { $0.nackedPacketsRefused += sequences.count }
             receiverWantsKeyframe(now: now)
             return
         }
-        var queued: [RtpPacket] = []
+        var queued: [RtpPacket] = [], again: [RtpPacket] = []
+        var inFlight = 0, refused = 0
         let rttNs = UInt64((roundTripMilliseconds ?? 20) * 1e6)
         for sequence in sequences {
-            guard let entry = history.entry(sequenceNumber: sequence) else { continue }
-            // Resent too often, or resent less than an RTT ago. No age limit: a receiver that re-asks only
-            // when it sees the next gap (aiortc) may ask seconds later and waits for exactly this packet;
-            // an outage's backlog is handled above (a keyframe instead).
-            if entry.retransmissions >= 8 { continue }
-            if entry.retransmissions > 0 && now &- entry.sentNanoseconds < max(rttNs * 3 / 2, 20_000_000) { continue }
+            guard let entry = history.entry(sequenceNumber: sequence), entry.retransmissions < 8 else {
+                refused += 1
+                continue
+            }
+            // Resent less than an RTT ago: that resend is still on its way (the NACK crossed it). No age
+            // limit: a receiver that re-asks only when it sees the next gap (aiortc) may ask seconds later
+            // and waits for exactly this packet; an outage's backlog is handled above (a keyframe instead).
+            if entry.retransmissions > 0 && now &- entry.sentNanoseconds < max(rttNs * 3 / 2, 20_000_000) {
+                inFlight += 1
+                continue
+            }
             guard let original = history.takeForRetransmission(sequenceNumber: sequence, nowNanoseconds: now) else { continue }
-            if rtx != nil { queued.append(rtx!.wrap(original)) } else { queued.append(original) }
+            queued.append(rtx != nil ? rtx!.wrap(original) : original)
+            // Further copies (`retransmissionCopies`) follow all the first ones, so the copies of a packet are
+            // as far apart as the NACK is long.
+            for _ in 1..<max(configuration.retransmissionCopies, 1) { again.append(rtx != nil ? rtx!.wrap(original) : original) }
         }
-        if !queued.isEmpty { pacer.enqueue(queued, kind: .retransmission, now: now) }
+        stats.update {
+            $0.nackedPacketsResent += queued.count
+            $0.nackedPacketsInFlight += inFlight
+            $0.nackedPacketsRefused += refused
+            $0.retransmissionsRepeated += again.count
+        }
+        if !queued.isEmpty { pacer.enqueue(queued + again, kind: .retransmission, now: now) }
     }
 
     /// The pacer's rate: the probe's while it runs, else the pacing factor × the estimate.

@@ -217,8 +217,14 @@ struct RtcArrivals {
     }
 
     func longestGap(from start: Double, to end: Double) -> Double {
+        let span = longestGapSpan(from: start, to: end)
+        return span.end - span.start
+    }
+
+    /// Where the longest gap lies: the decode times around it (or the window's ends).
+    func longestGapSpan(from start: Double, to end: Double) -> (start: Double, end: Double) {
         let inside = [start] + times.filter { $0 > start && $0 < end } + [end]
-        return zip(inside, inside.dropFirst()).map { $1 - $0 }.max() ?? (end - start)
+        return zip(inside, inside.dropFirst()).max { $0.1 - $0.0 < $1.1 - $1.0 } ?? (start, end)
     }
 
     func firstAfter(_ t: Double) -> Double? { times.first { $0 > t } }
@@ -311,6 +317,11 @@ struct RtcArrivals {
         defer { session.stop() }
         try session.exchange()
         let connected = try #require(session.waitConnected(timeout: 20), "never connected: \(session.probe.log)")
+        // The loss starts once aiortc shows a picture. A first keyframe whose opening packets are lost before
+        // aiortc saw any packet cannot be repaired by NACK (aiortc asks only for packets after the first it
+        // got): decode errors and PLIs until the next keyframe, in 2 of 80 sessions started at "connected"
+        // (95.0 and 95.9 % decoded), none of 80 started at the first picture (issue 26).
+        try #require(session.receiver.waitFor("\"first_frame\"", timeout: 20), "a hang guard: aiortc decoded nothing in 20 s: \(session.receiver.log)")
         try namespace.dropUdp(percent: percent)
         let result = try #require(session.probeResult(timeout: seconds + 30), "the probe gave no result: \(session.probe.log)")
         try namespace.heal()
@@ -319,16 +330,35 @@ struct RtcArrivals {
         let sent = stats["frames_sent"] as? Int ?? 0
         let decoded = report["frames_decoded"] as? Int ?? 0
         let arrivals = RtcArrivals(report)
-        let freeze = arrivals.longestGap(from: connected + 500, to: connected + seconds * 1000 - 200)
+        let freezeSpan = arrivals.longestGapSpan(from: connected + 500, to: connected + seconds * 1000 - 200)
+        let freeze = freezeSpan.end - freezeSpan.start
         let ratio = sent > 0 ? Double(decoded) / Double(sent) : 0
         print(String(format: "%d %% loss, %@: %d of %d frames decoded (%.1f %%), longest freeze %.0f ms; NACKs %@ (%@ packets), retransmitted %@, PLIs %@ (%@ crossed a keyframe), keyframes %@, target %@ bit/s, loss seen %@, RTT %@ ms",
                      percent, scene, decoded, sent, ratio * 100, freeze, "\(stats["nacks_received"] ?? 0)", "\(stats["nacked_packets"] ?? 0)",
                      "\(stats["retransmitted_packets"] ?? 0) (+ \(stats["redundant_packets"] ?? 0) copies)", "\(stats["plis_received"] ?? 0)", "\(stats["keyframe_requests_suppressed"] ?? 0)",
                      "\(stats["keyframes_sent"] ?? 0)",
                      "\(stats["target_bitrate"] ?? 0)", "\(stats["fraction_lost"] ?? "-")", "\(stats["rtt_ms"] ?? "-")"))
+        let repair = try #require(report["repair"] as? [String: Any], "aiortc's report has no repair log")
+        let forgotten = repair["forgotten"] as? [Int] ?? []
+        // The hole that ended the longest freeze, when aiortc had to ask for it again: its first NACK brought
+        // nothing (lost on the way, or both resends were), and aiortc asks again only at a new gap.
+        let holes = (repair["slow_repairs"] as? [[Any]] ?? []).map { $0.map { ($0 as? Double) ?? ($0 as? Int).map(Double.init) ?? -1 } }
+        let reasked = holes.first { hole in hole.count == 4 && hole[3] >= 2 && hole[2] >= freezeSpan.start && hole[2] <= freezeSpan.end }
+        let named = stats["nacked_packets"] as? Int ?? 0
+        let (resentNamed, inFlight, refused) = (stats["nacked_packets_resent"] as? Int ?? 0, stats["nacked_packets_in_flight"] as? Int ?? 0,
+                                                stats["nacked_packets_refused"] as? Int ?? 0)
+        print(String(format: "  ours: %d packets named in NACKs: %d resent (+ %@ second copies), %d with a resend on its way, %d refused; longest pacer wait of a resend %.1f ms",
+                     named, resentNamed, "\(stats["retransmissions_repeated"] ?? 0)", inFlight, refused, stats["retransmission_wait_max_ms"] as? Double ?? -1))
+        print("  aiortc: \(repair["nacks_sent"] ?? 0) NACKs sent (\(stats["nacks_received"] ?? 0) reached us) naming \(repair["packets_nacked"] ?? 0) packets, \(repair["nacked_again"] ?? 0) named again; RTX received \(repair["rtx_received"] ?? 0) (\(repair["rtx_duplicates"] ?? 0) of packets it had); never arrived \(repair["nacked_never_arrived"] ?? []), of them forgotten (128 newer packets came) \(forgotten); holes that held frames over 200 ms [seq, first NACK, arrived, NACKs] \(repair["slow_repairs"] ?? []); PLIs \(repair["plis_sent"] ?? [:])")
         #expect(result["status"] as? Int == 0, "probe: \(result["result"] ?? "?")")
-        #expect(stats["retransmitted_packets"] as? Int ?? 0 > 0, "no retransmission under \(percent) % loss")
         #expect(report["decreasing"] as? Int == 0, "frame numbers went backwards")
+        // Ours: every packet named in a NACK that reached us was resent at once (ahead of media: RTCPacerTests),
+        // or a resend of it had left less than the resend window ago; none was refused (gone from the history,
+        // resent 8 times, an outage-sized NACK), and each went out twice (retransmissionCopies).
+        // aiortc's side of it, from its own log: every packet it asked for arrived, but for those it stopped
+        // asking for (judged below) and those still asked for when the probe stopped.
+        #expect(stats["retransmitted_packets"] as? Int ?? 0 > 0, "no retransmission under \(percent) % loss")
+        #expect(refused == 0, "\(refused) of \(named) packets named in NACKs were not resent (gone from the history, resent 8 times, or an outage-sized NACK)")
         // aiortc re-asks for a lost packet only when it sees the next gap and hands its decoder at most one
         // frame per arriving packet. In the typing scene (one packet a frame) a lost NACK or retransmission
         // used to stall it until the next loss and leave a backlog that never drained (75–94 % decoded);
@@ -338,19 +368,36 @@ struct RtcArrivals {
         #expect(arrivals.firstAfter(connected + seconds * 1000 - 4000) != nil, "decoding stopped under \(percent) % loss")
         switch (percent, scene) {
         case (5, "scrolling"):
-            // A known intermittent issue, open (stop 20 note): in 3 of 5 fresh-clone CI runs aiortc
-            // froze here, 2.5-2.7 s twice (2-3 of ~114 NACKed packets never reached it; PLI, new keyframe)
-            // and once 1.55 s with 82 % decoded although every NACKed packet was resent. Until the side
-            // that loses them is found, the bounds are reported as a known issue, not a pass; the checks
-            // above (no frame backwards, decoding goes on, resends happen) still fail the test.
-            withKnownIssue("aiortc stalls under 5 % loss in the scrolling scene (cause open)", isIntermittent: true) {
-                #expect(ratio >= 0.95, "only \(decoded) of \(sent) frames decoded under 5 % loss")
-                #expect(freeze <= 1000, "a freeze of \(freeze) ms under 5 % loss")
+            #expect(ratio >= 0.95, "only \(decoded) of \(sent) frames decoded under 5 % loss")
+            // aiortc asks for a lost packet only when it sees a new gap and stops asking once 128 newer packets
+            // came; its 512-packet jitter buffer then waits and asks for a keyframe: a 2.3-2.8 s freeze. With
+            // resends sent twice a packet is forgotten when the NACKs naming it are lost on the way (5 % each)
+            // and no other gap comes soon: 3 sessions in 200 (issue 26; 6 in 180 with one resend), each one
+            // traced shown by aiortc's log and our RTX sequence numbers or NACK trace to be NACKs that never
+            // reached the probe. That freeze is aiortc's; what is ours is judged above. Two such events in
+            // one session (about 1 in 10 000 sessions by those numbers) would mean resends do not reach it;
+            // packets first named by the same NACK are lost together and forgotten together: one event.
+            let forgottenEvents = repair["forgotten_events"] as? Int ?? forgotten.count
+            #expect(forgottenEvents <= 1, "aiortc stopped asking for \(forgotten) (first named by \(forgottenEvents) NACKs) without receiving them")
+            if !forgotten.isEmpty {
+                print("  aiortc forgot \(forgotten) (its NACKs never brought it): the \(Int(freeze)) ms freeze is its 512-packet wait")
+            } else if let reasked, freeze > 1000 {
+                print("  the \(Int(freeze)) ms freeze ended when \(Int(reasked[0])) came, which aiortc asked for again \(Int(reasked[2] - reasked[1])) ms after its first NACK")
+            } else {
+                #expect(freeze <= 1000, "a freeze of \(freeze) ms under 5 % loss, with every packet aiortc asked for received at its first NACK")
             }
         case (5, _):
             #expect(stats["redundant_packets"] as? Int ?? 0 > 0, "no loss protection copies under 5 % loss")
             #expect(ratio >= 0.95, "only \(decoded) of \(sent) frames decoded under 5 % loss")
-            #expect(freeze <= 1000, "a freeze of \(freeze) ms under 5 % loss")
+            // One packet a frame: a packet whose NACK is lost (5 %) before loss protection is on (it turns
+            // off at the first clean receiver report and on at the first NACK or lossy report) waits for
+            // aiortc's next gap, 0.7 s on average at 30 packets a second, over 1 s 1 time in 5: a freeze in
+            // 1 of 20 test runs, before and after resends went out twice (issue 26). aiortc's log shows it.
+            if let reasked, freeze > 1000 {
+                print("  the \(Int(freeze)) ms freeze ended when \(Int(reasked[0])) came, which aiortc asked for again \(Int(reasked[2] - reasked[1])) ms after its first NACK")
+            } else {
+                #expect(freeze <= 1000, "a freeze of \(freeze) ms under 5 % loss, with every packet aiortc asked for received at its first NACK")
+            }
         default:
             #expect(ratio >= 0.85, "only \(decoded) of \(sent) frames decoded under \(percent) % loss")
             #expect(freeze <= 2000, "a freeze of \(freeze) ms under \(percent) % loss")

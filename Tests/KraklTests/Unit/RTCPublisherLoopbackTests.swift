@@ -263,7 +263,8 @@ final class RtcCallbackLog: @unchecked Sendable {
         #expect(rtt >= 0 && rtt < 100, "RTT \(rtt) ms on loopback")
         #expect(after.fractionLost == 0.25 && after.cumulativeLost == 3)
         #expect(log.bitrates.last.map { $0 <= 300_000 } == true, "REMB 300 kbit/s did not lower the target: \(log.bitrates)")
-        #expect(after.nacksReceived == 1 && after.retransmittedPackets == 1 && after.plisReceived == 3 && after.firsReceived == 2)
+        // One NACKed packet, resent twice (retransmissionCopies).
+        #expect(after.nacksReceived == 1 && after.retransmittedPackets == 2 && after.plisReceived == 3 && after.firsReceived == 2)
         #expect(after.framesSent == 3 && after.keyframesSent == 1)
 
         // close(): BYE and close_notify reach the peer.

@@ -158,27 +158,80 @@ func rtcTransportFeedback(mediaSSRC: UInt32, base: UInt16, count: UInt16, feedba
         h.rtcp([RtcpWriter.nack(senderSSRC: 7, mediaSSRC: SendStreamHarness.ssrc, lost: [original.sequenceNumber])])
         for _ in 0..<10 { h.advance(ms: 1) }
         let resent = Array(h.rtp.dropFirst(before))
-        try #require(resent.count == 1, "one retransmission for one NACKed packet, got \(resent.count)")
-        if rtx {
-            // RFC 4588: rtx SSRC and payload type, the original sequence number first in the payload.
-            #expect(resent[0].ssrc == SendStreamHarness.rtxSSRC && resent[0].payloadType == 97)
-            #expect(Array(resent[0].payload.prefix(2)) == [UInt8(original.sequenceNumber >> 8), UInt8(original.sequenceNumber & 0xff)])
-            #expect(Array(resent[0].payload.dropFirst(2)) == original.payload)
-        } else {
-            #expect(resent[0].ssrc == SendStreamHarness.ssrc && resent[0].sequenceNumber == original.sequenceNumber)
-            #expect(resent[0].payload == original.payload)
+        // Two copies (VideoSendConfiguration.retransmissionCopies, issue 26), each a full resend.
+        try #require(resent.count == 2, "two copies for one NACKed packet, got \(resent.count)")
+        for copy in resent {
+            if rtx {
+                // RFC 4588: rtx SSRC and payload type, the original sequence number first in the payload.
+                #expect(copy.ssrc == SendStreamHarness.rtxSSRC && copy.payloadType == 97)
+                #expect(Array(copy.payload.prefix(2)) == [UInt8(original.sequenceNumber >> 8), UInt8(original.sequenceNumber & 0xff)])
+                #expect(Array(copy.payload.dropFirst(2)) == original.payload)
+            } else {
+                #expect(copy.ssrc == SendStreamHarness.ssrc && copy.sequenceNumber == original.sequenceNumber)
+                #expect(copy.payload == original.payload)
+            }
         }
-        #expect(h.stats.snapshot.nacksReceived == 1 && h.stats.snapshot.retransmittedPackets == 1)
+        if rtx { #expect(resent[1].sequenceNumber == resent[0].sequenceNumber &+ 1, "each RTX copy has the next RTX sequence number") }
+        #expect(h.stats.snapshot.nacksReceived == 1 && h.stats.snapshot.retransmittedPackets == 2)
 
-        // The same NACK again at once (less than an RTT later) is not answered twice.
+        // The same NACK again at once (less than an RTT later) is not answered again.
         h.rtcp([RtcpWriter.nack(senderSSRC: 7, mediaSSRC: SendStreamHarness.ssrc, lost: [original.sequenceNumber])])
         for _ in 0..<10 { h.advance(ms: 1) }
-        #expect(h.rtp.count == before + 1)
+        #expect(h.rtp.count == before + 2)
         // A NACK for another SSRC, or for a packet never sent, sends nothing.
         h.rtcp([RtcpWriter.nack(senderSSRC: 7, mediaSSRC: 99, lost: [original.sequenceNumber &+ 1])])
         h.rtcp([RtcpWriter.nack(senderSSRC: 7, mediaSSRC: SendStreamHarness.ssrc, lost: [original.sequenceNumber &- 100])])
         for _ in 0..<10 { h.advance(ms: 1) }
-        #expect(h.rtp.count == before + 1)
+        #expect(h.rtp.count == before + 2)
+    }
+
+    /// Issue 26: aiortc asks for a lost packet only when it sees a new gap and forgets it once 128 newer
+    /// packets came, so a packet whose resend is lost as well may never be asked for again (a 2.5 s freeze
+    /// at 5 % loss). Every resend goes out twice, as two RTX packets, the second copies after all the first.
+    @Test func aResendGoesOutTwice() throws {
+        let h = SendStreamHarness()
+        h.stream.start(now: h.now)
+        h.frame(bytes: 3000, keyframe: true)
+        let sequences = h.rtp.map(\.sequenceNumber)
+        try #require(sequences.count == 3)
+        /// What a NACK for `lost` sends within 10 ms, as the original sequence numbers (RTX: first in the payload).
+        func nack(_ lost: [UInt16]) -> [UInt16] {
+            let before = h.rtp.count
+            h.rtcp([RtcpWriter.nack(senderSSRC: 7, mediaSSRC: SendStreamHarness.ssrc, lost: lost)])
+            for _ in 0..<10 { h.advance(ms: 1) }
+            let resent = h.rtp.dropFirst(before)
+            #expect(resent.allSatisfy { $0.ssrc == SendStreamHarness.rtxSSRC && $0.payloadType == 97 })
+            #expect(Set(resent.map(\.sequenceNumber)).count == resent.count, "each RTX packet has its own sequence number")
+            return resent.map { UInt16($0.payload[0]) << 8 | UInt16($0.payload[1]) }
+        }
+
+        #expect(nack([sequences[0]]) == [sequences[0], sequences[0]])
+        // Asked again at once: those resends are still on their way (the NACK crossed them), so nothing.
+        #expect(nack([sequences[0]]) == [])
+        // Asked again later (past the window: 1.5 × the 20 ms assumed before an RTT is known): both were lost.
+        h.advance(ms: 50)
+        #expect(nack([sequences[0]]) == [sequences[0], sequences[0]])
+        #expect(nack([sequences[1], sequences[2]]) == [sequences[1], sequences[2], sequences[1], sequences[2]])
+        // A packet no longer (or never) in the history is refused.
+        #expect(nack([sequences[0] &- 100]) == [])
+
+        let stats = h.stats.snapshot
+        #expect(stats.nackedPackets == 6, "six namings in five NACKs")
+        #expect(stats.nackedPacketsResent == 4 && stats.nackedPacketsInFlight == 1 && stats.nackedPacketsRefused == 1)
+        #expect(stats.retransmissionsRepeated == 4 && stats.retransmittedPackets == 8)
+    }
+
+    @Test func oneCopyWhenSoConfigured() {
+        let h = SendStreamHarness { $0.retransmissionCopies = 1 }
+        h.stream.start(now: h.now)
+        h.frame(bytes: 1000, keyframe: true)
+        let sequence = h.rtp[0].sequenceNumber
+        for _ in 0..<2 {
+            h.rtcp([RtcpWriter.nack(senderSSRC: 7, mediaSSRC: SendStreamHarness.ssrc, lost: [sequence])])
+            h.advance(ms: 50)
+        }
+        #expect(h.stats.snapshot.retransmittedPackets == 2 && h.stats.snapshot.retransmissionsRepeated == 0,
+                "asked twice, 50 ms apart: one resend each, got \(h.stats.snapshot.retransmittedPackets)")
     }
 
     @Test func anOutageSizedNackGetsAKeyframeInstead() {
