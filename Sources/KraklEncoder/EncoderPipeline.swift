@@ -209,7 +209,7 @@ public final class EncoderPipeline: @unchecked Sendable {
         var timestampNs: UInt64 = 0
         var keyframe = false
         var refresh = false
-        /// The frame of no blocks after a keyframe (`EncoderSettings.followKeyframes`).
+        /// The frame of no blocks after a keyframe or the last refinement pass (`EncoderSettings.followStillFrames`).
         var followUp = false
         var newSize: (Int, Int)?
         var bitrate: Int?
@@ -224,20 +224,18 @@ public final class EncoderPipeline: @unchecked Sendable {
         var lastKeyframeNs: UInt64?
         var lastPts: Int64 = -1
         let refreshNs = settings.refreshInterval.inNanoseconds
-        // Settle refreshes (refreshNs 0): counted from the last change; none before the first picture.
-        var lastChangeNs: UInt64?
-        var settleDone = 0
+        let frameInterval = UInt64(1e9 / settings.maximumFps)
+        // Refinement after settling (refreshNs 0): made with the first picture's size.
+        var refinement: SettleRefinement?
         func refreshAt() -> UInt64? {
             if refreshNs > 0 { return lastEncodeNs + refreshNs }
-            guard let changed = lastChangeNs, settleDone < settings.settleRefreshes else { return nil }
-            return changed + (1_000_000_000 << UInt64(min(settleDone, 20)))
+            return settings.refineAfterSettling ? refinement?.nextPassNs : nil
         }
         let keyframeNs = settings.keyframeInterval.inNanoseconds
 
         // Damage of a frame libvpx dropped: the next frame must encode it too.
         var carried = DamageAccumulator()
         var followUpAt: UInt64?
-        let frameInterval = UInt64(1e9 / settings.maximumFps)
         var refreshRow = 0
         loop: while true {
             guard var work = takeWork(picture: &picture, cap: &cap, lastKeyframeNs: lastKeyframeNs,
@@ -294,6 +292,7 @@ public final class EncoderPipeline: @unchecked Sendable {
                 let encodeStart = MonotonicClock.nanoseconds()
                 let packets = try encoder.encode(image, pts: pts, duration: duration, keyframe: work.keyframe, activeMap: map)
                 let encodeNs = MonotonicClock.nanoseconds() - encodeStart
+                let quantizer = encoder.lastQuantizer()
                 if packets.isEmpty {
                     carried = work.damage
                     statistics.recordDrop()
@@ -312,21 +311,27 @@ public final class EncoderPipeline: @unchecked Sendable {
                     if packet.keyframe {
                         lastKeyframeNs = now
                         keyframeServed(requestsUpTo: requestsBeforeWrite)
-                        if settings.followKeyframes { followUpAt = MonotonicClock.nanoseconds() + frameInterval }
+                        if settings.followStillFrames { followUpAt = MonotonicClock.nanoseconds() + frameInterval }
                     }
                     let row = EncoderStatistics.Frame(bytes: packet.data.count, keyframe: packet.keyframe, refresh: work.refresh,
-                                                      activeShare: share, encodeNs: encodeNs, timestampNs: work.timestampNs)
+                                                      activeShare: share, encodeNs: encodeNs, timestampNs: work.timestampNs,
+                                                      quantizer: quantizer)
                     statistics.record(row)
                     try frameLog?.append(row)
                 }
                 lastEncodeNs = now
                 if work.followUp {
-                    // Neither a change nor a pass: the settle schedule stays as it was.
+                    // Neither a change nor a pass: the refinement stays where it was.
                 } else if work.refresh {
-                    settleDone += 1
+                    if refinement?.passed(atNs: now, bytes: packets.reduce(0) { $0 + $1.data.count }, quantizer: quantizer) == true,
+                       settings.followStillFrames {
+                        followUpAt = MonotonicClock.nanoseconds() + frameInterval
+                    }
                 } else {
-                    lastChangeNs = now
-                    settleDone = 0
+                    if refinement == nil || work.newSize != nil {
+                        refinement = SettleRefinement(frameIntervalNs: frameInterval, width: image.width, height: image.height)
+                    }
+                    refinement?.changed(atNs: now)
                 }
             } catch {
                 fail(error)

@@ -14,26 +14,28 @@ public struct EncoderSettings: Sendable {
     /// (all blocks active) so receivers that lost packets or joined late
     /// recover and quality keeps improving. Zero turns it off.
     public var refreshInterval: Duration = .seconds(1)
-    /// With `refreshInterval` zero: after the screen settles (no change for 1 s), the current picture is
-    /// encoded again (all blocks active) this many times, 1, 2, 4 … s after the last change, then
-    /// nothing until the next change. What the periodic refresh was for besides loss repair (which
-    /// receivers that ask for it get from NACK and PLI) is raising the quality of parts that stopped
-    /// changing after a coarse keyframe or a busy moment; a few passes do that, and an unchanged
-    /// screen then costs nothing (issue 17: the periodic refresh was ≈ 1.2 % of a core at 1080p).
-    public var settleRefreshes = 0
+    /// With `refreshInterval` zero: once the screen has not changed for 1 s, the current picture is
+    /// encoded again (all blocks active) pass after pass at the frame rate until libvpx's
+    /// quantizer says it converged, then nothing until the next change (`SettleRefinement`).
+    /// What the periodic refresh was for besides loss repair (which receivers that ask for it get
+    /// from NACK and PLI) is raising the quality of parts that stopped changing after a coarse
+    /// keyframe or a busy moment; this does that, and an unchanged screen then costs nothing
+    /// (issue 17: the periodic refresh was ≈ 1.2 % of a core at 1080p).
+    public var refineAfterSettling = false
 
     /// For receivers that ask for what they miss (NACK, PLI/FIR: a room, the viewer): no periodic
-    /// refresh, three passes after the screen settles.
+    /// refresh; refinement after the screen settles.
     public mutating func refreshForReceiversThatAsk() {
         refreshInterval = .zero
-        settleRefreshes = 3
-        followKeyframes = true
+        refineAfterSettling = true
+        followStillFrames = true
     }
-    /// After a keyframe of an unchanged picture, one frame interval later, a frame of no blocks (a
-    /// few bytes) follows unless something else did. Some receivers hand a frame to their decoder
-    /// only when a packet of the next one arrives (aiortc: measured through Janus, a static 1080p
-    /// screen's keyframe sat there until the settle pass 1 s later); with this it is shown at once.
-    public var followKeyframes = false
+    /// After a keyframe of an unchanged picture, or the last refinement pass, one frame interval
+    /// later a frame of no blocks (a few bytes) follows unless something else did. Some receivers
+    /// hand a frame to their decoder only when a packet of the next one arrives (aiortc: measured
+    /// through Janus, a static 1080p screen's keyframe sat there until the settle pass 1 s later,
+    /// and the last pass until the next change); with this it is shown at once.
+    public var followStillFrames = false
     /// A keyframe at least this often; zero: only when requested.
     public var keyframeInterval: Duration = .zero
     /// Requested keyframes (SIGUSR1, a viewer's PLI or FIR) at most this often; requests in between

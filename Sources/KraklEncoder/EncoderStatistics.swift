@@ -15,6 +15,8 @@ public final class EncoderStatistics: Sendable {
         public let encodeNs: UInt64
         /// Presentation time (PresentationClock): increases from frame to frame.
         public let timestampNs: UInt64
+        /// libvpx's quantizer for the frame, 0 (finest) to 63; nil if it did not say.
+        public var quantizer: Int? = nil
     }
 
     public struct Summary: Sendable {

@@ -9,7 +9,7 @@ public final class FrameLog {
 
     public init(path: String) throws(EncoderError) {
         file = try OutputFile(path: path)
-        try file.write("time_ms,bytes,keyframe,refresh,active_share,encode_ms\n")
+        try file.write("time_ms,bytes,keyframe,refresh,active_share,encode_ms,quantizer\n")
         // A FIFO or /dev/full says no here, not only at the first row.
         try file.flush()
     }
@@ -21,8 +21,8 @@ public final class FrameLog {
         let start = self.start ?? f.timestampNs
         self.start = start
         let ms = f.timestampNs > start ? Double(f.timestampNs - start) / 1e6 : 0
-        try file.write(String(format: "%.1f,%d,%d,%d,%.4f,%.3f\n", ms, f.bytes, f.keyframe ? 1 : 0, f.refresh ? 1 : 0,
-                              f.activeShare, Double(f.encodeNs) / 1e6))
+        try file.write(String(format: "%.1f,%d,%d,%d,%.4f,%.3f,%d\n", ms, f.bytes, f.keyframe ? 1 : 0, f.refresh ? 1 : 0,
+                              f.activeShare, Double(f.encodeNs) / 1e6, f.quantizer ?? -1))
         // Row by row into the file (one write a frame, at most --max-fps a second): a reader
         // tailing it sees each frame, and a run cut short keeps its rows.
         try file.flush()

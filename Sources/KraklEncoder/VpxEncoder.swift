@@ -149,6 +149,15 @@ final class VpxEncoder {
         bitrateKbps = kbps
     }
 
+    /// The quantizer libvpx chose for the last frame, 0 (finest) to 63 (`rc_max_quantizer` is 56).
+    /// A refresh pass that comes out near the floor means the picture has converged: another pass
+    /// would re-send what the receiver already has.
+    func lastQuantizer() -> Int? {
+        var quantizer: Int32 = -1
+        guard krakl_vpx_last_quantizer(&context, &quantizer) == VPX_CODEC_OK, quantizer >= 0 else { return nil }
+        return Int(quantizer)
+    }
+
     /// Encodes `picture`. `activeMap` (one byte per 16×16 block, 1 = changed)
     /// limits the work to changed blocks; nil encodes every block.
     func encode(_ picture: I420Image, pts: Int64, duration: UInt, keyframe: Bool, activeMap: [UInt8]?) throws(EncoderError) -> [(data: [UInt8], keyframe: Bool)] {

@@ -251,12 +251,19 @@ extension Arguments {
         },
         Flag(["--refresh"], "S", .encoder, [
             "Re-encode an unchanged screen every S seconds so late or",
-            "lossy receivers recover (default 1 when recording; 0 = off,",
-            "the default in a room and for the viewer, where receivers ask",
-            "with PLI/NACK and the screen gets three passes 1, 2 and 4 s",
-            "after it settles, then nothing).",
+            "lossy receivers recover (default 1 when recording). 0: no",
+            "periodic refresh; after 1 s without change the picture is",
+            "re-encoded at the frame rate until its quality converges,",
+            "then nothing (the default in a room and for the viewer,",
+            "whose receivers ask for what they miss with PLI/NACK).",
         ]) { a, _, v in
-            a.encoder.refreshInterval = .seconds(try number(v, "--refresh", in: 0.0...3600.0, "give seconds from 0 (off) to 3600"))
+            let seconds = try number(v, "--refresh", in: 0.0...3600.0, "give seconds from 0 (refine once after each change) to 3600")
+            if seconds == 0 {
+                a.encoder.refreshForReceiversThatAsk()
+            } else {
+                a.encoder.refreshInterval = .seconds(seconds)
+                a.encoder.refineAfterSettling = false
+            }
             a.refreshGiven = true
         },
         Flag(["--keyframe-interval"], "S", .encoder, [
@@ -280,7 +287,8 @@ extension Arguments {
         Flag(["--stats-json"], "FILE", .encoder, ["Write the run's numbers as JSON at the end."]) { a, _, v in a.statsJSON = v },
         Flag(["--frame-log"], "FILE", .encoder, [
             "Write one CSV line per encoded frame (time, bytes, keyframe,",
-            "refresh, active-block share, encode ms) as it is encoded.",
+            "refresh, active-block share, encode ms, quantizer 0-63) as it",
+            "is encoded.",
             "Every output is opened (or its folder checked) before",
             "capture starts; one that cannot be written ends the run",
             "with status 23. --record may name a FIFO (mkfifo live.webm):",

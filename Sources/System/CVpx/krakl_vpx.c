@@ -20,6 +20,10 @@ vpx_codec_err_t krakl_vpx_control_int(vpx_codec_ctx_t *ctx, int control, int val
     return vpx_codec_control_(ctx, control, value);
 }
 
+vpx_codec_err_t krakl_vpx_last_quantizer(vpx_codec_ctx_t *ctx, int *quantizer) {
+    return vpx_codec_control(ctx, VP8E_GET_LAST_QUANTIZER_64, quantizer);
+}
+
 vpx_codec_err_t krakl_vpx_set_active_map(vpx_codec_ctx_t *ctx, unsigned char *map, unsigned rows, unsigned cols) {
     vpx_active_map_t active = {map, rows, cols};
     return vpx_codec_control(ctx, VP8E_SET_ACTIVEMAP, &active);

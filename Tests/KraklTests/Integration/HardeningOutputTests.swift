@@ -267,7 +267,7 @@ struct HardeningOutputTests {
         let agent = try RunningAgent(["--plugins", try Self.fixture.get(), "--record", dir + "/out.webm", "--frame-log", log])
         #expect(agent.read(until: "kbit/s p50", count: 2), "no status lines: \(agent.output)")
         let rows = (try? String(contentsOfFile: log, encoding: .utf8))?.split(separator: "\n") ?? []
-        #expect(rows.first == "time_ms,bytes,keyframe,refresh,active_share,encode_ms" && rows.count > 20, "\(rows.count) rows while running")
+        #expect(rows.first == "time_ms,bytes,keyframe,refresh,active_share,encode_ms,quantizer" && rows.count > 20, "\(rows.count) rows while running")
         #expect(agent.stop() == 0)
     }
 

@@ -14,6 +14,9 @@ vpx_codec_err_t krakl_vpx_encoder_init(vpx_codec_ctx_t *ctx, int codec, const vp
 
 /// vpx_codec_control() for controls that take an int or unsigned int.
 vpx_codec_err_t krakl_vpx_control_int(vpx_codec_ctx_t *ctx, int control, int value);
+/// VP8E_GET_LAST_QUANTIZER_64: the last frame's quantizer on the 0-63 scale of
+/// rc_min_quantizer/rc_max_quantizer, for VP8 and VP9 alike.
+vpx_codec_err_t krakl_vpx_last_quantizer(vpx_codec_ctx_t *ctx, int *quantizer);
 
 /// VP8E_SET_ACTIVEMAP: `map` is rows x cols macroblocks (16x16), 1 = encode,
 /// 0 = keep from the previous frame; NULL turns the map off.

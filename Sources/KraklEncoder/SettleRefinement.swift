@@ -1,0 +1,77 @@
+/// After the screen settles, the unchanged picture is encoded again (every block active), pass
+/// after pass at the frame rate, until libvpx says the picture has converged; then nothing until
+/// the next change. This is what a room or the viewer gets instead of a periodic refresh
+/// (`EncoderSettings.refineAfterSettling`). Sans I/O: the encoder thread tells it about changes
+/// and passes, it answers when the next pass is due.
+///
+/// Why passes back to back and not a few seconds apart: libvpx's rate control moves the quantizer
+/// a step per frame, whatever the time between frames (the pipeline feeds it a steady one-frame
+/// clock). After a coarse 1080p keyframe (173 KB at 2.5 Mbit/s, 38.8 dB) the next frames come out
+/// at the quantizer's ceiling, and only about ten frames later does it come down. The old schedule
+/// of three passes at 1, 2 and 4 s all fell in that stretch: 840–960 bytes each, +0.04 dB, and a
+/// room's viewers saw 27.7 dB of a static screen where Chromium's and GStreamer's reached 47
+/// (docs/PERFORMANCE.md, issue 27). Passes at the frame rate took the same picture to 50.4 dB in
+/// 55 passes (q 56 → 6), at the same CBR target, like libwebrtc's zero-hertz screenshare mode,
+/// which repeats an unchanged frame until its quantizer converges.
+struct SettleRefinement {
+    /// No change for this long before the first pass: a short pause in typing is no reason to refine.
+    static let settleDelayNs: UInt64 = 1_000_000_000
+    /// A pass whose quantizer (0–63) is at most this has converged: libwebrtc's VP8 threshold
+    /// (13 of 127). Measured at 1080p, 2.5 Mbit/s: 50.4 dB PSNR when it was reached.
+    static let convergedQuantizer = 6
+    /// At most this many passes after one change (3 s at 30 fps): a link too slow to converge
+    /// still stops.
+    static let passLimit = 90
+    /// This many passes in a row that carried nothing but per-block skip flags, at a quantizer no
+    /// lower than the pass before, end it too: at a low bitrate the quantizer stays at its
+    /// ceiling and the picture stops improving (300 kbit/s, 1080p: 36.47 dB from pass 20 to pass
+    /// 90, each pass ≈ 700 bytes at q 56). Right after a large keyframe there is a stretch of
+    /// such passes too, before the quantizer starts to fall (9 at 2.5 Mbit/s, 1080p, then small
+    /// passes with a falling quantizer, which reset the count); 15 rides it out.
+    static let emptyRunLimit = 15
+
+    let frameIntervalNs: UInt64
+    /// Below this a pass changed (next to) nothing: about 0.1 byte a 16×16 block is the skip
+    /// flags alone (≈ 700–960 bytes at 1080p), so one byte in eight blocks plus a frame header.
+    let emptyPassBytes: Int
+
+    private(set) var lastChangeNs: UInt64?
+    private(set) var passes = 0
+    private(set) var converged = false
+    private var emptyRun = 0
+    private var lastQuantizer: Int?
+    private var lastPassNs: UInt64 = 0
+
+    init(frameIntervalNs: UInt64, width: Int, height: Int) {
+        self.frameIntervalNs = frameIntervalNs
+        emptyPassBytes = ((width + 15) / 16) * ((height + 15) / 16) / 8 + 64
+    }
+
+    /// A frame that carried a change (or a keyframe): refinement starts over after the next settle.
+    mutating func changed(atNs now: UInt64) {
+        lastChangeNs = now
+        passes = 0
+        emptyRun = 0
+        lastQuantizer = nil
+        converged = false
+    }
+
+    /// When the next pass is due; nil before the first picture and once converged.
+    var nextPassNs: UInt64? {
+        guard let changed = lastChangeNs, !converged else { return nil }
+        return passes == 0 ? changed + Self.settleDelayNs : lastPassNs + frameIntervalNs
+    }
+
+    /// A pass went out. True when it ended the refinement (converged, no longer improving, or the
+    /// limit), so the caller can send the frame that lets a receiver show it.
+    mutating func passed(atNs now: UInt64, bytes: Int, quantizer: Int?) -> Bool {
+        passes += 1
+        lastPassNs = now
+        let falling = quantizer.map { q in lastQuantizer.map { q < $0 } ?? false } ?? false
+        emptyRun = bytes < emptyPassBytes && !falling ? emptyRun + 1 : 0
+        lastQuantizer = quantizer
+        if let quantizer, quantizer <= Self.convergedQuantizer { converged = true }
+        if emptyRun >= Self.emptyRunLimit || passes >= Self.passLimit { converged = true }
+        return converged
+    }
+}
