@@ -5,6 +5,7 @@
 //
 //   swift build -c release && sudo .build/release/krakl-bench roomshare [--rounds 3] [--seconds 20]
 //       [--scenes static,typing,scrolling] [--publishers krakl,gst,chromium] [--smaps PREFIX] [--keep-samples DIR]
+//   (--keep-samples also keeps krakl's --frame-log as DIR/SCENE-krakl-ROUND.frames.csv)
 //
 // Xvfb 1920x1080 with bench/xroom.c drawing the scene and a frame stamp
 // (docs/frame-stamp.md, stamped with the draw time), bench/xaside.c keeping
@@ -172,7 +173,9 @@ func roomShareSession(publisher: String, name: String, scene: String, session: I
         let codePath = work + "/code-\(name)"
         try made.stdout.trimmingCharacters(in: .whitespacesAndNewlines).write(toFile: codePath, atomically: true, encoding: .utf8)
         publisherCommand = namespace.command(agent, ["--join", "@" + codePath, "--address", "127.0.0.2", "--plugins", work + "/plugins-x11.json",
-                                                     "--option", "display=\(display)"])
+                                                     "--option", "display=\(display)"]
+                                             // --keep-samples: krakl's own row per encoded frame beside them (time, bytes, keyframe, refresh, quantizer).
+                                             + (keepAs.map { ["--frame-log", $0 + ".frames.csv"] } ?? []))
     case "gst":
         publisherCommand = namespace.command(scripts.systemPython, [scripts.gst, "--room", "\(room)", "--display", name, "--x-display", display])
     default:

@@ -34,6 +34,11 @@ let logger = stderrLogger(maximum: arguments.verbose ? .debug : .warning)
 let homeScreen = arguments.wantsHomeScreen(terminal: TerminalScreen.available())
 
 do throws(HostError) {
+    // A room session's --frame-log and --dump-input are made at each answer; an unwritable path is
+    // refused here, before anything is joined, as a recording's is (status 23).
+    if arguments.mayShowHomeScreen {
+        for path in [arguments.frameLog, arguments.dumpInput].compactMap({ $0 }) { try checkRecordingPath(path) }
+    }
     switch arguments.command {
     case .help:
         print(helpText)

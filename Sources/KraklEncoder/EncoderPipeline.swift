@@ -297,6 +297,13 @@ public final class EncoderPipeline: @unchecked Sendable {
                     carried = work.damage
                     statistics.recordDrop()
                     if work.keyframe { keyframePending() }
+                    // A dropped pass counts as one that changed nothing, so the next is a frame
+                    // interval away rather than due again at once.
+                    if work.refresh, refinement?.passed(atNs: now, bytes: 0, quantizer: nil) == true, settings.followStillFrames {
+                        followUpAt = MonotonicClock.nanoseconds() + frameInterval
+                    }
+                    // The frame that lets a receiver show a keyframe must come: try again.
+                    if work.followUp { followUpAt = MonotonicClock.nanoseconds() + frameInterval }
                     continue
                 }
                 if let inputDump {

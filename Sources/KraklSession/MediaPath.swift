@@ -26,8 +26,8 @@ public enum MediaPathEvent: Sendable {
 ///
 /// Threads: `frame` and `event` on the backend's capture thread; the encoder's own thread behind
 /// `pipeline`; everything else from any thread.
-/// @unchecked Sendable: the source, encoder and outputs are under `lock`; frames pass on the capture and encoder threads only.
-public final class MediaPath: FrameSink, @unchecked Sendable {
+/// Sendable, checked: what changes after `init` is in `state`; frames pass on the capture and encoder threads only.
+public final class MediaPath: FrameSink, Sendable {
     /// Where the encoded frames go.
     public enum Output {
         /// A file: the factory makes its writer once the first picture's codec and size are known.
@@ -42,21 +42,22 @@ public final class MediaPath: FrameSink, @unchecked Sendable {
     public let statistics = CaptureStatistics()
     private let frameLimit: Int?
     private let logger: BackendLogger
-    private let onEvent: (MediaPathEvent) -> Void
+    private let onEvent: @Sendable (MediaPathEvent) -> Void
     private let gate: FrameGate
-    // Guards every var below.
-    private let lock = NSLock()
-    private var _pipeline: EncoderPipeline?
-    private var closed = false
-    private var limitSaid = false
-    private var _sourceError: String?
-    private var _encoderError: EncoderError?
+    private struct State: Sendable {
+        var pipeline: EncoderPipeline?
+        var closed = false
+        var limitSaid = false
+        var sourceError: String?
+        var encoderError: EncoderError?
+    }
+    private let state = Guarded(State())
 
     /// - Parameters:
     ///   - backend: the backend's name, for log lines.
     ///   - frameLimit: say `.frameLimitReached` once this many frames were captured (`--frames`).
     ///   - onEvent: the source's end and errors, the limit, the encoder's failure; must not block.
-    public init(backend: String, frameLimit: Int? = nil, logger: @escaping BackendLogger, onEvent: @escaping (MediaPathEvent) -> Void) {
+    public init(backend: String, frameLimit: Int? = nil, logger: @escaping BackendLogger, onEvent: @escaping @Sendable (MediaPathEvent) -> Void) {
         self.backend = backend
         self.frameLimit = frameLimit
         self.logger = logger
@@ -65,11 +66,11 @@ public final class MediaPath: FrameSink, @unchecked Sendable {
     }
 
     /// The encoder, once made.
-    public var pipeline: EncoderPipeline? { lock.withLock { _pipeline } }
+    public var pipeline: EncoderPipeline? { state.withLock { $0.pipeline } }
     /// The first error the source reported, if any.
-    public var sourceError: String? { lock.withLock { _sourceError } }
+    public var sourceError: String? { state.withLock { $0.sourceError } }
     /// The encoder's failure, if it failed.
-    public var encoderError: EncoderError? { lock.withLock { _encoderError } }
+    public var encoderError: EncoderError? { state.withLock { $0.encoderError } }
 
     /// Makes the encoder, its output and the feedback wiring; frames captured from now on are
     /// encoded once `start` is called. Once per path.
@@ -92,7 +93,7 @@ public final class MediaPath: FrameSink, @unchecked Sendable {
                                            onFailure: { [weak self] error in self?.encoderFailed(error) },
                                            onWarning: { logger(backend, .warning, $0) })
         if let steering { steer(pipeline, by: steering) }
-        lock.withLock { _pipeline = pipeline }
+        state.withLock { $0.pipeline = pipeline }
         return pipeline
     }
 
@@ -113,14 +114,14 @@ public final class MediaPath: FrameSink, @unchecked Sendable {
     /// outputs are completed; a failure there is an `.encoderFailed` event. The source is stopped
     /// after this, so a stop() that hangs adds nothing to a recording.
     public func finish() {
-        lock.withLock { closed = true }
+        state.withLock { $0.closed = true }
         pipeline?.finish()
     }
 
     private func encoderFailed(_ error: EncoderError) {
-        let first = lock.withLock { () -> Bool in
-            guard _encoderError == nil else { return false }
-            _encoderError = error
+        let first = state.withLock { state -> Bool in
+            guard state.encoderError == nil else { return false }
+            state.encoderError = error
             return true
         }
         if first { onEvent(.encoderFailed(error)) }
@@ -133,7 +134,7 @@ public final class MediaPath: FrameSink, @unchecked Sendable {
 
     public func frame(_ pointer: UnsafePointer<krakl_frame>) {
         let received = DispatchTime.now().uptimeNanoseconds
-        let (closed, pipeline) = lock.withLock { (self.closed, _pipeline) }
+        let (closed, pipeline) = state.withLock { ($0.closed, $0.pipeline) }
         guard !closed else { return }
         guard let info = gate.admit(pointer) else {
             statistics.recordInvalid()
@@ -142,7 +143,7 @@ public final class MediaPath: FrameSink, @unchecked Sendable {
         statistics.record(info, receivedNs: received)
         pipeline?.submit(info)
         if let frameLimit, statistics.frameCount >= frameLimit {
-            let first = lock.withLock { () -> Bool in defer { limitSaid = true }; return !limitSaid }
+            let first = state.withLock { state -> Bool in defer { state.limitSaid = true }; return !state.limitSaid }
             if first { onEvent(.frameLimitReached(frameLimit)) }
         }
     }
@@ -155,7 +156,7 @@ public final class MediaPath: FrameSink, @unchecked Sendable {
             logger(backend, .info, "format changed to \(FrameCheck.formatName(event.format)) \(event.width)x\(event.height)")
         case .error:
             let words = "\(event.message ?? "unspecified error") (\(errnoName(event.error)))"
-            lock.withLock { if _sourceError == nil { _sourceError = words } }
+            state.withLock { if $0.sourceError == nil { $0.sourceError = words } }
             logger(backend, .error, words)
             onEvent(.sourceError(words))
         case .unknown(let type):

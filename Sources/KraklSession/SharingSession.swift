@@ -27,6 +27,8 @@ public struct SharingConfiguration: Sendable {
     public var connectTimeout: Duration = .seconds(15)
     /// Also write every encoded picture as raw I420 (tests measure PSNR with it).
     public var dumpInput: String?
+    /// Also write one CSV row per encoded frame (`--frame-log`); each session starts the file anew.
+    public var frameLog: String?
     /// Capture and encoding start at the room's answer, so the first keyframe is (nearly) ready when
     /// ICE and DTLS are up; false starts them when the connection is up (the behaviour before, kept
     /// for measuring the difference: krakl-rtc-probe `--media-at-connect`).
@@ -520,7 +522,8 @@ public final class SharingSession: @unchecked Sendable {
         settings.codec = codec
         let sink = FeedSink(publisher, keepsTimes: true)
         guard let path = lock.withLock({ self.path }) else { return }
-        try path.makeEncoder(settings: settings, dumpInput: configuration.dumpInput,
+        let frameLog = try configuration.frameLog.map { (file) throws(EncoderError) in try FrameLog(path: file) }
+        try path.makeEncoder(settings: settings, dumpInput: configuration.dumpInput, frameLog: frameLog,
                              output: .feeds(steering: sink, also: alsoSendTo.map { [$0] } ?? []))
         lock.withLock { self.sink = sink }
     }

@@ -76,6 +76,9 @@ func sharingConfiguration(_ arguments: Arguments, invitation: Invitation, logger
     configuration.backendIsolation = arguments.isolate
     configuration.encoder = arguments.encoder
     if !arguments.refreshGiven { configuration.encoder.refreshForReceiversThatAsk() }
+    // Accepted with --join as everywhere, so they must do something here too (they were ignored).
+    configuration.dumpInput = arguments.dumpInput
+    configuration.frameLog = arguments.frameLog
     configuration.encoder.bitrateKbps = arguments.encoder.bitrateKbps
     configuration.publisher.startBitrate = Double(arguments.encoder.bitrateKbps) * 1000
     configuration.publisher.startBitrate = min(max(configuration.publisher.startBitrate, configuration.publisher.minimumBitrate),

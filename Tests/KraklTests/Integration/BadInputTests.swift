@@ -145,6 +145,16 @@ struct BadInputTests {
                       ["unknown option \"scnee\"", "known options: scene,"])
     }
 
+    /// A room session's outputs are checked before anything is joined, as a recording's are: the
+    /// join code here names a port nobody listens on, so only the path check can end it with 23.
+    @Test(arguments: ["--frame-log", "--dump-input"])
+    func aRoomSessionsUnwritableOutputIsRefusedBeforeJoining(flag: String) throws {
+        try Harness.requireBuild()
+        let code = "https://127.0.0.1:9/whip#t=abc"
+        expectFailure(try Harness.agent(["--join", code, "--once", flag, "/nonexistent-folder/out"], timeout: 30), status: 23,
+                      ["/nonexistent-folder/out", "folder"])
+    }
+
     @Test func invalidOptionSyntax() throws {
         try Harness.requireBuild()
         expectFailure(try Harness.agent(["--record", "krakl-recording.webm", "--option", "scene"]), status: 3, ["--option scene is not key=value"])

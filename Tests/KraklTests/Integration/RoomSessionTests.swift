@@ -84,7 +84,9 @@ import Testing
         guard let room = try JanusRoom() else { return }
         let identity = "Ada's screen"
         let (code, token) = try room.codeFile(identity: identity)
-        let agent = try room.agent(codeFile: code)
+        // --frame-log works in a room as in a recording (it was accepted and ignored with --join).
+        let frameLog = try Harness.temporaryDirectory() + "/frames.csv"
+        let agent = try room.agent(codeFile: code, extra: ["--frame-log", frameLog])
         defer { agent.stop() }
         #expect(agent.waitFor("sharing the screen", timeout: 30), "the agent never shared: \(agent.log)")
 
@@ -291,7 +293,9 @@ import Testing
         guard let room = try WhipRoom() else { return }
         let identity = "Ann's screen"
         let (code, token) = try room.codeFile(identity: identity)
-        let agent = try room.agent(codeFile: code)
+        // --frame-log works in a room as in a recording (it was accepted and ignored with --join).
+        let frameLog = try Harness.temporaryDirectory() + "/frames.csv"
+        let agent = try room.agent(codeFile: code, extra: ["--frame-log", frameLog])
         defer { agent.stop() }
         #expect(agent.waitFor("sharing the screen", timeout: 30), "the agent never shared: \(agent.log)")
         let auth = room.server.waitForEvent("auth")
@@ -320,6 +324,10 @@ import Testing
         #expect(deleteMs <= 10_000, "a hang guard (10x the 1 s target; krakl-bench room measures it): DELETE came \(deleteMs) ms after SIGTERM")
         #expect(frames >= 45, "aiortc decoded \(frames) frames: \(numbers)")
         #expect(numbers["stamps_in_order"] as? Bool == true, "\(numbers)")
+        let rows = ((try? String(contentsOfFile: frameLog, encoding: .utf8)) ?? "").split(separator: "\n")
+        #expect(rows.first?.hasPrefix("time_ms,bytes,keyframe") == true && rows.count > frames / 2,
+                "frame log: \(rows.count) lines for \(frames) frames decoded; first: \(rows.first ?? "none")")
+        #expect(rows.dropFirst().first?.split(separator: ",").dropFirst(2).first == "1", "the first frame logged is not a keyframe: \(rows.prefix(2))")
         let signature = String(token.split(separator: ".").last ?? "")
         #expect(!agent.log.contains(signature) && !room.server.process.log.contains(signature), "the token's signature was printed")
     }
