@@ -46,8 +46,6 @@ public final class EncoderPipeline: @unchecked Sendable {
     private let inputDump: OutputFile?
     private let frameLog: FrameLog?
     private let onWarning: (String) -> Void
-    /// Frames a rolling refresh band takes to sweep the picture (0.5 s at 30 fps).
-    static let refreshSweep = 15
 
     /// - Parameters:
     ///   - dumpInput: a file to receive every encoded picture as raw I420
@@ -236,7 +234,7 @@ public final class EncoderPipeline: @unchecked Sendable {
         // Damage of a frame libvpx dropped: the next frame must encode it too.
         var carried = DamageAccumulator()
         var followUpAt: UInt64?
-        var refreshRow = 0
+        var band = RefinementBand(width: 16, height: 16)
         loop: while true {
             guard var work = takeWork(picture: &picture, cap: &cap, lastKeyframeNs: lastKeyframeNs,
                                       refreshAt: refreshAt(), followUpAt: followUpAt) else { break }
@@ -258,6 +256,9 @@ public final class EncoderPipeline: @unchecked Sendable {
                     work.keyframe = true
                 }
                 guard let encoder, let output else { continue }
+                if band.columns != (image.width + 15) / 16 || band.rows != (image.height + 15) / 16 {
+                    band = RefinementBand(width: image.width, height: image.height)
+                }
                 if let bitrate = work.bitrate { try encoder.setBitrate(kbps: bitrate) }
                 if keyframeNs > 0 && now - (lastKeyframeNs ?? 0) >= keyframeNs { work.keyframe = true }
 
@@ -276,23 +277,16 @@ public final class EncoderPipeline: @unchecked Sendable {
                 var share = 1.0
                 if !work.damage.whole && !work.keyframe {
                     (map, share) = work.damage.macroblockMap(width: image.width, height: image.height)
-                    // A rolling band of block rows rides along with the damage, so
-                    // areas that stopped changing still get refined (the first
-                    // picture is coarse under CBR) and a lost packet heals within
-                    // a sweep: every row comes round every `refreshSweep` frames.
-                    let cols = (image.width + 15) / 16, rows = (image.height + 15) / 16
-                    let band = max(1, (rows + Self.refreshSweep - 1) / Self.refreshSweep)
-                    if refreshRow >= rows { refreshRow = 0 }   // the picture shrank since the band's last step
-                    for row in refreshRow..<min(rows, refreshRow + band) {
-                        for col in 0..<cols { map![row * cols + col] = 1 }
-                    }
-                    refreshRow = refreshRow + band >= rows ? 0 : refreshRow + band
-                    share = Double(map!.reduce(0) { $0 + Int($1) }) / Double(cols * rows)
+                    // The band of rows that refines what stopped changing (the first picture is
+                    // coarse under CBR) rides along, less its blocks that already converged.
+                    band.add(to: &map!)
+                    share = Double(map!.reduce(0) { $0 + Int($1) }) / Double(map!.count)
                 }
                 let encodeStart = MonotonicClock.nanoseconds()
                 let packets = try encoder.encode(image, pts: pts, duration: duration, keyframe: work.keyframe, activeMap: map)
                 let encodeNs = MonotonicClock.nanoseconds() - encodeStart
                 let quantizer = encoder.lastQuantizer()
+                if !packets.isEmpty { band.encoded(map: map, quantizer: quantizer) }
                 if packets.isEmpty {
                     carried = work.damage
                     statistics.recordDrop()

@@ -204,6 +204,12 @@ struct BadInputTests {
     @Test(arguments: ["garbage", "close"])
     func anUnusableDaemonReplyIs64(_ how: String) throws {
         try Harness.requireBuild()
+        expectFailure(try Self.statusFromAnUnusableDaemon(how), status: 64, [how == "garbage" ? "reply" : "closed the connection"])
+    }
+
+    /// `krakl-agent status` against a fake daemon on the control socket that answers each request
+    /// with a line that is no reply ("garbage") or closes the connection without one ("close").
+    static func statusFromAnUnusableDaemon(_ how: String) throws -> Harness.Result {
         let runtime = try Harness.temporaryDirectory()
         chmod(runtime, 0o700)
         mkdir(runtime + "/krakl", 0o700)
@@ -218,8 +224,7 @@ struct BadInputTests {
             """, runtime + "/krakl/control.sock", how])
         defer { server.stop() }
         try #require(server.waitFor("ready", timeout: 10), "the fake daemon did not start: \(server.log)")
-        let result = try Harness.run(Harness.agent, ["status"], timeout: 20, environment: ["XDG_RUNTIME_DIR": runtime])
-        expectFailure(result, status: 64, [how == "garbage" ? "reply" : "closed the connection"])
+        return try Harness.run(Harness.agent, ["status"], timeout: 30, environment: ["XDG_RUNTIME_DIR": runtime])
     }
 
     /// docs/exit-codes.md, `--help`'s EXIT STATUS and Sources/Agent/CLI/ExitStatus.swift name the same

@@ -325,19 +325,7 @@ struct ExitStatusTableTests {
             return try withExtendedLifetime(daemon) { try daemon.client(["connect", "--scan"], timeout: 30) }
         },
         Recipe(64, ["closed the connection"], "a socket that closes without a reply") {
-            let runtime = try Harness.temporaryDirectory()
-            chmod(runtime, 0o700)
-            mkdir(runtime + "/krakl", 0o700)
-            let server = try DtlsTestProcess("/usr/bin/python3", ["-c", """
-                import socket, sys
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                s.bind(sys.argv[1]); s.listen(4); print("ready", flush=True)
-                while True:
-                    c, _ = s.accept(); c.recv(4096); c.close()
-                """, runtime + "/krakl/control.sock"])
-            defer { server.stop() }
-            try #require(server.waitFor("ready", timeout: 10), "the fake daemon did not start: \(server.log)")
-            return try Harness.run(Harness.agent, ["status"], timeout: 30, environment: ["XDG_RUNTIME_DIR": runtime])
+            try BadInputTests.statusFromAnUnusableDaemon("close")
         },
     ]
 

@@ -81,4 +81,34 @@ struct SettleRefinementTests {
         #expect(endedAt == SettleRefinement.passLimit)
         #expect(line.refinement.passes == SettleRefinement.passLimit)
     }
+
+    /// The band of block rows refining what stopped changing: which blocks it adds to a frame.
+    @Test func theBandLeavesOutBlocksThatConvergedAndTakesBackOnesThatChangedCoarsely() {
+        // 1920×1080: 120×68 blocks, a band of 5 rows (68 / 15 rounded up), 14 frames a sweep.
+        var band = RefinementBand(width: 1920, height: 1080)
+        let blocks = band.columns * band.rows
+        func frame(damage: [Int] = [], quantizer: Int?) -> [UInt8] {
+            var map = [UInt8](repeating: 0, count: blocks)
+            for index in damage { map[index] = 1 }
+            band.add(to: &map)
+            band.encoded(map: map, quantizer: quantizer)
+            return map
+        }
+        // Nothing converged yet: the first frame's band is its first 5 rows, whole.
+        let first = frame(quantizer: 20)
+        #expect(first.prefix(5 * 120).allSatisfy { $0 == 1 } && first.dropFirst(5 * 120).allSatisfy { $0 == 0 })
+        // A sweep at the converged quantizer (14 frames), then the band adds nothing at all.
+        for _ in 0..<14 { _ = frame(quantizer: SettleRefinement.convergedQuantizer) }
+        let quiet = (0..<14).map { _ in frame(quantizer: 2).reduce(0) { $0 + Int($1) } }
+        #expect(quiet.allSatisfy { $0 == 0 }, "blocks a frame once converged: \(quiet)")
+        // A block that changed in a coarse frame (q 40) comes back into the band on its row's turn.
+        let changed = 30 * 120 + 7
+        _ = frame(damage: [changed], quantizer: 40)
+        let sweep = (0..<14).map { _ in frame(quantizer: 2) }
+        #expect(sweep.filter { $0[changed] == 1 }.count == 1, "the coarse block was not refined once in a sweep")
+        #expect(sweep.map { $0.reduce(0) { $0 + Int($1) } }.reduce(0, +) == 1, "the band took other blocks too")
+        // A frame of every block (a keyframe, a pass) at an unknown quantizer: nothing counts as converged.
+        band.encoded(map: nil, quantizer: nil)
+        #expect(band.converged.allSatisfy { !$0 })
+    }
 }
