@@ -117,7 +117,8 @@ final class HTTPConnection: Sendable {
     /// Ends every wait of this connection now (from any thread); later calls fail as cancelled.
     func cancel() {
         ending.withLock { ending in
-            guard !ending.cancelled else { return }
+            // Once closed, the pipe's numbers may belong to another file: nothing is written.
+            guard !ending.cancelled, !ending.closed else { return }
             ending.cancelled = true
             var byte: UInt8 = 1
             _ = Glibc.write(wake.write, &byte, 1)
