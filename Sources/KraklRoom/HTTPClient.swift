@@ -62,20 +62,21 @@ public struct HTTPResponse: Sendable {
 /// Through an HTTP proxy (`ProxySettings`, by default from the environment as
 /// curl reads it): https URLs by a CONNECT tunnel with TLS to the server inside
 /// it; http URLs by a request in absolute form to the proxy (RFC 9112 §3.2.2).
-/// @unchecked Sendable: the proxy settings are fixed at init; the reused connection is under `lock`.
-public final class HTTPClient: @unchecked Sendable {
+public final class HTTPClient: Sendable {
     /// The largest reply body read (signalling is small: an SDP answer, a JSON event batch).
     public static let maximumBody = 4 << 20
     private let caFile: String?
     /// A malformed proxy setting fails each request (and says why), rather than going direct.
     private let proxies: Result<ProxySettings, RoomError>
-    private let lock = NSLock()
-    private var invalidated = false
-    /// `cancelRunning` calls so far: a request sent "unless cancelled since" an epoch a caller read
-    /// before its own checks fails when a cancel came in between (it found nothing running then).
-    private var cancels: UInt64 = 0
-    private var running: [ObjectIdentifier: HTTPConnection] = [:]
-    private var tls: TLSClientContext?
+    private struct State: Sendable {
+        var invalidated = false
+        /// `cancelRunning` calls so far: a request sent "unless cancelled since" an epoch a caller read
+        /// before its own checks fails when a cancel came in between (it found nothing running then).
+        var cancels: UInt64 = 0
+        var running: [ObjectIdentifier: HTTPConnection] = [:]
+        var tls: TLSClientContext?
+    }
+    private let state = Guarded(State())
 
     /// - Parameters:
     ///   - caFile: trust only the certificates in this PEM file (tests); nil: the system store.
@@ -109,23 +110,27 @@ public final class HTTPClient: @unchecked Sendable {
         case .success(let settings): proxy = settings.proxy(for: request.url)
         case .failure(let error): throw error
         }
-        lock.lock()
-        if invalidated { lock.unlock(); throw .unreachable("\(what): the HTTP client was closed") }
-        var context = tls
-        lock.unlock()
+        let (closed, made) = state.withLock { ($0.invalidated, $0.tls) }
+        if closed { throw .unreachable("\(what): the HTTP client was closed") }
+        var context = made
         if secure && context == nil {
             context = try HTTPConnection.tlsContext(caFile: caFile)
-            lock.withLock { tls = context }
+            state.withLock { $0.tls = context }
         }
         let bareHost = host.hasPrefix("[") ? String(host.dropFirst().dropLast()) : host
         let connection = try HTTPConnection(timeout: request.timeout.inSeconds, what: what)
         let key = ObjectIdentifier(connection)
-        lock.lock()
-        if invalidated { lock.unlock(); connection.cancel(); throw .unreachable("\(what): the HTTP client was closed") }
-        if let epoch, epoch != cancels { lock.unlock(); connection.cancel(); throw .unreachable("\(what): cancelled") }
-        running[key] = connection
-        lock.unlock()
-        defer { lock.withLock { running[key] = nil } }
+        let refusal = state.withLock { state -> String? in
+            if state.invalidated { return "the HTTP client was closed" }
+            if let epoch, epoch != state.cancels { return "cancelled" }
+            state.running[key] = connection
+            return nil
+        }
+        if let refusal {
+            connection.cancel()
+            throw .unreachable("\(what): \(refusal)")
+        }
+        defer { state.withLock { $0.running[key] = nil } }
         try connection.open(host: bareHost, port: port, tls: secure ? context : nil, what: what, proxy: proxy)
 
         // Plain http through a proxy: the proxy reads the request itself (absolute form).
@@ -187,23 +192,23 @@ public final class HTTPClient: @unchecked Sendable {
     /// Running requests fail at once ("cancelled"), and so do requests sent "unless cancelled
     /// since" an earlier `cancelEpoch`; later ones are sent as usual.
     public func cancelRunning() {
-        let connections = lock.withLock { () -> [HTTPConnection] in
-            cancels &+= 1
-            return Array(running.values)
+        let connections = state.withLock { state -> [HTTPConnection] in
+            state.cancels &+= 1
+            return Array(state.running.values)
         }
         for connection in connections { connection.cancel() }
     }
 
     /// Read before checking whether a request is still wanted; passed to `send(_:unlessCancelledSince:)`
     /// it closes the window between that check and the request's start.
-    public var cancelEpoch: UInt64 { lock.withLock { cancels } }
+    public var cancelEpoch: UInt64 { state.withLock { $0.cancels } }
 
     /// Ends the client: running requests fail at once, no new ones are sent.
     public func invalidate() {
-        lock.lock()
-        invalidated = true
-        let connections = Array(running.values)
-        lock.unlock()
+        let connections = state.withLock { state -> [HTTPConnection] in
+            state.invalidated = true
+            return Array(state.running.values)
+        }
         for connection in connections { connection.cancel() }
     }
 

@@ -15,19 +15,24 @@ import KraklBase
 /// `io` (one SSL object must not be used by two threads at once), but the waits in poll(2) do not,
 /// so a reader waiting for the server never holds up a writer. Reads and writes may pass a
 /// deadline of their own; without one, the connection's deadline applies.
-/// @unchecked Sendable: OpenSSL calls are serialized by `io`, the deadlines and closing by `lock`; poll waits run outside both.
-final class HTTPConnection: @unchecked Sendable {
-    private var fd: Int32 = -1
-    private var ssl: OpaquePointer?
+final class HTTPConnection: Sendable {
+    /// The socket and its TLS session, under `io`: every send, recv and OpenSSL call on them holds it.
+    private struct Stream: Sendable {
+        var fd: Int32 = -1
+        var ssl: SSLObject?
+    }
+    private let io = Guarded(Stream())
     private let deadline: UInt64
-    private let io = NSLock()
     /// "10 s": the time-out as the person set it, for messages.
     private let timeoutText: String
     /// A pipe whose write end `cancel()` closes: every poll also watches the read end.
     private let wake: (read: Int32, write: Int32)
-    private let lock = NSLock()
-    private var cancelled = false
-    private var closed = false
+    private struct Ending: Sendable {
+        var cancelled = false
+        var closed = false
+    }
+    /// Cancelling and closing; the wake pipe is written and closed under it only.
+    private let ending = Guarded(Ending())
 
     /// A connection not yet made, whose every step ends by `timeout` s from now; `cancel()` works
     /// from here on, so a request can be cut short while it connects (a silent proxy, a slow handshake).
@@ -90,9 +95,9 @@ final class HTTPConnection: @unchecked Sendable {
             if lastError == "cancelled" { throw .unreachable("\(what): cancelled (leaving)") }
             throw failure("\(what): cannot connect to \(dial.host):\(dial.port): \(lastError)")
         }
-        lock.withLock { fd = connected }
+        io.withLock { $0.fd = connected }
         var one: Int32 = 1
-        setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+        setsockopt(connected, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
         if let proxy, tls != nil || alwaysTunnel {
             do throws(RoomError) { try tunnel(through: proxy, to: host, port: port, what: what) } catch {
                 closeNow()
@@ -111,25 +116,27 @@ final class HTTPConnection: @unchecked Sendable {
 
     /// Ends every wait of this connection now (from any thread); later calls fail as cancelled.
     func cancel() {
-        lock.lock()
-        defer { lock.unlock() }
-        guard !cancelled else { return }
-        cancelled = true
-        var byte: UInt8 = 1
-        _ = Glibc.write(wake.write, &byte, 1)
+        ending.withLock { ending in
+            // Once closed, the pipe's numbers may belong to another file: nothing is written.
+            guard !ending.cancelled, !ending.closed else { return }
+            ending.cancelled = true
+            var byte: UInt8 = 1
+            _ = Glibc.write(wake.write, &byte, 1)
+        }
     }
 
     private func closeNow() {
-        lock.lock()
-        defer { lock.unlock() }
-        guard !closed else { return }
-        closed = true
-        if let ssl { SSL_free(ssl) }
-        ssl = nil
-        if fd >= 0 { close(fd) }
-        fd = -1
-        close(wake.read)
-        close(wake.write)
+        ending.withLock { ending in
+            guard !ending.closed else { return }
+            ending.closed = true
+            io.withLock { stream in
+                stream.ssl = nil   // SSL_free, before its socket closes
+                if stream.fd >= 0 { close(stream.fd) }
+                stream.fd = -1
+            }
+            close(wake.read)
+            close(wake.write)
+        }
     }
 
     enum Wait { case ready, timedOut, cancelled }
@@ -149,7 +156,7 @@ final class HTTPConnection: @unchecked Sendable {
         }
     }
 
-    private func waitFor(_ events: Int16, what: String, until: UInt64? = nil) throws(RoomError) {
+    private func waitFor(_ fd: Int32, _ events: Int16, what: String, until: UInt64? = nil) throws(RoomError) {
         switch Self.wait(fd, events: events, deadline: until ?? deadline, wake: wake.read) {
         case .ready: return
         case .timedOut: throw .unreachable("\(what): no reply within \(timeoutText)")
@@ -216,8 +223,14 @@ final class HTTPConnection: @unchecked Sendable {
     }
 
     private func handshake(_ tls: TLSClientContext, host: String, what: String) throws(RoomError) {
-        guard let ssl = SSL_new(tls.context) else { throw .unreachable("\(what): TLS set-up failed") }
-        self.ssl = ssl
+        guard let made = SSL_new(tls.context) else { throw .unreachable("\(what): TLS set-up failed") }
+        let object = SSLObject(made)
+        // Until `open` returns no other thread reads or writes (`cancel` touches no SSL object): the handshake runs outside `io`.
+        let fd = io.withLock { stream in
+            stream.ssl = object
+            return stream.fd
+        }
+        let ssl = object.ssl
         SSL_set_fd(ssl, fd)
         TLSClientContext.expect(ssl, server: host)
         while true {
@@ -225,8 +238,8 @@ final class HTTPConnection: @unchecked Sendable {
             let result = SSL_connect(ssl)
             if result == 1 { return }
             let error = SSL_get_error(ssl, result)
-            if error == SSL_ERROR_WANT_READ { try waitFor(Int16(POLLIN), what: what); continue }
-            if error == SSL_ERROR_WANT_WRITE { try waitFor(Int16(POLLOUT), what: what); continue }
+            if error == SSL_ERROR_WANT_READ { try waitFor(fd, Int16(POLLIN), what: what); continue }
+            if error == SSL_ERROR_WANT_WRITE { try waitFor(fd, Int16(POLLOUT), what: what); continue }
             let verify = SSL_get_verify_result(ssl)
             if verify != X509_V_OK {
                 throw .unreachable("\(what): TLS: the server's certificate is not trusted for \(host): \(String(cString: X509_verify_cert_error_string(verify)))")
@@ -246,26 +259,28 @@ final class HTTPConnection: @unchecked Sendable {
     func write(_ bytes: [UInt8], what: String, until: UInt64? = nil) throws(RoomError) {
         var offset = 0
         while offset < bytes.count {
-            io.lock()
-            let (n, sslError, savedErrno): (Int, Int32, Int32) = bytes[offset...].withUnsafeBytes { raw in
-                if let ssl {
-                    ERR_clear_error()
-                    let n = Int(SSL_write(ssl, raw.baseAddress, Int32(raw.count)))
-                    return (n, n > 0 ? 0 : SSL_get_error(ssl, Int32(n)), 0)
+            let (n, sslError, savedErrno, failure, hasSSL, fd) = io.withLock { stream in
+                let fd = stream.fd
+                let ssl = stream.ssl?.ssl
+                let (n, sslError, savedErrno): (Int, Int32, Int32) = bytes[offset...].withUnsafeBytes { raw in
+                    if let ssl {
+                        ERR_clear_error()
+                        let n = Int(SSL_write(ssl, raw.baseAddress, Int32(raw.count)))
+                        return (n, n > 0 ? 0 : SSL_get_error(ssl, Int32(n)), 0)
+                    }
+                    let n = Glibc.send(fd, raw.baseAddress, raw.count, Int32(MSG_NOSIGNAL))
+                    return (n, 0, n < 0 ? errno : 0)
                 }
-                let n = Glibc.send(fd, raw.baseAddress, raw.count, Int32(MSG_NOSIGNAL))
-                return (n, 0, n < 0 ? errno : 0)
+                let failure = n > 0 || sslError == SSL_ERROR_WANT_WRITE || sslError == SSL_ERROR_WANT_READ ? "" : (ssl != nil ? Self.openSSLError() : String(cString: strerror(savedErrno)))
+                return (n, sslError, savedErrno, failure, ssl != nil, fd)
             }
-            let failure = n > 0 || sslError == SSL_ERROR_WANT_WRITE || sslError == SSL_ERROR_WANT_READ ? "" : (ssl != nil ? Self.openSSLError() : String(cString: strerror(savedErrno)))
-            let hasSSL = ssl != nil
-            io.unlock()
             if n > 0 { offset += n; continue }
             if hasSSL {
-                if sslError == SSL_ERROR_WANT_WRITE { try waitFor(Int16(POLLOUT), what: what, until: until); continue }
-                if sslError == SSL_ERROR_WANT_READ { try waitFor(Int16(POLLIN), what: what, until: until); continue }
+                if sslError == SSL_ERROR_WANT_WRITE { try waitFor(fd, Int16(POLLOUT), what: what, until: until); continue }
+                if sslError == SSL_ERROR_WANT_READ { try waitFor(fd, Int16(POLLIN), what: what, until: until); continue }
                 throw .unreachable("\(what): sending failed: \(failure)")
             }
-            if savedErrno == EAGAIN || savedErrno == EINTR { try waitFor(Int16(POLLOUT), what: what, until: until); continue }
+            if savedErrno == EAGAIN || savedErrno == EINTR { try waitFor(fd, Int16(POLLOUT), what: what, until: until); continue }
             throw .unreachable("\(what): sending failed: \(failure)")
         }
     }
@@ -283,19 +298,22 @@ final class HTTPConnection: @unchecked Sendable {
     func read(maximum: Int, what: String, until: UInt64) throws(RoomError) -> [UInt8]? {
         var buffer = [UInt8](repeating: 0, count: maximum)
         while true {
-            io.lock()
-            let (n, sslError, savedErrno, peek): (Int, Int32, Int32, UInt) = buffer.withUnsafeMutableBytes { raw in
-                if let ssl {
-                    ERR_clear_error()
-                    let n = Int(SSL_read(ssl, raw.baseAddress, Int32(raw.count)))
-                    return (n, n > 0 ? 0 : SSL_get_error(ssl, Int32(n)), errno, ERR_peek_error())
+            let (n, sslError, savedErrno, peek, failure, hasSSL, fd) = io.withLock { stream in
+                let fd = stream.fd
+                let ssl = stream.ssl?.ssl
+                let (n, sslError, savedErrno, peek): (Int, Int32, Int32, UInt) = buffer.withUnsafeMutableBytes { raw in
+                    if let ssl {
+                        ERR_clear_error()
+                        let n = Int(SSL_read(ssl, raw.baseAddress, Int32(raw.count)))
+                        return (n, n > 0 ? 0 : SSL_get_error(ssl, Int32(n)), errno, ERR_peek_error())
+                    }
+                    let n = Glibc.recv(fd, raw.baseAddress, raw.count, 0)
+                    return (n, 0, n < 0 ? errno : 0, 0)
                 }
-                let n = Glibc.recv(fd, raw.baseAddress, raw.count, 0)
-                return (n, 0, n < 0 ? errno : 0, 0)
+                let hasSSL = ssl != nil
+                let failure = hasSSL && n <= 0 && peek != 0 ? Self.openSSLError() : ""
+                return (n, sslError, savedErrno, peek, failure, hasSSL, fd)
             }
-            let hasSSL = ssl != nil
-            let failure = hasSSL && n <= 0 && peek != 0 ? Self.openSSLError() : ""
-            io.unlock()
             if n > 0 { return Array(buffer[0..<n]) }
             let wanted: Int16
             if hasSSL {
@@ -319,4 +337,12 @@ final class HTTPConnection: @unchecked Sendable {
             }
         }
     }
+}
+
+/// One OpenSSL connection object (SSL*), freed with its last reference.
+/// @unchecked Sendable: an SSL object is used by one thread at a time: by `open`'s handshake, then only under HTTPConnection's `io`.
+private final class SSLObject: @unchecked Sendable {
+    let ssl: OpaquePointer
+    init(_ ssl: OpaquePointer) { self.ssl = ssl }
+    deinit { SSL_free(ssl) }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import KraklBase
 
 /// Publishes into a Janus VideoRoom through Janus's HTTP API (checked
 /// against Janus 1.1.2): create a session, attach the VideoRoom plugin,
@@ -14,8 +15,7 @@ import Foundation
 ///
 /// `leave()` must follow every `publish`, also a failed one (the
 /// `RoomDriver` rule): until then the long-poll keeps the session alive.
-/// @unchecked Sendable: the session's fields are read and written under `state` (an NSCondition the join waits on).
-public final class JanusDriver: RoomDriver, @unchecked Sendable {
+public final class JanusDriver: RoomDriver, Sendable {
     /// How long each part may take. Every request and wait is bounded.
     public struct Timeouts: Sendable {
         /// One HTTP request (create, attach, the POST of a message).
@@ -35,8 +35,8 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
     public let service = "Janus VideoRoom"
 
     public var onEvent: (@Sendable (RoomEvent) -> Void)? {
-        get { state.lock(); defer { state.unlock() }; return eventHandler }
-        set { state.lock(); eventHandler = newValue; state.unlock() }
+        get { state.withLock { $0.eventHandler } }
+        set { state.withLock { $0.eventHandler = newValue } }
     }
 
     private let base: URL
@@ -49,29 +49,32 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
     private let control = HTTPClient()
     private let poller = HTTPClient()
 
-    // Guarded by `state`; waiters for replies wait on it.
-    private let state = NSCondition()
-    private var eventHandler: (@Sendable (RoomEvent) -> Void)?
-    private var session: UInt64?
-    private var handle: UInt64?
-    private var participant: JanusID?
-    private var joined = false
-    private var published = false
-    private var publishCalled = false
-    /// Transactions whose reply is expected on the long-poll, and the replies that came.
-    private var waiting: Set<String> = []
-    private var arrived: [String: JanusMessage] = [:]
-    /// An end was told to `onEvent` (or we are leaving): no second one.
-    private var ended = false
-    private var leaving = false
-    /// Set by `abandonJoin`: the join's requests fail at once (leave's are still sent).
-    private var abandoned = false
-    private var stopPolling = false
-    /// Why the session cannot answer any more (its long-poll found it gone).
-    private var sessionGone: String?
-    private var pollFinished: DispatchSemaphore?
-    private var pollThread: Thread?
-    private var transactions: UInt64 = 0
+    private struct State: Sendable {
+        var eventHandler: (@Sendable (RoomEvent) -> Void)?
+        var session: UInt64?
+        var handle: UInt64?
+        var participant: JanusID?
+        var joined = false
+        var published = false
+        var publishCalled = false
+        /// Transactions whose reply is expected on the long-poll, and the replies that came.
+        var waiting: Set<String> = []
+        var arrived: [String: JanusMessage] = [:]
+        /// An end was told to `onEvent` (or we are leaving): no second one.
+        var ended = false
+        var leaving = false
+        /// Set by `abandonJoin`: the join's requests fail at once (leave's are still sent).
+        var abandoned = false
+        var stopPolling = false
+        /// Why the session cannot answer any more (its long-poll found it gone).
+        var sessionGone: String?
+        var pollFinished: DispatchSemaphore?
+        /// The poll thread while it runs (a pthread_t: a Thread is not Sendable).
+        var pollThread: pthread_t?
+        var transactions: UInt64 = 0
+    }
+    /// Waiters for replies (and the poll's pause) wait on it; `change` wakes them.
+    private let state = Guarded(State())
 
     /// - Parameters:
     ///   - baseURL: the Janus HTTP API root, e.g. `https://host/janus`.
@@ -96,11 +99,7 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
     }
 
     /// The Janus session id once created (tests check that leave destroyed it).
-    var sessionForTests: UInt64? {
-        state.lock()
-        defer { state.unlock() }
-        return session
-    }
+    var sessionForTests: UInt64? { state.withLock { $0.session } }
 
     deinit {
         control.invalidate()
@@ -110,10 +109,10 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
     // MARK: RoomDriver
 
     public func publish(offer: String, identity: String) throws(RoomError) -> RoomAnswer {
-        state.lock()
-        let again = publishCalled || leaving
-        publishCalled = true
-        state.unlock()
+        let again = state.withLock { state in
+            defer { state.publishCalled = true }
+            return state.publishCalled || state.leaving
+        }
         if again { throw .refused(status: 0, message: "publish: this Janus driver was already used; make a new one for a new join") }
         if room == .string("") { throw .noSuchRoom(status: 0, message: "the join code names no Janus room") }
 
@@ -122,9 +121,7 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
         guard created.janus == "success", let sessionID = created.data?.id else {
             throw .badReply("create a Janus session: Janus answered \"\(created.janus)\" without a session id")
         }
-        state.lock()
-        session = sessionID
-        state.unlock()
+        state.withLock { $0.session = sessionID }
         startPolling(session: sessionID)
 
         let attached = try post(["\(sessionID)"], JanusRequest(janus: "attach", transaction: nextTransaction(), token: token,
@@ -133,36 +130,30 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
         guard attached.janus == "success", let handleID = attached.data?.id else {
             throw .badReply("attach to the VideoRoom plugin: Janus answered \"\(attached.janus)\" without a handle id")
         }
-        state.lock()
-        handle = handleID
-        state.unlock()
+        state.withLock { $0.handle = handleID }
 
         let joinStep = "join room \(room)"
         let joinReply = try pluginRequest(.join(room: room, display: identity, pin: pin), step: joinStep)
         guard let data = joinReply.videoroom, data.videoroom == "joined", let id = data.id else {
             throw .badReply("\(joinStep): expected a \"joined\" event, got \(Self.summary(joinReply))")
         }
-        state.lock()
-        participant = id
-        joined = true
-        state.unlock()
+        state.withLock { state in
+            state.participant = id
+            state.joined = true
+        }
 
         let published = try pluginRequest(.publish, jsep: JanusJsep(type: "offer", sdp: offer), step: "publish")
         guard published.videoroom?.configured == "ok", let jsep = published.jsep, jsep.type == "answer" else {
             throw .badReply("publish: expected \"configured\": \"ok\" with an SDP answer, got \(Self.summary(published))")
         }
-        state.lock()
-        self.published = true
-        state.unlock()
+        state.withLock { $0.published = true }
         return RoomAnswer(sdp: jsep.sdp)
     }
 
     /// Janus 1.1.2 restarts a publisher's ICE when a `configure` carries an
     /// offer with new ice-ufrag/pwd; the answer comes with the `configured` event.
     public func restart(offer: String) throws(RoomError) -> String {
-        state.lock()
-        let ready = published && !leaving
-        state.unlock()
+        let ready = state.withLock { $0.published && !$0.leaving }
         guard ready else { throw .restartUnsupported("nothing is published on this Janus handle to restart") }
         let reply: JanusMessage
         do {
@@ -188,16 +179,13 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
     }
 
     public func leave() {
-        state.lock()
-        if leaving {
-            state.unlock()
-            return
+        let ids = state.change { state -> (UInt64?, UInt64?, Bool)? in
+            if state.leaving { return nil }
+            state.leaving = true
+            state.ended = true
+            return (state.session, state.handle, state.joined)
         }
-        leaving = true
-        ended = true
-        let (sessionID, handleID, wasJoined) = (session, handle, joined)
-        state.broadcast()
-        state.unlock()
+        guard let (sessionID, handleID, wasJoined) = ids else { return }
 
         let deadline = Date().addingTimeInterval(timeouts.leave.inSeconds)
         // Keep a little of the budget for stopping the long-poll.
@@ -229,13 +217,11 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
             step("destroy the session", ["\(sessionID)"], JanusRequest(janus: "destroy", transaction: nextTransaction(), token: token))
         }
 
-        state.lock()
-        stopPolling = true
-        let finished = pollFinished
-        // An onEvent handler that leaves runs on the poll thread, which cannot wait for itself.
-        let onPollThread = pollThread.map { $0 === Thread.current } ?? false
-        state.broadcast()
-        state.unlock()
+        let (finished, onPollThread) = state.change { state in
+            state.stopPolling = true
+            // An onEvent handler that leaves runs on the poll thread, which cannot wait for itself.
+            return (state.pollFinished, state.pollThread.map { pthread_equal($0, pthread_self()) != 0 } ?? false)
+        }
         poller.invalidate()  // cancels a poll waiting on Janus
         if let finished, !onPollThread {
             _ = finished.wait(timeout: .now() + max(0.2, deadline.timeIntervalSinceNow))
@@ -246,10 +232,10 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
     // MARK: Requests
 
     private func nextTransaction() -> String {
-        state.lock()
-        transactions += 1
-        let n = transactions
-        state.unlock()
+        let n = state.withLock { state in
+            state.transactions += 1
+            return state.transactions
+        }
         return String(format: "krakl-%llu-%08x", n, UInt32.random(in: 0...UInt32.max))
     }
 
@@ -259,21 +245,17 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
 
     /// POSTs one request and returns Janus's reply; a Janus `error` reply throws.
     public func abandonJoin() {
-        state.lock()
-        abandoned = true
-        let joining = !leaving
-        state.broadcast()
-        state.unlock()
+        let joining = state.change { state in
+            state.abandoned = true
+            return !state.leaving
+        }
         if joining { control.cancelRunning() }
     }
 
     private func post(_ path: [String], _ request: JanusRequest, step: String, timeout: Duration? = nil) throws(RoomError) -> JanusMessage {
         // The epoch is read before the check: an abandon that comes after it still stops the request.
         let epoch = control.cancelEpoch
-        state.lock()
-        let stopped = abandoned && !leaving
-        let joining = !leaving
-        state.unlock()
+        let (stopped, joining) = state.withLock { ($0.abandoned && !$0.leaving, !$0.leaving) }
         if stopped { throw .unreachable("\(step): the join was stopped") }
         let body: Data
         do { body = try JSONEncoder().encode(request) } catch {
@@ -301,21 +283,17 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
     /// A VideoRoom request whose reply comes as an event (or, for requests
     /// Janus answers at once, in the POST's reply). A VideoRoom error code throws.
     private func pluginRequest(_ body: VideoRoomRequest, jsep: JanusJsep? = nil, step: String) throws(RoomError) -> JanusMessage {
-        state.lock()
-        let ids = (session, handle)
-        state.unlock()
+        let ids = state.withLock { ($0.session, $0.handle) }
         guard let sessionID = ids.0, let handleID = ids.1 else {
             throw .badReply("\(step): no Janus session to send it on")
         }
         let transaction = nextTransaction()
-        state.lock()
-        waiting.insert(transaction)
-        state.unlock()
+        state.withLock { _ = $0.waiting.insert(transaction) }
         defer {
-            state.lock()
-            waiting.remove(transaction)
-            arrived[transaction] = nil
-            state.unlock()
+            state.withLock { state in
+                state.waiting.remove(transaction)
+                state.arrived[transaction] = nil
+            }
         }
         let reply = try post(["\(sessionID)", "\(handleID)"],
                              JanusRequest(janus: "message", transaction: transaction, token: token, body: body, jsep: jsep), step: step)
@@ -336,24 +314,21 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
 
     private func waitForReply(_ transaction: String, step: String) throws(RoomError) -> JanusMessage {
         let deadline = Date().addingTimeInterval(timeouts.event.inSeconds)
-        state.lock()
-        defer { state.unlock() }
-        // Bounded: a wait returns false at the deadline; wake-ups only re-check.
-        while true {
-            if let reply = arrived[transaction] { return reply }
-            if leaving { throw .unreachable("\(step): cancelled by leave") }
-            if abandoned { throw .unreachable("\(step): the join was stopped") }
-            if let gone = sessionGone { throw .unreachable("\(step): \(gone)") }
-            if !state.wait(until: deadline), arrived[transaction] == nil {
-                throw .unreachable("\(step): no answer from Janus within \(Self.seconds(timeouts.event.inSeconds)) s")
-            }
-        }
+        // Bounded: the wait ends at the deadline; wake-ups only re-check.
+        let outcome = state.wait(until: deadline, for: { state in
+            state.arrived[transaction] != nil || state.leaving || state.abandoned || state.sessionGone != nil
+        }, then: { state, _ -> Result<JanusMessage, RoomError> in
+            if let reply = state.arrived[transaction] { return .success(reply) }
+            if state.leaving { return .failure(.unreachable("\(step): cancelled by leave")) }
+            if state.abandoned { return .failure(.unreachable("\(step): the join was stopped")) }
+            if let gone = state.sessionGone { return .failure(.unreachable("\(step): \(gone)")) }
+            return .failure(.unreachable("\(step): no answer from Janus within \(Self.seconds(timeouts.event.inSeconds)) s"))
+        })
+        return try outcome.get()
     }
 
     private func send(trickle candidate: JanusCandidate) {
-        state.lock()
-        let ids = (session, handle, leaving)
-        state.unlock()
+        let ids = state.withLock { ($0.session, $0.handle, $0.leaving) }
         guard let sessionID = ids.0, let handleID = ids.1, !ids.2 else { return }
         // Best effort: a lost candidate costs at most a slower connect.
         _ = try? post(["\(sessionID)", "\(handleID)"],
@@ -365,20 +340,15 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
 
     private func startPolling(session sessionID: UInt64) {
         let finished = DispatchSemaphore(value: 0)
-        state.lock()
-        pollFinished = finished
-        state.unlock()
+        state.withLock { $0.pollFinished = finished }
         let thread = Thread { [self] in
+            // First thing: a leave from an onEvent handler runs on this thread and must know it.
+            state.withLock { $0.pollThread = pthread_self() }
             poll(session: sessionID)
-            state.lock()
-            pollThread = nil
-            state.unlock()
+            state.withLock { $0.pollThread = nil }
             finished.signal()
         }
         thread.name = "krakl-janus-poll"
-        state.lock()
-        pollThread = thread
-        state.unlock()
         thread.start()
     }
 
@@ -394,11 +364,7 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
 
     private static let unreserved = CharacterSet(charactersIn: "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 
-    private var stopping: Bool {
-        state.lock()
-        defer { state.unlock() }
-        return stopPolling
-    }
+    private var stopping: Bool { state.withLock { $0.stopPolling } }
 
     private func poll(session sessionID: UInt64) {
         // When the current run of failed polls began; one failure after a
@@ -443,19 +409,14 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
                 return
             }
             // A failing poll is retried after a pause that leave() cuts short.
-            state.lock()
-            if !stopPolling { _ = state.wait(until: Date().addingTimeInterval(pause)) }
-            state.unlock()
+            state.wait(until: Date().addingTimeInterval(pause), for: { $0.stopPolling }, then: { _, _ in })
             pause = min(pause * 2, 1)
         }
     }
 
     /// The session cannot go on: waiting requests fail, and the owner hears of it once.
     private func sessionEnded(_ reason: String) {
-        state.lock()
-        sessionGone = reason
-        state.broadcast()
-        state.unlock()
+        state.change { $0.sessionGone = reason }
         deliver(.connectionLost(reason: reason))
     }
 
@@ -465,45 +426,43 @@ public final class JanusDriver: RoomDriver, @unchecked Sendable {
     private func handle(_ messages: [JanusMessage]) {
         var roomEnd: RoomEvent?
         var lost: RoomEvent?
-        state.lock()
-        for message in messages {
-            if let transaction = message.transaction, waiting.contains(transaction), message.janus != "ack" {
-                arrived[transaction] = message
-                continue
-            }
-            switch message.janus {
-            case "event":
-                guard let data = message.videoroom else { break }
-                if data.videoroom == "destroyed" {
-                    roomEnd = roomEnd ?? .roomEnded(reason: "the meeting was ended")
-                } else if data.leaving == .string("ok") && data.reason == "kicked" {
-                    roomEnd = roomEnd ?? .roomEnded(reason: "removed from the meeting")
-                } else if let kicked = data.kicked, kicked == participant {
-                    roomEnd = roomEnd ?? .roomEnded(reason: "removed from the meeting")
+        state.change { state in
+            for message in messages {
+                if let transaction = message.transaction, state.waiting.contains(transaction), message.janus != "ack" {
+                    state.arrived[transaction] = message
+                    continue
                 }
-            case "hangup":
-                lost = lost ?? .connectionLost(reason: "Janus hung up: \(message.reason ?? "no reason given")")
-            case "timeout":
-                sessionGone = "the Janus session timed out"
-                lost = lost ?? .connectionLost(reason: "the Janus session timed out")
-            case "detached":
-                lost = lost ?? .connectionLost(reason: "Janus detached the VideoRoom handle")
-            default:
-                break  // keepalive, ack, webrtcup, media, slowlink, trickle
+                switch message.janus {
+                case "event":
+                    guard let data = message.videoroom else { break }
+                    if data.videoroom == "destroyed" {
+                        roomEnd = roomEnd ?? .roomEnded(reason: "the meeting was ended")
+                    } else if data.leaving == .string("ok") && data.reason == "kicked" {
+                        roomEnd = roomEnd ?? .roomEnded(reason: "removed from the meeting")
+                    } else if let kicked = data.kicked, kicked == state.participant {
+                        roomEnd = roomEnd ?? .roomEnded(reason: "removed from the meeting")
+                    }
+                case "hangup":
+                    lost = lost ?? .connectionLost(reason: "Janus hung up: \(message.reason ?? "no reason given")")
+                case "timeout":
+                    state.sessionGone = "the Janus session timed out"
+                    lost = lost ?? .connectionLost(reason: "the Janus session timed out")
+                case "detached":
+                    lost = lost ?? .connectionLost(reason: "Janus detached the VideoRoom handle")
+                default:
+                    break  // keepalive, ack, webrtcup, media, slowlink, trickle
+                }
             }
         }
-        state.broadcast()
-        state.unlock()
         if let event = roomEnd ?? lost { deliver(event) }
     }
 
     /// Calls `onEvent` at most once with an end, never while leaving.
     private func deliver(_ event: RoomEvent) {
-        state.lock()
-        let first = !ended
-        ended = true
-        let handler = eventHandler
-        state.unlock()
+        let (first, handler) = state.withLock { state in
+            defer { state.ended = true }
+            return (!state.ended, state.eventHandler)
+        }
         if first { handler?(event) }
     }
 

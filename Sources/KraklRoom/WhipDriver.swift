@@ -1,4 +1,5 @@
 import Foundation
+import KraklBase
 
 /// How long the WHIP driver waits.
 public struct WhipTimeouts: Sendable, Equatable {
@@ -43,8 +44,7 @@ public struct WhipTimeouts: Sendable, Equatable {
 /// publisher, not this driver. `onEvent` is therefore never called by it.
 /// The identity has no WHIP field either: the offer carries it (`s=`, the
 /// `a=msid` stream id), so `publish` ignores its `identity` argument.
-/// @unchecked Sendable: the resource, ETag and candidates are under `lock`; `leftSignal` orders the leave.
-public final class WhipDriver: RoomDriver, @unchecked Sendable {
+public final class WhipDriver: RoomDriver, Sendable {
     public let service = "WHIP"
     public let endpoint: URL
     public let timeouts: WhipTimeouts
@@ -54,19 +54,21 @@ public final class WhipDriver: RoomDriver, @unchecked Sendable {
 
     private let token: String?
     private let client = HTTPClient()
-    private let lock = NSLock()
-    private let leftSignal = NSCondition()
-    private var eventHandler: (@Sendable (RoomEvent) -> Void)?
-    private var resource: URL?
-    private var entityTag: String?
-    private var currentAnswer: String?
-    private var currentOffer: String?
-    private var trickling = true
-    /// The m-section our trickled candidates were for, for the end-of-candidates PATCH.
-    private var trickledMid: String?
-    private var left = false
-    /// Set by `abandonJoin`: publish fails at its next step (leave is unaffected).
-    private var abandoned = false
+    private struct State: Sendable {
+        var eventHandler: (@Sendable (RoomEvent) -> Void)?
+        var resource: URL?
+        var entityTag: String?
+        var currentAnswer: String?
+        var currentOffer: String?
+        var trickling = true
+        /// The m-section our trickled candidates were for, for the end-of-candidates PATCH.
+        var trickledMid: String?
+        var left = false
+        /// Set by `abandonJoin`: publish fails at its next step (leave is unaffected).
+        var abandoned = false
+    }
+    /// The resource, ETag and candidates; a Retry-After wait waits on it for `left` or `abandoned`.
+    private let state = Guarded(State())
 
     /// - Parameters:
     ///   - endpoint: the WHIP endpoint URL (http or https).
@@ -82,14 +84,14 @@ public final class WhipDriver: RoomDriver, @unchecked Sendable {
 
     /// Never called by WHIP (see the type's comment); kept for the protocol.
     public var onEvent: (@Sendable (RoomEvent) -> Void)? {
-        get { lock.lock(); defer { lock.unlock() }; return eventHandler }
-        set { lock.lock(); eventHandler = newValue; lock.unlock() }
+        get { state.withLock { $0.eventHandler } }
+        set { state.withLock { $0.eventHandler = newValue } }
     }
 
     /// The session's resource URL once a POST got 201 with a Location.
-    public var resourceURL: URL? { lock.lock(); defer { lock.unlock() }; return resource }
+    public var resourceURL: URL? { state.withLock { $0.resource } }
     /// The resource's entity tag (RFC 9725 §4.3.1), if the server gave one.
-    public var etag: String? { lock.lock(); defer { lock.unlock() }; return entityTag }
+    public var etag: String? { state.withLock { $0.entityTag } }
 
     // MARK: - Publish
 
@@ -154,18 +156,18 @@ public final class WhipDriver: RoomDriver, @unchecked Sendable {
             throw .badReply("POST \(response.url.redactedForLog): resource \(resourceURL.redactedForLog) refused (\(refusal))")
         }
         // The resource exists from here on, answer usable or not: leave() deletes it.
-        lock.lock()
-        resource = resourceURL
-        entityTag = response.header("ETag")
-        lock.unlock()
+        state.withLock { state in
+            state.resource = resourceURL
+            state.entityTag = response.header("ETag")
+        }
         guard let sdp = String(data: response.body, encoding: .utf8), Self.looksLikeSdp(sdp) else {
             let type = response.header("Content-Type") ?? "no Content-Type"
             throw .badReply("POST \(response.url.redactedForLog): the \(response.status) body is not an SDP answer (\(type), \(response.body.count) bytes)")
         }
-        lock.lock()
-        currentAnswer = sdp
-        currentOffer = offer
-        lock.unlock()
+        state.withLock { state in
+            state.currentAnswer = sdp
+            state.currentOffer = offer
+        }
         return RoomAnswer(sdp: sdp, iceServers: LinkHeader.iceServers(response.headerValues("Link")))
     }
 
@@ -180,10 +182,7 @@ public final class WhipDriver: RoomDriver, @unchecked Sendable {
 
     public func restart(offer: String) throws(RoomError) -> String {
         try checkNotLeft()
-        lock.lock()
-        let resource = self.resource
-        let firstAnswer = currentAnswer
-        lock.unlock()
+        let (resource, firstAnswer) = state.withLock { ($0.resource, $0.currentAnswer) }
         guard let resource, let firstAnswer else { throw .restartUnsupported("no WHIP session to restart (publish first)") }
         let fragment = WhipSdpFragment(parsing: offer)
         guard fragment.iceUfrag != nil, fragment.icePwd != nil, fragment.mediaLine != nil else {
@@ -200,12 +199,12 @@ public final class WhipDriver: RoomDriver, @unchecked Sendable {
             guard let answer else {
                 throw .restartUnsupported("PATCH \(resource.redactedForLog): \(response.status) without new ICE credentials")
             }
-            lock.lock()
-            currentAnswer = answer
-            currentOffer = offer
-            trickling = true
-            if let tag = response.header("ETag") { entityTag = tag }
-            lock.unlock()
+            state.withLock { state in
+                state.currentAnswer = answer
+                state.currentOffer = offer
+                state.trickling = true
+                if let tag = response.header("ETag") { state.entityTag = tag }
+            }
             return answer
         case 405, 422, 501:
             throw .restartUnsupported("PATCH \(resource.redactedForLog): \(response.status) \(WhipHttpRules.error(for: response).serverMessage)")
@@ -236,14 +235,10 @@ public final class WhipDriver: RoomDriver, @unchecked Sendable {
 
     /// One trickle PATCH; `mid` nil: the one the last PATCH named, else the offer's.
     private func patch(candidates: [String], endOfCandidates: Bool, mid: String?) {
-        lock.lock()
-        let resource = self.resource
-        let offer = currentOffer
-        let tag = entityTag
-        let go = trickling && !left
-        if let mid { trickledMid = mid }
-        let mid = trickledMid
-        lock.unlock()
+        let (resource, offer, tag, go, mid) = state.withLock { state in
+            if let mid { state.trickledMid = mid }
+            return (state.resource, state.currentOffer, state.entityTag, state.trickling && !state.left, state.trickledMid)
+        }
         guard go, let resource, let offer else { return }
         let credentials = WhipSdpFragment(parsing: offer)
         let fragment = WhipSdpFragment(iceUfrag: credentials.iceUfrag, icePwd: credentials.icePwd, mediaLine: credentials.mediaLine,
@@ -253,24 +248,19 @@ public final class WhipDriver: RoomDriver, @unchecked Sendable {
         guard let response = try? client.send(HTTPRequest(method: "PATCH", url: resource, headers: headers(for: resource, extra),
                                                           body: Data(fragment.body.utf8), timeout: timeouts.trickle)) else { return }
         if response.status == 405 || response.status == 501 {
-            lock.lock()
-            trickling = false
-            lock.unlock()
+            state.withLock { $0.trickling = false }
         }
     }
 
     // MARK: - Leave
 
     public func leave() {
-        lock.lock()
-        let first = !left
-        left = true
-        let resource = self.resource
-        lock.unlock()
+        // `change`: a Retry-After wait in publish wakes.
+        let (first, resource) = state.change { state in
+            defer { state.left = true }
+            return (!state.left, state.resource)
+        }
         guard first else { return }
-        leftSignal.lock()
-        leftSignal.broadcast()
-        leftSignal.unlock()
         if let resource {
             // Any reply will do: the session is over on our side whatever the server says.
             _ = try? client.send(HTTPRequest(method: "DELETE", url: resource, headers: headers(for: resource, []), timeout: timeouts.leave))
@@ -289,33 +279,19 @@ public final class WhipDriver: RoomDriver, @unchecked Sendable {
     }
 
     private func checkNotLeft() throws(RoomError) {
-        lock.lock()
-        let (gone, stopped) = (left, abandoned)
-        lock.unlock()
+        let (gone, stopped) = state.withLock { ($0.left, $0.abandoned) }
         if gone { throw .unreachable("the WHIP session was left") }
         if stopped { throw .unreachable("the join was stopped") }
     }
 
     public func abandonJoin() {
-        lock.withLock { abandoned = true }
-        leftSignal.lock()
-        leftSignal.broadcast()
-        leftSignal.unlock()
+        state.change { $0.abandoned = true }
         client.cancelRunning()
     }
 
     /// Sleeps for a Retry-After, cut short by `leave()`.
     private func wait(seconds: Double) throws(RoomError) {
-        let deadline = Date().addingTimeInterval(seconds)
-        leftSignal.lock()
-        defer { leftSignal.unlock() }
-        while Date() < deadline {
-            lock.lock()
-            let gone = left || abandoned
-            lock.unlock()
-            if gone { break }
-            _ = leftSignal.wait(until: deadline)
-        }
+        state.wait(until: Date().addingTimeInterval(seconds), for: { $0.left || $0.abandoned }, then: { _, _ in })
         try checkNotLeft()
     }
 }

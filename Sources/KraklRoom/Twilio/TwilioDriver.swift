@@ -14,8 +14,8 @@ import KraklBase
 ///
 /// Threads: `publish`, `leave` and `abandonJoin` come from the session; one reader thread per
 /// driver reads the socket, keeps the heartbeats and reconnects; `onEvent` is called from it.
-/// @unchecked Sendable: every field is under `state` (an NSCondition the join waits on); the reader thread is the only reader of the socket.
-public final class TwilioDriver: RoomDriver, @unchecked Sendable {
+/// The reader thread is the only reader of the socket.
+public final class TwilioDriver: RoomDriver, Sendable {
     public struct Timeouts: Sendable {
         /// Each `hello` waits this long for `welcome`; three hellos at most (as the SDK).
         public var welcome: Duration = .seconds(5)
@@ -34,73 +34,77 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
     public let service = "Twilio Video"
 
     public var onEvent: (@Sendable (RoomEvent) -> Void)? {
-        get { state.withLock { eventHandler } }
-        set { state.withLock { eventHandler = newValue } }
+        get { state.withLock { $0.eventHandler } }
+        set { state.withLock { $0.eventHandler = newValue } }
     }
 
     public let url: URL
     private let token: String
     private let room: String?
     private let timeouts: Timeouts
-    private var socketOptions: WebSocket.Options
+    private let socketOptions: WebSocket.Options
 
     private enum Phase: Equatable { case idle, joining, connected, reconnecting, leaving, over }
 
-    // Guarded by `state`; `publish` waits on it.
-    private let state = NSCondition()
-    private var eventHandler: (@Sendable (RoomEvent) -> Void)?
-    private var phase = Phase.idle
-    private var socket: WebSocket?
-    private var attempt: WebSocket.Attempt?
-    private var welcomed = false
-    private var negotiatedTimeout = 5000
-    private var lastSent: UInt64 = 0
-    private var lastReceived: UInt64 = 0
-    /// Frames to send once `welcome` came (TCMP: nothing but hello before it).
-    private var queued: [String] = []
-    private var iced: [IceServer]?
-    private var answer: String?
-    private var joinError: RoomError?
-    private var abandoned = false
-    private var ended = false
-    private var busyCookie: String?
-    /// The last hello: when, and how many in a row without a welcome.
-    private var helloSentAt: UInt64 = 0
-    private var hellos = 0
-    private var welcomedAt: UInt64 = 0
-    /// While reconnecting: the end of the window (`session_timeout` from the first loss).
-    private var reconnectUntil: UInt64 = 0
-    private var readerDone: DispatchSemaphore?
-    private var readerThread: Thread?
+    private struct State: Sendable {
+        var eventHandler: (@Sendable (RoomEvent) -> Void)?
+        var phase = Phase.idle
+        var socket: WebSocket?
+        var attempt: WebSocket.Attempt?
+        var welcomed = false
+        var negotiatedTimeout = 5000
+        var lastSent: UInt64 = 0
+        var lastReceived: UInt64 = 0
+        /// Frames to send once `welcome` came (TCMP: nothing but hello before it).
+        var queued: [String] = []
+        var iced: [IceServer]?
+        var answer: String?
+        var joinError: RoomError?
+        var abandoned = false
+        var ended = false
+        var busyCookie: String?
+        /// The last hello: when, and how many in a row without a welcome.
+        var helloSentAt: UInt64 = 0
+        var hellos = 0
+        var welcomedAt: UInt64 = 0
+        /// While reconnecting: the end of the window (`session_timeout` from the first loss).
+        var reconnectUntil: UInt64 = 0
+        var readerDone: DispatchSemaphore?
+        /// The reader thread (a pthread_t: a Thread is not Sendable).
+        var readerThread: pthread_t?
 
-    // What `connected` said.
-    private var session: String?
-    private var sessionTimeout: Double
-    private(set) var roomSid: String?
-    private(set) var participantSid: String?
-    private(set) var trackSid: String?
+        // What `connected` said.
+        var session: String?
+        var sessionTimeout: Double
+        var roomSid: String?
+        var participantSid: String?
+        var trackSid: String?
 
-    // Our side of the one peer connection.
+        // Our side of the one peer connection.
+        var trackID = UUID().uuidString.lowercased()
+        var ufrag = ""
+        var candidates: [(candidate: String, mid: String)] = []
+        var iceRevision = 0
+        var gatheringComplete = false
+        /// The revision last sent. The join thread (on the answer) and the reader (on `connected`) both
+        /// publish; without this the same revision went out twice and the server judged the second stale.
+        var publishedIceRevision = 0
+        /// Our offer and the server's first answer (what a re-offer is answered from), the revision of
+        /// the last finished negotiation, and the `o=` version of our last description.
+        var ourOffer = ""
+        var stableRevision = 1
+        var sdpVersion = 2
+        /// The server's trickled candidates already passed on, and the revision of its last ICE state.
+        var remoteCandidatesSeen: Set<String> = []
+        var remoteIceRevision = 0
+    }
+    /// Every field but the fixed ones; `publish` waits on it (`change` wakes it).
+    private let state: Guarded<State>
+
     private let peerConnectionID = UUID().uuidString.lowercased()
-    private var trackID = UUID().uuidString.lowercased()
-    private var ufrag = ""
-    private var candidates: [(candidate: String, mid: String)] = []
-    private var iceRevision = 0
-    private var gatheringComplete = false
-    /// The revision last sent. The join thread (on the answer) and the reader (on `connected`) both
-    /// publish; without this the same revision went out twice and the server judged the second stale.
-    private var publishedIceRevision = 0
     /// Held across building and sending one ICE update, so revisions leave in the order they were
     /// made (the trickling thread and the reader can publish at the same moment).
     private let iceSendOrder = NSLock()
-    /// Our offer and the server's first answer (what a re-offer is answered from), the revision of
-    /// the last finished negotiation, and the `o=` version of our last description.
-    private var ourOffer = ""
-    private var stableRevision = 1
-    private var sdpVersion = 2
-    /// The server's trickled candidates already passed on, and the revision of its last ICE state.
-    private var remoteCandidatesSeen: Set<String> = []
-    private var remoteIceRevision = 0
 
     /// - Parameters:
     ///   - signalingURL: `wss://global.vss.twilio.com/signaling` or a region's or a test server's.
@@ -113,20 +117,22 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
         self.token = token
         self.room = room
         self.timeouts = timeouts
-        sessionTimeout = timeouts.defaultSessionTimeout.inSeconds
-        socketOptions = WebSocket.Options()
+        state = Guarded(State(sessionTimeout: timeouts.defaultSessionTimeout.inSeconds))
+        var socketOptions = WebSocket.Options()
         socketOptions.caFile = caFile
         socketOptions.proxies = proxies
         // TCMP heartbeats already tell a dead line; our own WebSocket pings would only add traffic.
         socketOptions.pingAfterIdle = .seconds(60)
+        self.socketOptions = socketOptions
     }
 
     /// "room RM…, participant PA…, track MT…", as far as known: for status lines.
     public var roomDetails: String? {
-        state.withLock {
-            let parts = [roomSid.map { "room \($0)" }, participantSid.map { "participant \($0)" }, trackSid.map { "track \($0)" }].compactMap { $0 }
+        state.withLock { state in
+            let parts = [state.roomSid.map { "room \($0)" }, state.participantSid.map { "participant \($0)" }, state.trackSid.map { "track \($0)" }]
+                .compactMap { $0 }
             var text = parts.joined(separator: ", ")
-            if phase == .reconnecting { text += (text.isEmpty ? "" : "; ") + "signaling reconnecting" }
+            if state.phase == .reconnecting { text += (text.isEmpty ? "" : "; ") + "signaling reconnecting" }
             return text.isEmpty ? nil : text
         }
     }
@@ -135,44 +141,44 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
 
     public func publish(offer: String, identity: String) throws(RoomError) -> RoomAnswer {
         let deadline = MonotonicClock.nanoseconds() + timeouts.join.inNanoseconds
-        state.lock()
-        guard phase == .idle, !abandoned else {
-            state.unlock()
-            throw .unreachable("Twilio: the join was cancelled")
+        let started = state.withLock { state -> WebSocket.Attempt? in
+            guard state.phase == .idle, !state.abandoned else { return nil }
+            state.phase = .joining
+            if let track = TwilioRenegotiation.msidTrackID(offer) { state.trackID = track }
+            state.ourOffer = offer
+            state.ufrag = TwilioRenegotiation.attribute("ice-ufrag", in: offer) ?? ""
+            let attempt = WebSocket.Attempt()
+            state.attempt = attempt
+            return attempt
         }
-        phase = .joining
-        if let track = TwilioRenegotiation.msidTrackID(offer) { trackID = track }
-        ourOffer = offer
-        ufrag = TwilioRenegotiation.attribute("ice-ufrag", in: offer) ?? ""
-        let attempt = WebSocket.Attempt()
-        self.attempt = attempt
-        state.unlock()
+        guard let attempt = started else { throw .unreachable("Twilio: the join was cancelled") }
 
         let socket = try WebSocket.connect(to: url, options: socketOptions, attempt: attempt)
-        state.lock()
-        if abandoned || phase != .joining {
-            state.unlock()
+        let kept = state.withLock { state -> Bool in
+            if state.abandoned || state.phase != .joining { return false }
+            state.socket = socket
+            // From here the attempt is done: cancelling it would cut the live socket.
+            state.attempt = nil
+            return true
+        }
+        guard kept else {
             socket.invalidate()
             throw .unreachable("Twilio: the join was cancelled")
         }
-        self.socket = socket
-        // From here the attempt is done: cancelling it would cut the live socket.
-        self.attempt = nil
-        state.unlock()
         // The hello before the reader: it times the welcome from the hello it finds sent.
         try sendHello(on: socket, body: nil)
         startReader()
 
         // iced (or its time-out), then connect.
-        try wait(until: min(deadline, MonotonicClock.nanoseconds() + (timeouts.welcome * timeouts.hellos + timeouts.iced).inNanoseconds)) {
-            iced != nil || (welcomed && MonotonicClock.nanoseconds() >= welcomedAt + timeouts.iced.inNanoseconds)
+        try wait(until: min(deadline, MonotonicClock.nanoseconds() + (timeouts.welcome * timeouts.hellos + timeouts.iced).inNanoseconds)) { state in
+            state.iced != nil || (state.welcomed && MonotonicClock.nanoseconds() >= state.welcomedAt + timeouts.iced.inNanoseconds)
         }
         let userAgent = "krakl-agent (Linux)"
-        let connect = TwilioMessages.connect(token: token, room: room, trackID: trackID, peerConnectionID: peerConnectionID,
+        let connect = TwilioMessages.connect(token: token, room: room, trackID: state.withLock { $0.trackID }, peerConnectionID: peerConnectionID,
                                              offer: offer, userAgent: userAgent)
         send(TwilioMessages.msg(connect))
-        try wait(until: deadline) { answer != nil }
-        let (answerSDP, servers) = state.withLock { (answer!, iced ?? []) }
+        try wait(until: deadline) { $0.answer != nil }
+        let (answerSDP, servers) = state.withLock { ($0.answer!, $0.iced ?? []) }
         // Candidates found while joining go out now, in one update.
         publishIceState()
         return RoomAnswer(sdp: answerSDP, iceServers: servers)
@@ -190,11 +196,11 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
 
     /// Cumulative, as twilio-video.js sends them: one `update` with every candidate so far, its revision one higher.
     public func trickle(candidates new: [String], mid: String) {
-        let added = state.withLock {
-            let fresh = new.filter { candidate in !candidates.contains { $0.candidate == candidate } }
+        let added = state.withLock { state in
+            let fresh = new.filter { candidate in !state.candidates.contains { $0.candidate == candidate } }
             guard !fresh.isEmpty else { return false }
-            candidates += fresh.map { ($0, mid) }
-            iceRevision += 1
+            state.candidates += fresh.map { ($0, mid) }
+            state.iceRevision += 1
             return true
         }
         if added { publishIceState() }
@@ -202,43 +208,33 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
 
     /// No more local candidates will come: the next ICE update says `complete: true`.
     public func endOfCandidates() {
-        state.withLock {
-            guard !gatheringComplete else { return }
-            gatheringComplete = true
-            iceRevision += 1
+        state.withLock { state in
+            guard !state.gatheringComplete else { return }
+            state.gatheringComplete = true
+            state.iceRevision += 1
         }
         publishIceState()
     }
 
     public func abandonJoin() {
-        state.lock()
-        // Once connected there is no join to abandon: `leave` says goodbye on the live socket.
-        guard phase == .idle || phase == .joining else {
-            state.unlock()
-            return
+        let attempt = state.change { state -> WebSocket.Attempt?? in
+            // Once connected there is no join to abandon: `leave` says goodbye on the live socket.
+            guard state.phase == .idle || state.phase == .joining else { return nil }
+            state.abandoned = true
+            return .some(state.attempt)
         }
-        abandoned = true
-        let attempt = self.attempt
-        state.broadcast()
-        state.unlock()
+        guard let attempt else { return }
         attempt?.cancel()
     }
 
     public func leave() {
-        state.lock()
-        guard phase != .leaving, phase != .over else {
-            state.unlock()
-            return
+        let leaving = state.change { state -> (session: String?, socket: WebSocket?, done: DispatchSemaphore?, onReader: Bool, attempt: WebSocket.Attempt?)? in
+            guard state.phase != .leaving, state.phase != .over else { return nil }
+            state.phase = .leaving
+            state.ended = true
+            return (state.session, state.socket, state.readerDone, state.readerThread.map { pthread_equal($0, pthread_self()) != 0 } ?? false, state.attempt)
         }
-        let wasSession = session
-        let socket = self.socket
-        phase = .leaving
-        ended = true
-        let done = readerDone
-        let onReader = readerThread.map { $0 === Thread.current } ?? false
-        state.broadcast()
-        let attempt = self.attempt
-        state.unlock()
+        guard let (wasSession, socket, done, onReader, attempt) = leaving else { return }
         attempt?.cancel()
 
         let deadline = MonotonicClock.nanoseconds() + timeouts.leave.inNanoseconds
@@ -253,37 +249,36 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
             }
             socket.invalidate()
         }
-        state.withLock {
-            phase = .over
-            self.socket = nil
-            state.broadcast()
+        state.change { state in
+            state.phase = .over
+            state.socket = nil
         }
     }
 
-    deinit { socket?.invalidate() }
+    deinit { state.withLock { $0.socket }?.invalidate() }
 
     // MARK: - Sending
 
     /// Sends now, or after `welcome` when it has not come yet.
     private func send(_ frame: String) {
-        state.lock()
-        guard welcomed, let socket else {
-            queued.append(frame)
-            state.unlock()
-            return
+        let socket = state.withLock { state -> WebSocket? in
+            guard state.welcomed, let socket = state.socket else {
+                state.queued.append(frame)
+                return nil
+            }
+            state.lastSent = MonotonicClock.nanoseconds()
+            return socket
         }
-        lastSent = MonotonicClock.nanoseconds()
-        state.unlock()
-        try? socket.send(text: frame)
+        try? socket?.send(text: frame)
     }
 
     private func sendHello(on socket: WebSocket, body: [String: Any]?) throws(RoomError) {
-        let cookie = state.withLock { busyCookie }
+        let cookie = state.withLock { $0.busyCookie }
         let hello = TwilioMessages.hello(id: UUID().uuidString.lowercased(), token: token, cookie: cookie, body: body)
-        state.withLock {
-            lastSent = MonotonicClock.nanoseconds()
-            helloSentAt = lastSent
-            hellos += 1
+        state.withLock { state in
+            state.lastSent = MonotonicClock.nanoseconds()
+            state.helloSentAt = state.lastSent
+            state.hellos += 1
         }
         try socket.send(text: hello)
     }
@@ -294,33 +289,35 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
     private func publishIceState(again: Bool = false) {
         iceSendOrder.lock()
         defer { iceSendOrder.unlock() }
-        state.lock()
-        guard phase == .connected, let session, iceRevision > 0, again || iceRevision > publishedIceRevision else {
-            state.unlock()
-            return
+        let update = state.withLock { state -> [String: Any]? in
+            guard state.phase == .connected, let session = state.session, state.iceRevision > 0,
+                  again || state.iceRevision > state.publishedIceRevision else { return nil }
+            state.publishedIceRevision = state.iceRevision
+            let ice = TwilioMessages.ice(ufrag: state.ufrag, revision: state.iceRevision, candidates: state.candidates, complete: state.gatheringComplete)
+            return TwilioMessages.update(session: session, trackID: state.trackID, peerConnection: ["id": peerConnectionID, "ice": ice])
         }
-        publishedIceRevision = iceRevision
-        let ice = TwilioMessages.ice(ufrag: ufrag, revision: iceRevision, candidates: candidates, complete: gatheringComplete)
-        let update = TwilioMessages.update(session: session, trackID: trackID, peerConnection: ["id": peerConnectionID, "ice": ice])
-        state.unlock()
-        send(TwilioMessages.msg(update))
+        if let update { send(TwilioMessages.msg(update)) }
     }
 
     /// Waits on `state` until `condition` holds (under the lock), the join failed or was abandoned,
     /// or `deadline` passed.
-    private func wait(until deadline: UInt64, _ condition: () -> Bool) throws(RoomError) {
-        state.lock()
-        defer { state.unlock() }
-        while true {
-            if let joinError { throw joinError }
-            if abandoned || phase == .leaving || phase == .over { throw .unreachable("Twilio: the join was cancelled") }
-            if condition() { return }
-            let now = MonotonicClock.nanoseconds()
-            guard now < deadline else {
-                if !welcomed { throw .unreachable("Twilio signaling \(url.redactedForLog): no welcome in answer to our hello") }
-                throw .unreachable("Twilio signaling \(url.redactedForLog): no connected within \(Int(timeouts.join.inSeconds)) s of joining")
+    private func wait(until deadline: UInt64, _ condition: (State) -> Bool) throws(RoomError) {
+        /// nil while the wait goes on.
+        func end(_ state: State) -> Result<Void, RoomError>? {
+            if let joinError = state.joinError { return .failure(joinError) }
+            if state.abandoned || state.phase == .leaving || state.phase == .over { return .failure(.unreachable("Twilio: the join was cancelled")) }
+            if condition(state) { return .success(()) }
+            guard MonotonicClock.nanoseconds() < deadline else {
+                if !state.welcomed { return .failure(.unreachable("Twilio signaling \(url.redactedForLog): no welcome in answer to our hello")) }
+                return .failure(.unreachable("Twilio signaling \(url.redactedForLog): no connected within \(Int(timeouts.join.inSeconds)) s of joining"))
             }
-            _ = state.wait(until: Date(timeIntervalSinceNow: min(Double(deadline - now) / 1e9, 0.25)))
+            return nil
+        }
+        while true {
+            let now = MonotonicClock.nanoseconds()
+            // At most 0.25 s at a time: the condition can come true by time alone (`iced`'s wait).
+            let slice = Date(timeIntervalSinceNow: min(Double(deadline - min(deadline, now)) / 1e9, 0.25))
+            if let result = state.wait(until: slice, for: { end($0) != nil }, then: { state, _ in end(state) }) { return try result.get() }
         }
     }
 
@@ -328,23 +325,24 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
 
     private func startReader() {
         let done = DispatchSemaphore(value: 0)
+        state.withLock { $0.readerDone = done }
         let thread = Thread { [self] in
+            // First thing: a leave from an onEvent handler runs on this thread and must know it.
+            state.withLock { $0.readerThread = pthread_self() }
             readLoop()
+            // Cleared at the end: a later thread may be given the same pthread_t.
+            state.withLock { $0.readerThread = nil }
             done.signal()
         }
         thread.name = "krakl-twilio"
-        state.withLock {
-            readerDone = done
-            readerThread = thread
-        }
         thread.start()
     }
 
     private func readLoop() {
         while true {
-            let (socket, phase, welcomed, negotiated, lastSent, lastReceived, helloSentAt, hellos) = state.withLock {
-                (self.socket, self.phase, self.welcomed, UInt64(self.negotiatedTimeout) * 1_000_000, self.lastSent, self.lastReceived,
-                 self.helloSentAt, self.hellos)
+            let (socket, phase, welcomed, negotiated, lastSent, lastReceived, helloSentAt, hellos) = state.withLock { state in
+                (state.socket, state.phase, state.welcomed, UInt64(state.negotiatedTimeout) * 1_000_000, state.lastSent, state.lastReceived,
+                 state.helloSentAt, state.hellos)
             }
             guard let socket, phase != .over else { return }
             let now = MonotonicClock.nanoseconds()
@@ -352,7 +350,7 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
             if welcomed {
                 let beat = lastSent + negotiated - min(negotiated / 2, 200_000_000)
                 if now >= beat {
-                    state.withLock { self.lastSent = now }
+                    state.withLock { $0.lastSent = now }
                     try? socket.send(text: TwilioMessages.heartbeat)
                     continue
                 }
@@ -383,7 +381,7 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
             case .binary:
                 protocolFailure(socket, "a binary frame (TCMP frames are JSON text)")
             case .text(let text):
-                state.withLock { self.lastReceived = MonotonicClock.nanoseconds() }
+                state.withLock { $0.lastReceived = MonotonicClock.nanoseconds() }
                 let frame: TwilioMessages.Frame
                 do throws(TwilioMessages.Malformed) { frame = try TwilioMessages.parseFrame(text) } catch {
                     protocolFailure(socket, error.description)
@@ -391,9 +389,9 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
                 }
                 if handle(frame, on: socket) == .stop { return }
             case .closed(let code, let reason, _):
-                if self.state.withLock({ self.phase == .leaving || self.phase == .over }) { return }
+                if state.withLock({ $0.phase == .leaving || $0.phase == .over }) { return }
                 socketLost(socket, Self.closeWords(code: code, reason: reason), code: code)
-                if state.withLock({ self.socket == nil }) { return }
+                if state.withLock({ $0.socket == nil }) { return }
             }
         }
     }
@@ -403,30 +401,29 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
     private func handle(_ frame: TwilioMessages.Frame, on socket: WebSocket) -> Next {
         switch frame {
         case .welcome(let timeout):
-            let flush = state.withLock { () -> [String] in
-                welcomed = true
-                hellos = 0
-                negotiatedTimeout = timeout
-                lastReceived = MonotonicClock.nanoseconds()
-                lastSent = lastReceived
-                welcomedAt = lastReceived
-                defer { queued.removeAll() }
-                state.broadcast()
-                return queued
+            let flush = state.change { state -> [String] in
+                state.welcomed = true
+                state.hellos = 0
+                state.negotiatedTimeout = timeout
+                state.lastReceived = MonotonicClock.nanoseconds()
+                state.lastSent = state.lastReceived
+                state.welcomedAt = state.lastReceived
+                defer { state.queued.removeAll() }
+                return state.queued
             }
             for text in flush { try? socket.send(text: text) }
         case .heartbeat, .bye:
             break
         case .unknown(let type):
             // While joining, nothing but the handshake's frames may come; afterwards it is news we skip.
-            if state.withLock({ phase == .joining }) {
+            if state.withLock({ $0.phase == .joining }) {
                 failJoin(.badReply("Twilio 53003: the signaling server sent a frame of unknown type \"\(type)\""))
                 socket.close(code: 1002, reason: "invalid message")
                 return .stop
             }
             deliver(.notice("the Twilio signaling server sent a frame of unknown type \"\(type)\"; ignored"), final: false)
         case .bad(let reason):
-            if state.withLock({ !welcomed }) {
+            if state.withLock({ !$0.welcomed }) {
                 failJoin(.refused(status: 53000, message: "Twilio 53000: the signaling server refused our hello (\(reason))"))
                 return .stop
             }
@@ -435,10 +432,10 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
                 failJoin(.serverError(status: 53006, message: "Twilio 53006: the signaling server is busy"))
                 return .stop
             }
-            state.withLock { busyCookie = cookie }
+            state.withLock { $0.busyCookie = cookie }
             usleep(UInt32(min(retryAfter, 10_000)) * 1000)
-            state.withLock { hellos = 0 }
-            let reconnecting = state.withLock { phase == .reconnecting }
+            state.withLock { $0.hellos = 0 }
+            let reconnecting = state.withLock { $0.phase == .reconnecting }
             try? sendHello(on: socket, body: reconnecting ? syncBody() : nil)
         case .message(let rsp):
             return handle(rsp, on: socket)
@@ -449,10 +446,7 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
     private func handle(_ rsp: TwilioMessages.Rsp, on socket: WebSocket) -> Next {
         switch rsp {
         case .iced(let servers):
-            state.withLock {
-                iced = (iced ?? []) + servers
-                state.broadcast()
-            }
+            state.change { state in state.iced = (state.iced ?? []) + servers }
         case .connected(let room), .synced(let room):
             let resumed: Bool
             if case .synced = rsp { resumed = true } else { resumed = false }
@@ -467,8 +461,8 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
             if resumed { deliver(.reconnected, final: false) }
             publishIceState(again: resumed)
         case .update(let room):
-            state.withLock {
-                for track in room.publishedTracks where track.id == trackID { trackSid = track.sid ?? trackSid }
+            state.withLock { state in
+                for track in room.publishedTracks where track.id == state.trackID { state.trackSid = track.sid ?? state.trackSid }
             }
             if let pc = room.peerConnections.first(where: { $0.id == peerConnectionID }) {
                 if let description = pc.description { renegotiate(description) }
@@ -479,11 +473,11 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
             endFromServer(.roomEnded(reason: words), socket: socket)
             return .stop
         case .error(let code, let message):
-            let (joining, resuming) = state.withLock { (phase == .joining, phase == .reconnecting) }
+            let (joining, resuming) = state.withLock { ($0.phase == .joining, $0.phase == .reconnecting) }
             if joining {
                 failJoin(Self.joinError(code: code, message: message))
             } else if resuming {
-                state.withLock { phase = .over }
+                state.withLock { $0.phase = .over }
                 deliver(.connectionLost(reason: "the room server refused to resume our session (Twilio \(code): \(message))"))
                 return .stop
             } else if code == 53205 {
@@ -504,13 +498,12 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
     /// late or repeated description is ignored. Nothing here ends the session: an offer we cannot
     /// answer is reported and skipped, and the media goes on as negotiated.
     private func renegotiate(_ description: TwilioMessages.Description) {
-        state.lock()
-        guard phase == .connected, let session, let firstAnswer = answer, description.revision > stableRevision else {
-            state.unlock()
-            return
+        let current = state.withLock { state -> (session: String, firstAnswer: String, offer: String, version: Int, track: String)? in
+            guard state.phase == .connected, let session = state.session, let firstAnswer = state.answer,
+                  description.revision > state.stableRevision else { return nil }
+            return (session, firstAnswer, state.ourOffer, state.sdpVersion, state.trackID)
         }
-        let (offer, version, track) = (ourOffer, sdpVersion, trackID)
-        state.unlock()
+        guard let (session, firstAnswer, offer, version, track) = current else { return }
         let reply: [String: Any]
         switch description.type {
         case "offer":
@@ -531,9 +524,9 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
         default:
             return
         }
-        state.withLock {
-            stableRevision = description.revision
-            sdpVersion += 1
+        state.withLock { state in
+            state.stableRevision = description.revision
+            state.sdpVersion += 1
         }
         let update = TwilioMessages.update(session: session, trackID: track, peerConnection: ["id": peerConnectionID, "description": reply])
         send(TwilioMessages.msg(update))
@@ -542,12 +535,13 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
     /// The server's ICE state (cumulative, as ours): the candidates not seen yet go to ICE, but only
     /// for the ufrag of the answer in use and only from a newer revision (`lib/signaling/v2/icebox.js`).
     private func takeRemoteIce(_ ice: TwilioMessages.Ice) {
-        let fresh = state.withLock { () -> [String] in
-            guard let answer, ice.revision > remoteIceRevision, let ufrag = ice.ufrag, ufrag == TwilioRenegotiation.attribute("ice-ufrag", in: answer) else { return [] }
-            remoteIceRevision = ice.revision
+        let fresh = state.withLock { state -> [String] in
+            guard let answer = state.answer, ice.revision > state.remoteIceRevision, let ufrag = ice.ufrag,
+                  ufrag == TwilioRenegotiation.attribute("ice-ufrag", in: answer) else { return [] }
+            state.remoteIceRevision = ice.revision
             // Bounded: a server that trickles without end cannot grow this past a few hundred.
-            let new = ice.candidates.filter { !remoteCandidatesSeen.contains($0) }.prefix(max(0, 512 - remoteCandidatesSeen.count)).map { $0 }
-            remoteCandidatesSeen.formUnion(new)
+            let new = ice.candidates.filter { !state.remoteCandidatesSeen.contains($0) }.prefix(max(0, 512 - state.remoteCandidatesSeen.count)).map { $0 }
+            state.remoteCandidatesSeen.formUnion(new)
             return new
         }
         for candidate in fresh { deliver(.remoteCandidate(candidate), final: false) }
@@ -556,43 +550,42 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
     /// Takes a connected/synced message; returns what is wrong with it, or nil.
     private func accept(_ room: TwilioMessages.RoomState, resumed: Bool) -> String? {
         guard room.hasParticipant else { return "the server's connected message has no participant" }
-        state.lock()
-        defer { state.unlock() }
-        if !resumed {
-            guard phase == .joining else { return nil }
-            guard let session = room.session, !session.isEmpty else { return "the server's connected message has no session" }
-            guard let pc = room.peerConnections.first(where: { $0.id == peerConnectionID }) ?? room.peerConnections.first,
-                  let description = pc.description, description.type == "answer", let sdp = description.sdp else {
-                return "the server's connected message has no answer for our peer connection"
+        return state.change { state -> String? in
+            if !resumed {
+                guard state.phase == .joining else { return nil }
+                guard let session = room.session, !session.isEmpty else { return "the server's connected message has no session" }
+                guard let pc = room.peerConnections.first(where: { $0.id == peerConnectionID }) ?? room.peerConnections.first,
+                      let description = pc.description, description.type == "answer", let sdp = description.sdp else {
+                    return "the server's connected message has no answer for our peer connection"
+                }
+                guard description.revision == 1 else {
+                    return "the server's answer has revision \(description.revision), not our offer's 1"
+                }
+                state.session = session
+                state.answer = sdp
+            } else {
+                guard state.phase == .reconnecting else { return nil }
+                if let session = room.session, session != state.session { return "the resumed session is another one" }
             }
-            guard description.revision == 1 else {
-                return "the server's answer has revision \(description.revision), not our offer's 1"
-            }
-            self.session = session
-            answer = sdp
-        } else {
-            guard phase == .reconnecting else { return nil }
-            if let session = room.session, session != self.session { return "the resumed session is another one" }
+            if let timeout = room.sessionTimeout { state.sessionTimeout = timeout }
+            state.roomSid = room.roomSid ?? state.roomSid
+            state.participantSid = room.participantSid ?? state.participantSid
+            for track in room.publishedTracks where track.id == state.trackID { state.trackSid = track.sid ?? state.trackSid }
+            state.phase = .connected
+            return nil
         }
-        if let timeout = room.sessionTimeout { sessionTimeout = timeout }
-        roomSid = room.roomSid ?? roomSid
-        participantSid = room.participantSid ?? participantSid
-        for track in room.publishedTracks where track.id == trackID { trackSid = track.sid ?? trackSid }
-        phase = .connected
-        state.broadcast()
-        return nil
     }
 
     private func syncBody() -> [String: Any] {
-        state.withLock {
-            TwilioMessages.sync(session: session ?? "", token: token, room: room, trackID: trackID, peerConnectionID: peerConnectionID)
+        state.withLock { state in
+            TwilioMessages.sync(session: state.session ?? "", token: token, room: room, trackID: state.trackID, peerConnectionID: peerConnectionID)
         }
     }
 
     /// The server broke the protocol: while joining, the join fails; afterwards the socket is
     /// treated as lost (and resumed, as the SDK does for 3002 "failed").
     private func protocolFailure(_ socket: WebSocket, _ words: String) {
-        if state.withLock({ phase == .joining }) {
+        if state.withLock({ $0.phase == .joining }) {
             failJoin(.badReply("Twilio 53003: the signaling server sent \(words)"))
             socket.close(code: 1002, reason: "invalid message")
             return
@@ -602,9 +595,8 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
     }
 
     private func failJoin(_ error: RoomError) {
-        state.withLock {
-            if joinError == nil { joinError = error }
-            state.broadcast()
+        state.change { state in
+            if state.joinError == nil { state.joinError = error }
         }
     }
 
@@ -612,9 +604,9 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
     /// (`disconnect`, `bye`, close 1000); `leave` later finds nothing more to do on the socket.
     private func endFromServer(_ event: RoomEvent, socket: WebSocket) {
         // Goodbye first, so a leave that the event starts finds nothing left to send.
-        let session = state.withLock { () -> String? in
-            defer { self.session = nil; self.socket = nil }
-            return self.session
+        let session = state.withLock { state -> String? in
+            defer { state.session = nil; state.socket = nil }
+            return state.session
         }
         if let session { try? socket.send(text: TwilioMessages.msg(TwilioMessages.disconnect(session: session))) }
         try? socket.send(text: TwilioMessages.bye)
@@ -627,49 +619,49 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
     /// reconnect within the session timeout, with backoff, and resume by `sync`.
     private func socketLost(_ socket: WebSocket, _ words: String, code: UInt16? = nil) {
         socket.invalidate()
-        state.lock()
-        let phase = self.phase
-        if phase == .joining {
-            state.unlock()
+        enum Loss { case joining, over, closedByServer, reconnect(firstLoss: Bool, window: Double, until: UInt64) }
+        let loss = state.withLock { state -> Loss in
+            let phase = state.phase
+            if phase == .joining { return .joining }
+            state.socket = nil
+            guard phase == .connected || phase == .reconnecting else { return .over }
+            // 1000 from the server ends the session without error, as in the SDK.
+            if code == 1000 { return .closedByServer }
+            // One window from the first loss: a new socket that fails again does not extend it.
+            let firstLoss = phase == .connected
+            if firstLoss { state.reconnectUntil = MonotonicClock.nanoseconds() + UInt64(state.sessionTimeout * 1e9) }
+            state.phase = .reconnecting
+            state.welcomed = false
+            return .reconnect(firstLoss: firstLoss, window: state.sessionTimeout, until: state.reconnectUntil)
+        }
+        let (firstLoss, window, until): (Bool, Double, UInt64)
+        switch loss {
+        case .joining:
             failJoin(.unreachable("Twilio signaling \(url.redactedForLog): \(words)"))
-            state.withLock { self.socket = nil }
+            state.withLock { $0.socket = nil }
             return
-        }
-        guard phase == .connected || phase == .reconnecting else {
-            self.socket = nil
-            state.unlock()
+        case .over:
             return
-        }
-        // 1000 from the server ends the session without error, as in the SDK.
-        if code == 1000 {
-            self.socket = nil
-            state.unlock()
+        case .closedByServer:
             deliver(.roomEnded(reason: "the room server closed the signaling connection"))
             return
+        case .reconnect(let first, let span, let end):
+            (firstLoss, window, until) = (first, span, end)
         }
-        // One window from the first loss: a new socket that fails again does not extend it.
-        let firstLoss = phase == .connected
-        if firstLoss { reconnectUntil = MonotonicClock.nanoseconds() + UInt64(sessionTimeout * 1e9) }
-        self.phase = .reconnecting
-        welcomed = false
-        self.socket = nil
-        let window = sessionTimeout
-        let until = reconnectUntil
-        state.unlock()
         if firstLoss { deliver(.reconnecting(reason: words), final: false) }
 
         var delay = 0.08
         while MonotonicClock.nanoseconds() < until {
-            if state.withLock({ self.phase != .reconnecting }) { return }
+            if state.withLock({ $0.phase != .reconnecting }) { return }
             let attempt = WebSocket.Attempt()
-            state.withLock { self.attempt = attempt }
+            state.withLock { $0.attempt = attempt }
             var options = socketOptions
             options.handshakeTimeout = min(options.handshakeTimeout, .nanoseconds(max(100_000_000, until - min(until, MonotonicClock.nanoseconds()))))
             if let fresh = try? WebSocket.connect(to: url, options: options, attempt: attempt) {
-                let keep = state.withLock { () -> Bool in
-                    guard self.phase == .reconnecting else { return false }
-                    self.socket = fresh
-                    self.attempt = nil
+                let keep = state.withLock { state -> Bool in
+                    guard state.phase == .reconnecting else { return false }
+                    state.socket = fresh
+                    state.attempt = nil
                     return true
                 }
                 guard keep else { fresh.invalidate(); return }
@@ -679,17 +671,17 @@ public final class TwilioDriver: RoomDriver, @unchecked Sendable {
             usleep(UInt32(delay * 1e6))
             delay = min(delay * 1.5, 2)
         }
-        state.withLock { self.phase = .over }
+        state.withLock { $0.phase = .over }
         deliver(.connectionLost(reason: "the signaling connection to Twilio was lost (\(words)) and not resumed within \(Int(window)) s"))
     }
 
     /// Calls `onEvent`; an end at most once, never while leaving.
     private func deliver(_ event: RoomEvent, final: Bool = true) {
-        state.lock()
-        let allowed = !ended && phase != .leaving
-        if final && allowed { ended = true }
-        let handler = eventHandler
-        state.unlock()
+        let (allowed, handler) = state.withLock { state in
+            let allowed = !state.ended && state.phase != .leaving
+            if final && allowed { state.ended = true }
+            return (allowed, state.eventHandler)
+        }
         if allowed { handler?(event) }
     }
 

@@ -11,8 +11,8 @@ import KraklBase
 /// any thread ends a waiting read or write at once. Pings from the server are answered inside
 /// `receive`; when nothing has arrived for `Options.pingAfterIdle`, `receive` sends a ping of its
 /// own, and a server that then stays silent as long again ends the connection (1006).
-/// @unchecked Sendable: frames leave under `sendLock`, the connection's state is under `state`; one reader thread reads.
-public final class WebSocket: @unchecked Sendable {
+/// Frames leave under `sendLock`, the connection's state is under `state`; one reader thread reads.
+public final class WebSocket: Sendable {
     public struct Options: Sendable {
         /// TCP connect, proxy CONNECT, TLS and the upgrade, in all.
         public var handshakeTimeout: Duration = .seconds(10)
@@ -47,21 +47,28 @@ public final class WebSocket: @unchecked Sendable {
     public let url: URL
     private let options: Options
     private let connection: HTTPConnection
-    private var parser: WebSocketMessageParser
     private let sendLock = NSLock()
-    private let state = NSLock()
-    private var closeSent = false
-    private var ended: Received?
-    private var lastReceived: UInt64
-    private var pingSentAt: UInt64?
+    private struct State: Sendable {
+        var closeSent = false
+        var ended: Received?
+    }
+    private let state = Guarded(State())
+    /// What `receive` keeps between calls. Only the reading thread touches it, so its lock is never
+    /// contended; it is there so that the compiler can check the sharing.
+    private struct Reader: Sendable {
+        var parser: WebSocketMessageParser
+        var lastReceived: UInt64
+        var pingSentAt: UInt64?
+    }
+    private let reader: Guarded<Reader>
 
     private init(url: URL, options: Options, connection: HTTPConnection, leftover: [UInt8]) {
         self.url = url
         self.options = options
         self.connection = connection
-        parser = WebSocketMessageParser(maximumMessage: options.maximumMessage)
+        var parser = WebSocketMessageParser(maximumMessage: options.maximumMessage)
         parser.feed(leftover)
-        lastReceived = MonotonicClock.nanoseconds()
+        reader = Guarded(Reader(parser: parser, lastReceived: MonotonicClock.nanoseconds()))
     }
 
     /// The GUID of RFC 6455 §1.3, appended to the key for `Sec-WebSocket-Accept`.
@@ -195,7 +202,7 @@ public final class WebSocket: @unchecked Sendable {
     }
 
     private func send(_ opcode: WebSocketOpcode, _ payload: [UInt8]) throws(RoomError) {
-        if opcode == .text || opcode == .binary, state.withLock({ closeSent || ended != nil }) {
+        if opcode == .text || opcode == .binary, state.withLock({ $0.closeSent || $0.ended != nil }) {
             throw .unreachable("WebSocket \(url.redactedForLog): the connection is closed")
         }
         var generator = SystemRandomNumberGenerator()
@@ -210,9 +217,9 @@ public final class WebSocket: @unchecked Sendable {
     /// Starts the closing handshake (§7.1.2): sends our close frame once. The server's close then
     /// comes to `receive` as `.closed`; a caller with no reader can wait for it with `awaitClose`.
     public func close(code: UInt16 = 1000, reason: String = "") {
-        let first = state.withLock { () -> Bool in
-            defer { closeSent = true }
-            return !closeSent
+        let first = state.withLock { state -> Bool in
+            defer { state.closeSent = true }
+            return !state.closeSent
         }
         guard first else { return }
         try? send(.close, WebSocketFrameEncoder.closePayload(code: WebSocketFrameEncoder.isSendableCloseCode(code) ? code : 1000, reason: reason))
@@ -231,7 +238,9 @@ public final class WebSocket: @unchecked Sendable {
 
     /// Ends every wait of this connection now and for good (any thread).
     public func invalidate() {
-        state.withLock { if ended == nil { ended = .closed(code: 1006, reason: "closed locally", byServer: false) } }
+        state.withLock { state in
+            if state.ended == nil { state.ended = .closed(code: 1006, reason: "closed locally", byServer: false) }
+        }
         connection.cancel()
     }
 
@@ -242,14 +251,18 @@ public final class WebSocket: @unchecked Sendable {
     public func receive(until deadline: UInt64) -> Received {
         let what = "WebSocket \(url.redactedForLog)"
         while true {
-            if let ended = state.withLock({ ended }) { return ended }
+            if let ended = state.withLock({ $0.ended }) { return ended }
             let inbound: WebSocketInbound?
-            do throws(WebSocketProtocolError) { inbound = try parser.next() } catch {
+            do throws(WebSocketProtocolError) {
+                inbound = try reader.withLock { reader throws(WebSocketProtocolError) in try reader.parser.next() }
+            } catch {
                 return end(.closed(code: error.closeCode, reason: error.description, byServer: false), sendCode: error.closeCode)
             }
             if let inbound {
-                lastReceived = MonotonicClock.nanoseconds()
-                pingSentAt = nil
+                reader.withLock { reader in
+                    reader.lastReceived = MonotonicClock.nanoseconds()
+                    reader.pingSentAt = nil
+                }
                 switch inbound {
                 case .text(let text): return .text(text)
                 case .binary(let bytes): return .binary(bytes)
@@ -260,7 +273,7 @@ public final class WebSocket: @unchecked Sendable {
                     continue
                 case .close(let code, let reason):
                     // Echo the code (§5.5.1); an empty close is answered with 1000.
-                    return end(.closed(code: code ?? 1005, reason: reason, byServer: !state.withLock { closeSent }), sendCode: code ?? 1000)
+                    return end(.closed(code: code ?? 1005, reason: reason, byServer: !state.withLock { $0.closeSent }), sendCode: code ?? 1000)
                 }
             }
             // Our own ping when the line has been quiet; a second quiet span after it ends the connection.
@@ -268,6 +281,7 @@ public final class WebSocket: @unchecked Sendable {
             if let idle = options.pingAfterIdle {
                 let span = idle.inNanoseconds
                 let now = MonotonicClock.nanoseconds()
+                let (lastReceived, pingSentAt) = reader.withLock { ($0.lastReceived, $0.pingSentAt) }
                 if let sent = pingSentAt {
                     if now >= sent + span {
                         return end(.closed(code: 1006, reason: "no answer to our ping within \(Int(idle.inSeconds)) s", byServer: false), sendCode: nil)
@@ -275,7 +289,7 @@ public final class WebSocket: @unchecked Sendable {
                     wakeAt = min(wakeAt, sent + span)
                 } else if now >= lastReceived + span {
                     try? send(.ping, Array("krakl".utf8))
-                    pingSentAt = now
+                    reader.withLock { $0.pingSentAt = now }
                     wakeAt = min(wakeAt, now + span)
                 } else {
                     wakeAt = min(wakeAt, lastReceived + span)
@@ -283,7 +297,7 @@ public final class WebSocket: @unchecked Sendable {
             }
             let bytes: [UInt8]?
             do throws(RoomError) { bytes = try connection.read(maximum: 16_384, what: what, until: wakeAt) } catch {
-                if let ended = state.withLock({ ended }) { return ended }
+                if let ended = state.withLock({ $0.ended }) { return ended }
                 return end(.closed(code: 1006, reason: "\(error)", byServer: false), sendCode: nil)
             }
             guard let bytes else {
@@ -291,10 +305,10 @@ public final class WebSocket: @unchecked Sendable {
                 continue
             }
             if bytes.isEmpty {
-                let reason = parser.pendingBytes > 0 ? "the server closed the connection inside a message" : "the server closed the connection without a close frame"
+                let reason = reader.withLock { $0.parser.pendingBytes } > 0 ? "the server closed the connection inside a message" : "the server closed the connection without a close frame"
                 return end(.closed(code: 1006, reason: reason, byServer: true), sendCode: nil)
             }
-            parser.feed(bytes)
+            reader.withLock { $0.parser.feed(bytes) }
         }
     }
 
@@ -304,9 +318,9 @@ public final class WebSocket: @unchecked Sendable {
             if case .closed(_, let words, false) = result { reason = String(words.prefix(100)) } else { reason = "" }
             close(code: sendCode, reason: reason)
         }
-        return state.withLock { () -> Received in
-            if ended == nil { ended = result }
-            return ended!
+        return state.withLock { state -> Received in
+            if state.ended == nil { state.ended = result }
+            return state.ended!
         }
     }
 }
