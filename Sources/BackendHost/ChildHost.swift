@@ -37,18 +37,22 @@ final class ChildSink: FrameSink, Sendable {
 /// thread (create, start, stop, destroy, list) while the main thread reads the socket (slot
 /// releases at once, commands queued), so a backend blocked in a call never stops releases, and
 /// the agent's end (the socket closes) ends this process whatever the backend is doing.
-/// @unchecked Sendable: the library and source belong to the control thread; commands pass under `commands`.
-final class ChildHost: @unchecked Sendable {
+final class ChildHost: Sendable {
     let socket: WireSocket
     let backend: String
     let ring: FrameRingWriter
     let sink: ChildSink
-    private var library: BackendLibrary?
-    private var source: BackendSource?
-    private let commands = NSCondition()
-    private var queue: [(kind: WireKind, text: String)] = []
+    /// The library and source: the control thread's (claimed in `load`, the first thing it does).
+    private struct Control {
+        var library: BackendLibrary?
+        var source: BackendSource?
+    }
+    private let control = ThreadConfined(Control())
+    /// Commands the main thread read, for the control thread.
+    private let commands = Guarded<[(kind: WireKind, text: String)]>([])
 
     let budgets: CallBudgets
+    let logger: BackendLogger
 
     init(socket: WireSocket, backend: String, slots: Int, waitMilliseconds: Int, budgets: CallBudgets) {
         self.budgets = budgets
@@ -56,20 +60,20 @@ final class ChildHost: @unchecked Sendable {
         self.backend = backend
         ring = FrameRingWriter(socket: socket, slotCount: slots, waitMilliseconds: waitMilliseconds)
         sink = ChildSink(ring: ring, socket: socket)
+        logger = { [socket] _, level, message in
+            var w = WireWriter(.log)
+            w.i32(level.rawValue)
+            w.text(message)
+            socket.send(w)
+        }
     }
 
-    lazy var logger: BackendLogger = { [socket] _, level, message in
-        var w = WireWriter(.log)
-        w.i32(level.rawValue)
-        w.text(message)
-        socket.send(w)
-    }
-
-    /// dlopen()s the library through the agent's own loader and says how it went.
+    /// The control thread, first: dlopen()s the library through the agent's own loader and says how it went.
     func load(path: String) {
+        control.claim()
         do throws(HostError) {
             let library = try BackendLibrary.load(path: path, backend: backend)
-            self.library = library
+            control.value.library = library
             var w = WireWriter(.ready)
             w.u32(UInt32(library.abiMajor))
             w.u32(UInt32(library.abiMinor))
@@ -94,10 +98,10 @@ final class ChildHost: @unchecked Sendable {
     /// The control thread: one command at a time, in order.
     func runCommands() {
         while true {
-            commands.lock()
-            while queue.isEmpty { commands.wait() }
-            let (kind, text) = queue.removeFirst()
-            commands.unlock()
+            // Waits in hours (NSCondition traps on .distantFuture), as long as it takes.
+            guard let (kind, text) = commands.wait(until: Date(timeIntervalSinceNow: 3600), for: { !$0.isEmpty }, then: { queue, done in
+                done ? queue.removeFirst() : nil
+            }) else { continue }
             perform(kind, text)
         }
     }
@@ -128,10 +132,7 @@ final class ChildHost: @unchecked Sendable {
     }
 
     private func enqueue(_ kind: WireKind, _ text: String) {
-        commands.lock()
-        queue.append((kind, text))
-        commands.signal()
-        commands.unlock()
+        commands.change { $0.append((kind, text)) }
     }
 
     private func reply(_ call: WireKind, ok: Bool, code: Int32, message: String) {
@@ -156,19 +157,19 @@ final class ChildHost: @unchecked Sendable {
     }
 
     private func perform(_ kind: WireKind, _ text: String) {
-        guard let library else { return }
+        guard let library = control.value.library else { return }
         switch kind {
         case .create:
-            guard source == nil else { return reply(.create, ok: false, code: -EBUSY, message: "already created") }
+            guard control.value.source == nil else { return reply(.create, ok: false, code: -EBUSY, message: "already created") }
             do throws(HostError) {
-                source = try BackendSource(library: library, backendName: backend, optionsText: text, sink: sink, logger: logger, budgets: budgets)
+                control.value.source = try BackendSource(library: library, backendName: backend, optionsText: text, sink: sink, logger: logger, budgets: budgets)
                 reply(.create, ok: true, code: 0, message: "")
             } catch {
                 if case .createFailed(_, let code, let message) = error { reply(.create, ok: false, code: code, message: message) }
                 else { replyHung(.create, error) }
             }
         case .start:
-            guard let source else { return reply(.start, ok: false, code: -EINVAL, message: "not created") }
+            guard let source = control.value.source else { return reply(.start, ok: false, code: -EINVAL, message: "not created") }
             do throws(HostError) {
                 try source.start()
                 reply(.start, ok: true, code: 0, message: "")
@@ -178,14 +179,14 @@ final class ChildHost: @unchecked Sendable {
             }
         case .stop:
             do throws(HostError) {
-                try source?.stop()
+                try control.value.source?.stop()
                 reply(.stop, ok: true, code: 0, message: "")
             } catch {
                 replyHung(.stop, error)
             }
         case .destroy:
             do throws(HostError) {
-                try source?.destroy()
+                try control.value.source?.destroy()
                 reply(.destroy, ok: true, code: 0, message: "")
             } catch {
                 replyHung(.destroy, error)

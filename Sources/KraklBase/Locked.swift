@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 /// A property read and written under a lock of its own: the handlers that one thread sets and
 /// another calls (`Publisher.onKeyframeRequest`, `VideoFanout.onBitrate`, a feed plugged in later),
@@ -63,17 +64,19 @@ extension Guarded: @unchecked Sendable where Value: Sendable {}
 /// A value one thread owns from the moment it claims it (`claim()`, first thing on that thread):
 /// every read and write then checks that it happens there and traps otherwise, so "that thread
 /// only" is a check instead of a comment (`LoopBound` is the same for an EventLoop's thread).
-/// Before the claim the creating thread may set it up.
-public final class ThreadConfined<Value> {
-    private var owner: pthread_t?
+/// Before the claim the creating thread may set it up. @unchecked Sendable (as `LoopBound`): once
+/// claimed, only the owning thread can reach the value; the owner itself is an Atomic.
+public final class ThreadConfined<Value>: @unchecked Sendable {
+    /// The owning thread's pthread_t (glibc's is never 0); 0 until claimed.
+    private let owner = Atomic<UInt>(0)
     private var _value: Value
 
     public init(_ value: Value) { _value = value }
 
     /// The calling thread owns the value from now on.
     public func claim() {
-        precondition(owner == nil, "a thread-confined value was claimed twice")
-        owner = pthread_self()
+        let (claimed, _) = owner.compareExchange(expected: 0, desired: UInt(pthread_self()), ordering: .acquiringAndReleasing)
+        precondition(claimed, "a thread-confined value was claimed twice")
     }
 
     public var value: Value {
@@ -89,6 +92,7 @@ public final class ThreadConfined<Value> {
 
     @inline(__always)
     private func check() {
-        if let owner { precondition(pthread_equal(owner, pthread_self()) != 0, "touched off the thread that owns it") }
+        let owner = owner.load(ordering: .relaxed)
+        if owner != 0 { precondition(pthread_equal(pthread_t(owner), pthread_self()) != 0, "touched off the thread that owns it") }
     }
 }

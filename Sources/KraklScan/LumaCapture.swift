@@ -11,37 +11,39 @@ internal import CYuv
 /// through the same host as the encoder; it never holds more than that one
 /// picture. Frames arrive on the backend's thread; `scan` runs on another
 /// and holds the picture's lock while zbar reads it.
-/// @unchecked Sendable: the picture and its change state are under `lock` (the backend's thread writes, the scan reads).
-public final class LumaCapture: FrameSink, @unchecked Sendable {
-    private let lock = NSLock()
-    private var picture: [UInt8] = []
-    private var width = 0, height = 0
-    /// Changed since the last scan, as a few boxes, each the changed area grown by `margin` and merged
-    /// with the boxes it touches (nil: the whole picture).
-    private var dirty: [Box]? = []
+public final class LumaCapture: FrameSink, Sendable {
+    /// The picture and its change state: the backend's thread writes, the scan reads.
+    private struct Picture {
+        var pixels: [UInt8] = []
+        var width = 0, height = 0
+        /// Changed since the last scan, as a few boxes, each the changed area grown by `margin` and merged
+        /// with the boxes it touches (nil: the whole picture).
+        var dirty: [Box]? = []
+        var changed = false
+        var frames = 0
+        var ended: String?
+        /// The coarse picture (`Signature`) when it was last scanned: a whole-frame update that does not
+        /// differ from it by more than noise is not a change.
+        var scannedSignature: Signature?
+        /// Looks still owed to an unchanged view since its last change (`looksAfterAChange`).
+        var extraLooks = 0
+        var described: String?
+    }
+    private let state = Guarded(Picture())
     struct Box: Equatable { var x0, y0, x1, y1: Int }
     /// A QR code's quiet zone and the part of it that did not change.
     static let margin = 64
     /// More boxes than this: a busy screen, scanned whole.
     static let maximumBoxes = 16
-    private var changed = false
-    private var frames = 0
-    private var ended: String?
     private let logger: BackendLogger
     private let backend: String
     private let onChange: (@Sendable () -> Void)?
     private let gate: FrameGate
-    /// The coarse picture (`Signature`) when it was last scanned: a whole-frame update that does not
-    /// differ from it by more than noise is not a change.
-    private var scannedSignature: Signature?
-    /// Looks still owed to an unchanged view since its last change (`looksAfterAChange`).
-    private var extraLooks = 0
     /// After a change, this many more pictures of the then unchanged view are looked at: whether zbar
     /// reads a camera's code can hang on the picture's noise (of 30 frames of one still view, measured
     /// with Tests/Fixtures/camera_clip.sh rotated, the first was not read and the next were), and a
     /// view that stays still would otherwise get no second look. An unchanged view then costs nothing.
     public static let looksAfterAChange = 3
-    private var described: String?
 
     /// - Parameter onChange: called on the backend's thread when the picture changes after a scan
     ///   (not for every frame): the scanner can sleep until there is something new to look at.
@@ -53,68 +55,70 @@ public final class LumaCapture: FrameSink, @unchecked Sendable {
     }
 
     /// Frames received so far, and the picture's size.
-    public var progress: (frames: Int, width: Int, height: Int) { lock.withLock { (frames, width, height) } }
+    public var progress: (frames: Int, width: Int, height: Int) { state.withLock { ($0.frames, $0.width, $0.height) } }
     /// Why the source ended, once it did.
-    public var sourceEnded: String? { lock.withLock { ended } }
+    public var sourceEnded: String? { state.withLock { $0.ended } }
     /// What the source said its pictures are, for people (its last FORMAT_CHANGED event's message:
     /// the camera's name, size and rate).
-    public var sourceDescription: String? { lock.withLock { described } }
+    public var sourceDescription: String? { state.withLock { $0.described } }
 
     public func frame(_ pointer: UnsafePointer<krakl_frame>) {
         guard let info = gate.admit(pointer) else { return }
-        lock.lock()
-        defer { lock.unlock() }
-        frames += 1
-        var rects = info.damage
-        if info.width != width || info.height != height || picture.isEmpty {
-            width = info.width
-            height = info.height
-            picture = [UInt8](repeating: 0, count: width * height)
-            rects = []
-            extraLooks = Self.looksAfterAChange
-        }
-        let wholeUpdate = rects.isEmpty
-        if rects.isEmpty { rects = [krakl_rect(x: 0, y: 0, width: Int32(width), height: Int32(height))] }
-        for rect in rects { convert(info, rect) }
-        // A frame without damage (every camera picture, a screen source without damage metadata)
-        // may show the same as the last look: judged from the picture, so an unchanged view is not
-        // scanned again (zbar over a 720p picture costs ~20 ms; this look costs ~0.05 ms).
-        if wholeUpdate && !changed, let scanned = scannedSignature {
-            if Signature(picture, width: width, height: height).differs(from: scanned) {
-                extraLooks = Self.looksAfterAChange
-            } else if extraLooks > 0 {
-                extraLooks -= 1
-            } else {
-                return
+        // onChange runs under the lock, as it always has (it only wakes the scanner).
+        state.withLock { p in
+            p.frames += 1
+            var rects = info.damage
+            if info.width != p.width || info.height != p.height || p.pixels.isEmpty {
+                p.width = info.width
+                p.height = info.height
+                p.pixels = [UInt8](repeating: 0, count: p.width * p.height)
+                rects = []
+                p.extraLooks = Self.looksAfterAChange
             }
+            let wholeUpdate = rects.isEmpty
+            if rects.isEmpty { rects = [krakl_rect(x: 0, y: 0, width: Int32(p.width), height: Int32(p.height))] }
+            for rect in rects { Self.convert(info, rect, into: &p) }
+            // A frame without damage (every camera picture, a screen source without damage metadata)
+            // may show the same as the last look: judged from the picture, so an unchanged view is not
+            // scanned again (zbar over a 720p picture costs ~20 ms; this look costs ~0.05 ms).
+            if wholeUpdate && !p.changed, let scanned = p.scannedSignature {
+                if Signature(p.pixels, width: p.width, height: p.height).differs(from: scanned) {
+                    p.extraLooks = Self.looksAfterAChange
+                } else if p.extraLooks > 0 {
+                    p.extraLooks -= 1
+                } else {
+                    return
+                }
+            }
+            if rects.count == 1 && rects[0].width == Int32(p.width) && rects[0].height == Int32(p.height) {
+                p.dirty = nil
+            } else if var boxes = p.dirty {
+                for rect in rects { Self.add(rect, to: &boxes, width: p.width, height: p.height) }
+                p.dirty = boxes.count > Self.maximumBoxes ? nil : boxes
+            }
+            let first = !p.changed
+            p.changed = true
+            if first { onChange?() }
         }
-        if rects.count == 1 && rects[0].width == Int32(width) && rects[0].height == Int32(height) {
-            dirty = nil
-        } else if var boxes = dirty {
-            for rect in rects { Self.add(rect, to: &boxes, width: width, height: height) }
-            dirty = boxes.count > Self.maximumBoxes ? nil : boxes
-        }
-        let first = !changed
-        changed = true
-        if first { onChange?() }
     }
 
     public func event(_ event: SourceEvent) {
         switch event.kind {
-        case .sourceEnded: lock.withLock { ended = event.message ?? "the backend gave no reason" }
-        case .formatChanged: if let message = event.message { lock.withLock { described = message } }
+        case .sourceEnded: state.withLock { $0.ended = event.message ?? "the backend gave no reason" }
+        case .formatChanged: if let message = event.message { state.withLock { $0.described = message } }
         case .error: logger(backend, .error, "\(event.message ?? "unspecified error") (\(errnoName(event.error)))")
         default: break
         }
     }
 
     /// Luma of one damaged rectangle into the picture.
-    private func convert(_ frame: FrameInfo, _ rect: krakl_rect) {
+    private static func convert(_ frame: FrameInfo, _ rect: krakl_rect, into p: inout Picture) {
         let x = Int(rect.x), y = Int(rect.y), w = Int(rect.width), h = Int(rect.height)
         guard w > 0, h > 0 else { return }
         let planes = frame.planes, strides = frame.strides
         guard let source = planes[0] else { return }
-        picture.withUnsafeMutableBufferPointer { buffer in
+        let width = p.width
+        p.pixels.withUnsafeMutableBufferPointer { buffer in
             let destination = buffer.baseAddress! + y * width + x
             switch frame.format {
             case KRAKL_FORMAT_I420.rawValue, KRAKL_FORMAT_NV12.rawValue:
@@ -128,38 +132,38 @@ public final class LumaCapture: FrameSink, @unchecked Sendable {
     }
 
     /// Whether the picture changed since the last `scan`.
-    public var hasChanges: Bool { lock.withLock { changed } }
+    public var hasChanges: Bool { state.withLock { $0.changed } }
 
     /// Scans what changed since the last call: the changed regions first (each grown by a margin,
     /// so a code drawn in pieces is whole in one), and when they hold nothing, the whole picture.
     /// Returns the payloads found, and how many pixels zbar read.
     public func scan(with scanner: QRScanner) -> (payloads: [[UInt8]], pixels: Int) {
-        lock.lock()
-        defer { lock.unlock() }
-        guard changed, width > 0 else { return ([], 0) }
-        changed = false
-        scannedSignature = Signature(picture, width: width, height: height)
-        let regions = (dirty ?? []).map { (x: $0.x0, y: $0.y0, width: $0.x1 - $0.x0, height: $0.y1 - $0.y0) }
-        dirty = []
-        var pixels = 0
-        let wholeArea = width * height
-        for region in regions where region.width * region.height < wholeArea / 2 {
-            var crop = [UInt8](repeating: 0, count: region.width * region.height)
-            picture.withUnsafeBufferPointer { source in
-                crop.withUnsafeMutableBufferPointer { destination in
-                    for row in 0..<region.height {
-                        let from = source.baseAddress! + (region.y + row) * width + region.x
-                        (destination.baseAddress! + row * region.width).update(from: from, count: region.width)
+        state.withLock { p in
+            guard p.changed, p.width > 0 else { return ([], 0) }
+            p.changed = false
+            p.scannedSignature = Signature(p.pixels, width: p.width, height: p.height)
+            let regions = (p.dirty ?? []).map { (x: $0.x0, y: $0.y0, width: $0.x1 - $0.x0, height: $0.y1 - $0.y0) }
+            p.dirty = []
+            var pixels = 0
+            let width = p.width, height = p.height, wholeArea = width * height
+            for region in regions where region.width * region.height < wholeArea / 2 {
+                var crop = [UInt8](repeating: 0, count: region.width * region.height)
+                p.pixels.withUnsafeBufferPointer { source in
+                    crop.withUnsafeMutableBufferPointer { destination in
+                        for row in 0..<region.height {
+                            let from = source.baseAddress! + (region.y + row) * width + region.x
+                            (destination.baseAddress! + row * region.width).update(from: from, count: region.width)
+                        }
                     }
                 }
+                pixels += crop.count
+                let found = crop.withUnsafeBufferPointer { scanner.scan(gray: $0, width: region.width, height: region.height) }
+                if !found.isEmpty { return (found, pixels) }
             }
-            pixels += crop.count
-            let found = crop.withUnsafeBufferPointer { scanner.scan(gray: $0, width: region.width, height: region.height) }
-            if !found.isEmpty { return (found, pixels) }
+            pixels += wholeArea
+            let found = p.pixels.withUnsafeBufferPointer { scanner.scan(gray: $0, width: width, height: height) }
+            return (found, pixels)
         }
-        pixels += wholeArea
-        let found = picture.withUnsafeBufferPointer { scanner.scan(gray: $0, width: width, height: height) }
-        return (found, pixels)
     }
 
     /// A coarse picture: the mean luma of each 32x32 cell, from every 4th pixel of every 4th row

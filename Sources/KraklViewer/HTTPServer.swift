@@ -36,10 +36,9 @@ public enum ViewerServerError: Error, Equatable, CustomStringConvertible {
 /// and one response per connection (`Connection: close`). The handler runs
 /// on that thread, so it must not block for long. Bounded everywhere: head
 /// and body sizes, time to send a request, time to take the response, open
-/// connections.
-/// @unchecked Sendable: connections and the accept loop's state are under `lock`; `ended` says when serving stopped.
-public final class HTTPServer: @unchecked Sendable {
-    public typealias Handler = (HTTPRequest) -> HTTPResponse
+/// connections. The connections are the serving thread's own (locals of `serve`).
+public final class HTTPServer: Sendable {
+    public typealias Handler = @Sendable (HTTPRequest) -> HTTPResponse
 
     /// The address actually bound (its port is the chosen one when 0 was asked for).
     public let address: ListenAddress
@@ -47,11 +46,12 @@ public final class HTTPServer: @unchecked Sendable {
     private let handler: Handler
     private let listener: Int32
     private let wake: (read: Int32, write: Int32)
-    private let lock = NSLock()
-    private var stopping = false
-    private var thread: Thread?
-    private let ended = NSCondition()
-    private var running = false
+    private struct Serving {
+        var stopping = false
+        /// From `start` until the serving thread ended: `stop` waits for it.
+        var running = false
+    }
+    private let serving = Guarded(Serving())
 
     private final class Connection {
         let fd: Int32
@@ -133,33 +133,24 @@ public final class HTTPServer: @unchecked Sendable {
 
     /// Starts serving on the server's own thread.
     public func start() {
-        ended.lock()
-        running = true
-        ended.unlock()
+        serving.withLock { $0.running = true }
         let thread = Thread { [self] in
             serve()
-            ended.lock()
-            running = false
-            ended.broadcast()
-            ended.unlock()
+            serving.change { $0.running = false }
         }
         thread.name = "krakl-viewer-http"
         thread.start()
-        lock.withLock { self.thread = thread }
     }
 
     /// Any thread but the server's: stops accepting, closes every connection, and waits for the thread to end.
     public func stop() {
-        lock.withLock { stopping = true }
+        serving.withLock { $0.stopping = true }
         var byte: UInt8 = 1
         _ = write(wake.write, &byte, 1)
-        ended.lock()
-        let deadline = Date().addingTimeInterval(5)
-        while running { if !ended.wait(until: deadline) { break } }
-        ended.unlock()
+        serving.wait(until: Date().addingTimeInterval(5), for: { !$0.running }) { _, _ in }
     }
 
-    private var isStopping: Bool { lock.withLock { stopping } }
+    private var isStopping: Bool { serving.withLock { $0.stopping } }
 
     private func serve() {
         var connections: [Connection] = []

@@ -4,15 +4,15 @@
 /// run every HTTP and WHEP rule against a fake.
 
 /// Makes one WebRTC peer per viewer from the viewer's offer.
-public protocol ViewerPeerFactory: AnyObject {
+public protocol ViewerPeerFactory: AnyObject, Sendable {
     /// Answers a viewer's recvonly offer (the whole SDP of a WHEP POST).
     /// Called on the HTTP server's thread; must not block for long (host
     /// candidates only, or ICE-lite: the answer is complete at once).
     func makePeer(offer: String) throws(ViewerPeerError) -> ViewerPeer
 }
 
-/// One viewer's peer connection.
-public protocol ViewerPeer: AnyObject {
+/// One viewer's peer connection (the server's thread calls it; it ends on its own network thread).
+public protocol ViewerPeer: AnyObject, Sendable {
     /// The answer SDP, complete (non-trickle: every candidate in it).
     var answer: String { get }
     /// The viewer's trickled candidates (an `application/trickle-ice-sdpfrag` body, RFC 8840).

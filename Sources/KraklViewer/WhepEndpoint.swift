@@ -1,11 +1,11 @@
 import Foundation
+import KraklBase
 
 /// The viewer's rules, one per request: WHEP (draft-ietf-wish-whep, with
 /// the HTTP rules of WHIP, RFC 9725) for players, the page and its status
 /// for people. Pure request → response over the peers it keeps; the
 /// server's thread calls it, peers' close callbacks may come from any thread.
-/// @unchecked Sendable: the viewers' resources and notes are under `lock`; `onViewersChanged` is set before serving.
-public final class WhepEndpoint: @unchecked Sendable {
+public final class WhepEndpoint: Sendable {
     public struct Policy: Sendable {
         /// Viewers at once; the next POST gets 503 with Retry-After.
         public var maximumViewers = 4
@@ -21,13 +21,20 @@ public final class WhepEndpoint: @unchecked Sendable {
 
     public let policy: Policy
     private let factory: ViewerPeerFactory
-    private let lock = NSLock()
-    private var resources: [String: Resource] = [:]
-    private var endedReason: String?
-    private var idleNote: String?
+    /// The viewers' resources and notes.
+    private struct Viewers {
+        var resources: [String: Resource] = [:]
+        var endedReason: String?
+        var idleNote: String?
+    }
+    private let viewers = Guarded(Viewers())
 
     /// A viewer came or went (the count after it); any thread. Set before serving.
-    public var onViewersChanged: ((_ count: Int, _ event: String) -> Void)?
+    public var onViewersChanged: (@Sendable (_ count: Int, _ event: String) -> Void)? {
+        get { viewersHandler.wrappedValue }
+        set { viewersHandler.wrappedValue = newValue }
+    }
+    private let viewersHandler = Locked<(@Sendable (_ count: Int, _ event: String) -> Void)?>(wrappedValue: nil)
 
     private struct Resource {
         let peer: ViewerPeer
@@ -41,28 +48,28 @@ public final class WhepEndpoint: @unchecked Sendable {
         self.policy = policy
     }
 
-    public var viewerCount: Int { lock.withLock { resources.count } }
+    public var viewerCount: Int { viewers.withLock { $0.resources.count } }
 
     /// Every viewer's numbers, for status lines.
     public var viewerStats: [ViewerPeerStats] {
-        let peers = lock.withLock { resources.values.map(\.peer) }
+        let peers = viewers.withLock { $0.resources.values.map(\.peer) }
         return peers.map(\.stats)
     }
 
     /// Sharing is over: every peer is closed, new viewers are turned away, and `/status` says why
     /// (a page still open shows it).
     public func end(reason: String) {
-        let peers: [ViewerPeer] = lock.withLock {
-            endedReason = endedReason ?? reason
-            defer { resources = [:] }
-            return resources.values.map(\.peer)
+        let peers: [ViewerPeer] = viewers.withLock { v in
+            v.endedReason = v.endedReason ?? reason
+            defer { v.resources = [:] }
+            return v.resources.values.map(\.peer)
         }
         for peer in peers { peer.close() }
     }
 
     /// Nothing is being shared for now, but the server stays (the home screen's viewer between
     /// sessions): `/status` gives `note` as `idle` and an open page shows it; nil when frames flow.
-    public func setIdle(_ note: String?) { lock.withLock { idleNote = note } }
+    public func setIdle(_ note: String?) { viewers.withLock { $0.idleNote = note } }
 
     // MARK: - Requests
 
@@ -167,7 +174,7 @@ public final class WhepEndpoint: @unchecked Sendable {
     }
 
     private func status() -> HTTPResponse {
-        let (count, ended, idle) = lock.withLock { (resources.count, endedReason, idleNote) }
+        let (count, ended, idle) = viewers.withLock { ($0.resources.count, $0.endedReason, $0.idleNote) }
         var object: [String: Any] = ["sharing": ended == nil && idle == nil, "viewers": count, "maximumViewers": policy.maximumViewers]
         object["ended"] = ended ?? NSNull()
         object["idle"] = idle ?? NSNull()
@@ -181,15 +188,15 @@ public final class WhepEndpoint: @unchecked Sendable {
         guard request.mediaType == "application/sdp" else {
             return .text(415, "POST an SDP offer with Content-Type: application/sdp", headers: [("Accept-Post", "application/sdp")])
         }
-        if let ended = lock.withLock({ endedReason }) { return .text(410, "sharing has ended: \(ended)") }
+        if let ended = viewers.withLock({ $0.endedReason }) { return .text(410, "sharing has ended: \(ended)") }
         guard let offer = String(validating: request.body, as: UTF8.self), offer.hasPrefix("v=0") else {
             return .text(400, "the body is not an SDP offer (it must start with v=0)")
         }
         // The server handles one request at a time, and the count is checked again when the peer
         // is stored, so the limit holds even if that ever changes.
         let id = Self.randomHex(16)
-        let admitted: Bool = lock.withLock {
-            guard resources.count < policy.maximumViewers else { return false }
+        let admitted: Bool = viewers.withLock {
+            guard $0.resources.count < policy.maximumViewers else { return false }
             return true
         }
         guard admitted else {
@@ -204,15 +211,15 @@ public final class WhepEndpoint: @unchecked Sendable {
         }
         let etag = "\"\(Self.randomHex(8))\""
         let resource = Resource(peer: peer, etag: etag, ufrag: Self.attribute("ice-ufrag", in: offer))
-        let count: Int? = lock.withLock {
+        let count: Int? = viewers.withLock { v in
             // Sharing ended while the peer was made: it is not kept.
-            guard endedReason == nil, resources.count < policy.maximumViewers else { return nil }
-            resources[id] = resource
-            return resources.count
+            guard v.endedReason == nil, v.resources.count < policy.maximumViewers else { return nil }
+            v.resources[id] = resource
+            return v.resources.count
         }
         guard let count else {
             peer.close()
-            return lock.withLock({ endedReason }) != nil ? .text(410, "sharing has ended")
+            return viewers.withLock({ $0.endedReason }) != nil ? .text(410, "sharing has ended")
                 : .text(503, "the viewers' places are taken; try again later", headers: [("Retry-After", "\(policy.retryAfterSeconds)")])
         }
         peer.onClosed = { [weak self] reason in self?.peerClosed(id, reason: reason) }
@@ -228,7 +235,7 @@ public final class WhepEndpoint: @unchecked Sendable {
     /// an sdpfrag and a new ETag. `If-Match` with any other value than the current ETag is 412: the
     /// PATCH was meant for an earlier ICE session (out of order after a restart).
     private func patch(_ id: String, _ request: HTTPRequest) -> HTTPResponse {
-        guard let resource = lock.withLock({ resources[id] }) else { return .text(404, "no such viewer session (it ended, or never was)") }
+        guard let resource = viewers.withLock({ $0.resources[id] }) else { return .text(404, "no such viewer session (it ended, or never was)") }
         guard request.mediaType == "application/trickle-ice-sdpfrag" else {
             return .text(415, "PATCH takes Content-Type: application/trickle-ice-sdpfrag", headers: [("Accept-Patch", "application/trickle-ice-sdpfrag")])
         }
@@ -265,11 +272,11 @@ public final class WhepEndpoint: @unchecked Sendable {
             return .text(error.httpStatus, error.description)
         }
         let etag = "\"\(Self.randomHex(8))\""
-        let count: Int? = lock.withLock {
+        let count: Int? = viewers.withLock { v in
             // The peer may have ended meanwhile (consent, DELETE): then there is nothing to restart.
-            guard resources[id]?.peer === resource.peer else { return nil }
-            resources[id] = Resource(peer: resource.peer, etag: etag, ufrag: ufrag)
-            return resources.count
+            guard v.resources[id]?.peer === resource.peer else { return nil }
+            v.resources[id] = Resource(peer: resource.peer, etag: etag, ufrag: ufrag)
+            return v.resources.count
         }
         guard let count else { return .text(404, "no such viewer session (it ended while restarting)") }
         onViewersChanged?(count, "viewer \(id.prefix(6)) restarted ICE")
@@ -277,9 +284,9 @@ public final class WhepEndpoint: @unchecked Sendable {
     }
 
     private func delete(_ id: String) -> HTTPResponse {
-        let removed: (ViewerPeer, Int)? = lock.withLock {
-            guard let resource = resources.removeValue(forKey: id) else { return nil }
-            return (resource.peer, resources.count)
+        let removed: (ViewerPeer, Int)? = viewers.withLock { v in
+            guard let resource = v.resources.removeValue(forKey: id) else { return nil }
+            return (resource.peer, v.resources.count)
         }
         guard let (peer, count) = removed else { return .text(404, "no such viewer session (it ended, or never was)") }
         let stats = peer.stats
@@ -299,9 +306,9 @@ public final class WhepEndpoint: @unchecked Sendable {
     /// state "closed") left, as with a DELETE, which often comes after the close and then finds no
     /// session; anything else (consent expired, failed) dropped it.
     private func peerClosed(_ id: String, reason: String) {
-        let ended: (ViewerPeer, Int)? = lock.withLock {
-            guard let resource = resources.removeValue(forKey: id) else { return nil }
-            return (resource.peer, resources.count)
+        let ended: (ViewerPeer, Int)? = viewers.withLock { v in
+            guard let resource = v.resources.removeValue(forKey: id) else { return nil }
+            return (resource.peer, v.resources.count)
         }
         guard let (peer, count) = ended else { return }
         let stats = peer.stats

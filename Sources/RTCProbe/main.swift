@@ -145,10 +145,14 @@ configuration.startBitrate = min(max(configuration.startBitrate, configuration.m
 // MARK: the answer comes from stdin (or --answer FILE)
 
 /// The room driver of the probe: prints the offer and an empty line on stdout and reads the answer.
-/// @unchecked Sendable: the probe sets `onEvent` before the session starts and never again.
-final class StdioSignalling: RoomDriver, @unchecked Sendable {
+final class StdioSignalling: RoomDriver, Sendable {
     let service = "stdio"
-    var onEvent: (@Sendable (RoomEvent) -> Void)?
+    /// The session sets it before it starts; the probe itself never calls it.
+    var onEvent: (@Sendable (RoomEvent) -> Void)? {
+        get { eventHandler.wrappedValue }
+        set { eventHandler.wrappedValue = newValue }
+    }
+    private let eventHandler = Locked<(@Sendable (RoomEvent) -> Void)?>(wrappedValue: nil)
     let answerPath: String?
     init(answerPath: String?) { self.answerPath = answerPath }
 
@@ -171,46 +175,48 @@ final class StdioSignalling: RoomDriver, @unchecked Sendable {
     func leave() {}
 }
 
-/// What the publisher reported, as JSON lines on stderr and for the final report.
-/// @unchecked Sendable: every field is under `lock` (the publisher's events come on its network thread).
-final class EventLog: @unchecked Sendable {
-    let lock = NSLock()
-    var connected = false
-    /// The end the publisher itself reported (status, words), if it did.
-    var ended: (status: Int32, reason: String)?
-    var events: [[String: Any]] = []
+/// What the publisher reported, as JSON lines on stderr and for the final report (the publisher's
+/// events come on its network thread).
+final class EventLog: Sendable {
+    struct Record {
+        var connected = false
+        /// The end the publisher itself reported (status, words), if it did.
+        var ended: (status: Int32, reason: String)?
+        var events: [[String: any Sendable]] = []
+    }
+    let state = Guarded(Record())
 
     func record(_ event: PublisherEvent) {
-        var object: [String: Any] = ["t_ms": MonotonicClock.milliseconds()]
-        lock.lock()
-        switch event {
-        case .connected(let ms):
-            object["event"] = "connected"
-            object["connect_ms"] = ms
-            connected = true
-        case .connectionLost(let reason):
-            object["event"] = "connection_lost"
-            object["reason"] = reason
-            if ended == nil { ended = (4, "connection lost: \(reason)") }
-        case .remoteClosed:
-            object["event"] = "remote_closed"
-            if ended == nil { ended = (0, "the peer closed the connection (DTLS close_notify)") }
-        case .remoteBye(let reason):
-            object["event"] = "remote_bye"
-            object["reason"] = reason
-            if ended == nil { ended = (0, "the peer ended the session (RTCP BYE\(reason.map { ": \($0)" } ?? ""))") }
-        case .failed(let reason), .relayRefused(_, let reason):
-            // A relay's refusal is a failure to connect for the probe (3); its kind is in the event.
-            object["event"] = "failed"
-            object["reason"] = reason
-            if case .relayRefused(let refusal, _) = event { object["relay_refused"] = refusal.rawValue }
-            if ended == nil { ended = (connected ? 4 : 3, "failed: \(reason)") }
-        case .localCandidate(let candidate):
-            object["event"] = "local_candidate"
-            object["candidate"] = candidate.sdpValue
+        var object: [String: any Sendable] = ["t_ms": MonotonicClock.milliseconds()]
+        state.withLock { log in
+            switch event {
+            case .connected(let ms):
+                object["event"] = "connected"
+                object["connect_ms"] = ms
+                log.connected = true
+            case .connectionLost(let reason):
+                object["event"] = "connection_lost"
+                object["reason"] = reason
+                if log.ended == nil { log.ended = (4, "connection lost: \(reason)") }
+            case .remoteClosed:
+                object["event"] = "remote_closed"
+                if log.ended == nil { log.ended = (0, "the peer closed the connection (DTLS close_notify)") }
+            case .remoteBye(let reason):
+                object["event"] = "remote_bye"
+                object["reason"] = reason
+                if log.ended == nil { log.ended = (0, "the peer ended the session (RTCP BYE\(reason.map { ": \($0)" } ?? ""))") }
+            case .failed(let reason), .relayRefused(_, let reason):
+                // A relay's refusal is a failure to connect for the probe (3); its kind is in the event.
+                object["event"] = "failed"
+                object["reason"] = reason
+                if case .relayRefused(let refusal, _) = event { object["relay_refused"] = refusal.rawValue }
+                if log.ended == nil { log.ended = (log.connected ? 4 : 3, "failed: \(reason)") }
+            case .localCandidate(let candidate):
+                object["event"] = "local_candidate"
+                object["candidate"] = candidate.sdpValue
+            }
+            log.events.append(object)
         }
-        events.append(object)
-        lock.unlock()
         emit(object, toError: true)
     }
 }
@@ -263,9 +269,7 @@ let reason = session.waitUntilFinished(timeout: 30) ?? .failure("the session did
 
 /// Exit status: 0 ran to the end (or the peer closed), 2 bad answer, 3 failed to connect, 4 connection lost, 5 capture or encoder.
 @MainActor func outcome(_ reason: EndReason) -> (status: Int32, result: String) {
-    log.lock.lock()
-    let ended = log.ended, connected = log.connected
-    log.lock.unlock()
+    let (ended, connected) = log.state.withLock { ($0.ended, $0.connected) }
     if let ended, !timeUp { return (ended.status, ended.reason) }
     switch reason {
     case .userStopped: return (0, "ran \(seconds) s")
@@ -282,9 +286,7 @@ let (status, result) = outcome(reason)
 if status == 2 || status == 3 { StandardStream.error("krakl-rtc-probe: \(result)\n") }
 let totals = session.totals
 var report: [String: Any] = ["result": result, "status": Int(status), "stats": totals.rtc?.dictionary ?? [:]]
-log.lock.lock()
-report["events"] = log.events
-log.lock.unlock()
+report["events"] = log.state.withLock { $0.events }
 if let e = totals.encoder {
     let waits = totals.captureToEncodedMs.sorted()
     func percentile(_ p: Double) -> Double { waits.nearestRank(p) ?? 0 }

@@ -74,16 +74,14 @@ final class ScreenScanJob: ScanHost, Sendable {
 }
 
 /// A handler of an owner that lives on `loop`: each call is posted there, so the handler only ever
-/// runs on the owner's thread, whatever it captures, and may be handed to another thread. That
-/// is the reason for @unchecked Sendable.
-struct OnLoop<Argument>: @unchecked Sendable {
-    let loop: EventLoop
-    let handler: (Argument) -> Void
+/// runs on the owner's thread, whatever it captures, and may be handed to another thread (it is
+/// `LoopBound`: reached on the loop's thread only, checked).
+struct OnLoop<Argument: Sendable>: Sendable {
+    let handler: LoopBound<(Argument) -> Void>
 
     init(_ loop: EventLoop, _ handler: @escaping (Argument) -> Void) {
-        self.loop = loop
-        self.handler = handler
+        self.handler = LoopBound(handler, loop: loop)
     }
 
-    func callAsFunction(_ argument: Argument) { loop.post { handler(argument) } }
+    func callAsFunction(_ argument: Argument) { handler.loop.post { [handler] in handler.value(argument) } }
 }

@@ -25,8 +25,8 @@ public enum ContractViolation: String, CaseIterable, Sendable {
 /// frame that breaks a rule is dropped or repaired here, so the encoder, the recording and RTP
 /// downstream see a sane stream whatever the backend does; each kind of breach is warned about
 /// once and counted. Frame geometry (sizes, strides, damage inside the frame) stays FrameGate's.
-/// @unchecked Sendable: the contract's state is under `lock` (a pthread mutex: backend threads enter it from C).
-public final class FrameContract: @unchecked Sendable {
+/// Its state is under one lock: backend threads enter it from C, the control thread moves the phase.
+public final class FrameContract: Sendable {
     public enum Phase: Sendable { case creating, created, delivering, stopped }
 
     /// What to hand the sink for one frame.
@@ -49,65 +49,66 @@ public final class FrameContract: @unchecked Sendable {
 
     private let backend: String
     private let logger: BackendLogger
-    private let lock = PThreadLock()
-    private var phase = Phase.creating
-    private var counts: [ContractViolation: Int] = [:]
-    private var firstDetail: [ContractViolation: String] = [:]
-
     // Rate cap: a token bucket refilled at `rate` a second, holding at most `burst`.
     private let rate: Double
     private let burst: Double
-    private var tokens: Double
-    private var refilledNs: UInt64 = 0
 
-    private var lastTimestamp: UInt64 = 0
-    private var needsFullDamage = true
-    private var lastShape: (format: UInt32, width: UInt32, height: UInt32)?
-    private var announced: (format: UInt32, width: UInt32, height: UInt32)?
+    private struct State {
+        var phase = Phase.creating
+        var counts: [ContractViolation: Int] = [:]
+        var firstDetail: [ContractViolation: String] = [:]
+        var tokens: Double
+        var refilledNs: UInt64 = 0
+        var lastTimestamp: UInt64 = 0
+        var needsFullDamage = true
+        var lastShape: (format: UInt32, width: UInt32, height: UInt32)?
+        var announced: (format: UInt32, width: UInt32, height: UInt32)?
+    }
+    private let state: Guarded<State>
 
     public init(backend: String, logger: @escaping BackendLogger, maximumFrameRate: Double = FrameContract.defaultMaximumFrameRate) {
         self.backend = backend
         self.logger = logger
         rate = max(1, maximumFrameRate)
         burst = max(4, rate / 8)
-        tokens = burst
+        state = Guarded(State(tokens: burst))
     }
 
     // MARK: the control thread's side
 
     /// create() returned: frames are still refused until start().
-    public func created() { lock.withLock { phase = .created } }
+    public func created() { state.withLock { $0.phase = .created } }
 
     /// start() is being called: deliveries are allowed from here on (also from inside start(),
     /// from any thread), and the next frame is treated as fully damaged whatever it says.
     public func starting() {
-        lock.withLock {
-            phase = .delivering
-            needsFullDamage = true
-            lastShape = nil
-            announced = nil
+        state.withLock { state in
+            state.phase = .delivering
+            state.needsFullDamage = true
+            state.lastShape = nil
+            state.announced = nil
         }
     }
 
     /// stop() returned (or start() failed): later deliveries are dropped until the next start().
-    public func stopped() { lock.withLock { phase = .stopped } }
+    public func stopped() { state.withLock { $0.phase = .stopped } }
 
-    public var currentPhase: Phase { lock.withLock { phase } }
+    public var currentPhase: Phase { state.withLock { $0.phase } }
 
     /// How often each kind of breach happened, and what the first one was.
     public var violations: [(kind: ContractViolation, count: Int, first: String)] {
-        lock.withLock {
-            ContractViolation.allCases.compactMap { kind in counts[kind].map { (kind, $0, firstDetail[kind] ?? "") } }
+        state.withLock { state in
+            ContractViolation.allCases.compactMap { kind in state.counts[kind].map { (kind, $0, state.firstDetail[kind] ?? "") } }
         }
     }
 
     /// Records a breach; the first of its kind is logged as a warning with `detail`.
     public func note(_ kind: ContractViolation, _ detail: @autoclosure () -> String) {
-        let first = lock.withLock { () -> String? in
-            counts[kind, default: 0] += 1
-            guard counts[kind] == 1 else { return nil }
+        let first = state.withLock { state -> String? in
+            state.counts[kind, default: 0] += 1
+            guard state.counts[kind] == 1 else { return nil }
             let text = detail()
-            firstDetail[kind] = text
+            state.firstDetail[kind] = text
             return text
         }
         if let first { logger(backend, .warning, "\(first) (the backend breaks its contract; further ones are counted, not logged)") }
@@ -127,9 +128,9 @@ public final class FrameContract: @unchecked Sendable {
             return false
         }
         if event.kind == .formatChanged {
-            lock.withLock {
-                needsFullDamage = true
-                announced = (event.format, UInt32(clamping: event.width), UInt32(clamping: event.height))
+            state.withLock { state in
+                state.needsFullDamage = true
+                state.announced = (event.format, UInt32(clamping: event.width), UInt32(clamping: event.height))
             }
         }
         return true
@@ -137,19 +138,19 @@ public final class FrameContract: @unchecked Sendable {
 
     /// Decides what becomes of one frame. `receivedNs` is CLOCK_MONOTONIC now.
     public func admit(_ pointer: UnsafePointer<krakl_frame>, receivedNs: UInt64) -> Verdict {
-        lock.lock()
-        let phase = self.phase
-        var over = false
-        if phase == .delivering {
-            // Token bucket, in whole nanoseconds so a clock that does not move costs nothing.
-            if refilledNs == 0 { refilledNs = receivedNs }
-            if receivedNs > refilledNs {
-                tokens = min(burst, tokens + Double(receivedNs - refilledNs) / 1e9 * rate)
-                refilledNs = receivedNs
+        let (phase, over) = state.withLock { state -> (Phase, Bool) in
+            var over = false
+            if state.phase == .delivering {
+                // Token bucket, in whole nanoseconds so a clock that does not move costs nothing.
+                if state.refilledNs == 0 { state.refilledNs = receivedNs }
+                if receivedNs > state.refilledNs {
+                    state.tokens = min(burst, state.tokens + Double(receivedNs - state.refilledNs) / 1e9 * rate)
+                    state.refilledNs = receivedNs
+                }
+                if state.tokens >= 1 { state.tokens -= 1 } else { over = true }
             }
-            if tokens >= 1 { tokens -= 1 } else { over = true }
+            return (state.phase, over)
         }
-        lock.unlock()
         switch phase {
         case .delivering: break
         case .creating:
@@ -170,20 +171,20 @@ public final class FrameContract: @unchecked Sendable {
         var frame = copyBySizeRule(pointer, declaredSize: Int(pointer.pointee.struct_size), as: krakl_frame.self)
         frame.struct_size = UInt32(MemoryLayout<krakl_frame>.size)
         var notes: [(ContractViolation, String)] = []
-        lock.withLock {
+        state.withLock { state in
             let shape = (frame.format, frame.width, frame.height)
-            if let expected = announced {
-                announced = nil
+            if let expected = state.announced {
+                state.announced = nil
                 if expected != shape {
                     notes.append((.announcedFormatNeverCame, "a FORMAT_CHANGED event announced \(Self.describe(expected)) but the next frame is \(Self.describe(shape))"))
                 }
-            } else if let last = lastShape, last != shape {
-                needsFullDamage = true
+            } else if let last = state.lastShape, last != shape {
+                state.needsFullDamage = true
                 notes.append((.unannouncedFormatChange, "the frame changed from \(Self.describe(last)) to \(Self.describe(shape)) without a FORMAT_CHANGED event; treated as one (whole frame damaged)"))
             }
-            lastShape = shape
-            if needsFullDamage {
-                needsFullDamage = false
+            state.lastShape = shape
+            if state.needsFullDamage {
+                state.needsFullDamage = false
                 if frame.damage_count != 0 {
                     frame.damage_count = 0
                     frame.damage = nil
@@ -194,8 +195,8 @@ public final class FrameContract: @unchecked Sendable {
             }
             let stamp = frame.timestamp_ns
             let problem: String?
-            if stamp <= lastTimestamp {
-                problem = "timestamp \(stamp) ns is not after the previous frame's \(lastTimestamp) ns"
+            if stamp <= state.lastTimestamp {
+                problem = "timestamp \(stamp) ns is not after the previous frame's \(state.lastTimestamp) ns"
             } else if stamp > receivedNs && stamp - receivedNs > Self.maximumAheadNs {
                 problem = "timestamp \(stamp) ns is \((stamp - receivedNs) / 1_000_000) ms ahead of CLOCK_MONOTONIC now"
             } else if receivedNs > stamp && receivedNs - stamp > Self.maximumBehindNs {
@@ -206,9 +207,9 @@ public final class FrameContract: @unchecked Sendable {
             // A frame cannot have been captured after it arrived: a small lead (under the limit) is
             // taken as clock skew and clamped to the receive time, so no time downstream is in the future.
             var chosen = problem == nil ? min(stamp, receivedNs) : receivedNs
-            if chosen <= lastTimestamp { chosen = lastTimestamp &+ 1 }
+            if chosen <= state.lastTimestamp { chosen = state.lastTimestamp &+ 1 }
             frame.timestamp_ns = chosen
-            lastTimestamp = chosen
+            state.lastTimestamp = chosen
             if let problem {
                 notes.append((.timestamps, "\(problem); the host uses its own receive times for such frames"))
             }

@@ -39,13 +39,13 @@ public struct IsolationSettings: Sendable {
 /// throw `.backendCrashed`, stop throws it once, destroy only cleans up. A call that overruns its
 /// budget kills the child and throws `.backendHung`. Do not call the source from its sink's
 /// callbacks (they run on the thread that reads the child's replies).
-/// @unchecked Sendable: replies and the child's end are under `state`, delivery under `delivery`, the ring mapping the reader thread's (ThreadConfined).
-public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
+public final class IsolatedBackendSource: CaptureSource, Sendable {
     public let backendName: String
     public let libraryPath: String
-    public private(set) var abiMajor = 0
-    public private(set) var abiMinor = 0
-    public private(set) var canListSources = false
+    /// What the child's ready message said (0, 0, false until it came).
+    public var abiMajor: Int { state.withLock { $0.abiMajor } }
+    public var abiMinor: Int { state.withLock { $0.abiMinor } }
+    public var canListSources: Bool { state.withLock { $0.canListSources } }
     /// The child's pid (for tests and diagnostics).
     public var processID: pid_t { process.pid }
     /// This end of the socket (tests check it is closed after destroy).
@@ -54,7 +54,7 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
     private let settings: IsolationSettings
     private let socket: WireSocket
     private let process: BackendHostProcess
-    private weak var sink: FrameSink?
+    private weak let sink: FrameSink?
     private let logger: BackendLogger
 
     private enum Loaded { case ready, failed(HostError) }
@@ -67,37 +67,38 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
         var hung = false
     }
 
-    /// Replies, the load result and the child's end, guarded by `state`.
-    private let state = NSCondition()
-    private var loaded: Loaded?
-    private var awaiting: WireKind?
-    private var reply: Reply?
-    private var end: ChildEnd?
-    private var expectingExit = false
-    private var endReported = false
-    private var created = false
-    private var destroyed = false
-    private var found: [(name: String, description: String)] = []
-    private var dropped = 0
-    private var invalid = 0
-    private var lateFrames = 0
-    private var tornDown = false
+    /// Replies, the load result and the child's end.
+    private struct State {
+        var loaded: Loaded?
+        var abiMajor = 0
+        var abiMinor = 0
+        var canListSources = false
+        var awaiting: WireKind?
+        var reply: Reply?
+        var end: ChildEnd?
+        var expectingExit = false
+        var endReported = false
+        var created = false
+        var destroyed = false
+        var found: [(name: String, description: String)] = []
+        var dropped = 0
+        var invalid = 0
+        var lateFrames = 0
+        var tornDown = false
+        var reader: pthread_t?
+    }
+    private let state = Guarded(State())
 
-    /// Held while the sink runs; `delivering` changes only under it, so when stop() returns no
-    /// callback is running.
-    private let delivery = NSLock()
-    private var delivering = false
+    /// Whether frames and events go to the sink. Held while the sink runs (deliberately: it
+    /// changes only under this lock, so when stop() returns no callback is running).
+    private let delivery = Guarded(false)
 
-    private var reader: pthread_t?
     /// The ring as mapped here: the reader thread's (claimed as it starts; other threads trap).
     private let mapped = ThreadConfined<(generation: UInt32, base: UnsafeMutableRawPointer, size: Int, slots: Int, slotSize: Int)?>(nil)
-    private let frame = UnsafeMutablePointer<krakl_frame>.allocate(capacity: 1)
-    private let rects = UnsafeMutablePointer<krakl_rect>.allocate(capacity: WireLimits.maximumRects)
-    private let cursor = UnsafeMutablePointer<krakl_cursor>.allocate(capacity: 1)
 
     /// Frames the child dropped because every buffer was in use, and invalid frames it did not pass on.
-    public var droppedFrames: Int { state.withLock { dropped } }
-    public var invalidFrames: Int { state.withLock { invalid } }
+    public var droppedFrames: Int { state.withLock { $0.dropped } }
+    public var invalidFrames: Int { state.withLock { $0.invalid } }
 
     /// Starts krakl-backend-host for `libraryPath` and waits until the library loaded.
     private init(libraryPath: String, backendName: String, sink: FrameSink?, logger: @escaping BackendLogger,
@@ -129,12 +130,9 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
             teardown()
             throw .libraryUnloadable(path: libraryPath, reason: "isolated mode: cannot start a thread")
         }
-        reader = thread
-        state.lock()
+        state.withLock { $0.reader = thread }
         let deadline = Date().addingTimeInterval(settings.loadBudget)
-        _ = state.wait(while: { loaded == nil && end == nil }, until: deadline)
-        let result = loaded, ended = end
-        state.unlock()
+        let (result, ended) = state.wait(until: deadline, for: { $0.loaded != nil || $0.end != nil }) { state, _ in (state.loaded, state.end) }
         switch result {
         case .ready?: return
         case .failed(let error)?:
@@ -164,7 +162,7 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
                 throw HostError.createFailed(backend: backendName, code: answer.code != 0 ? answer.code : -EINVAL,
                                              message: answer.message.isEmpty ? "the backend gave no reason" : answer.message)
             }
-            state.withLock { created = true }
+            state.withLock { $0.created = true }
         } catch {
             try? destroy()
             throw error
@@ -188,71 +186,68 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
         w.text(JSON.object(options).serialized, limit: WireLimits.maximumOptions)
         let answer = try lister.call(.list, w, budget: settings.budgets.listSources)
         guard answer.ok else { throw .listFailed(backend: backendName, code: answer.code != 0 ? answer.code : -EINVAL, message: answer.message) }
-        return lister.state.withLock { lister.found }
+        return lister.state.withLock { $0.found }
     }
 
     deinit {
         try? destroy()
         teardown()
-        frame.deallocate()
-        rects.deallocate()
-        cursor.deallocate()
     }
 
     // MARK: - CaptureSource
 
     public func start() throws(HostError) {
-        let (ready, ended) = state.withLock { (created && !destroyed && end == nil, end) }
+        let (ready, ended) = state.withLock { ($0.created && !$0.destroyed && $0.end == nil, $0.end) }
         if let ended {
-            state.withLock { endReported = true }
+            state.withLock { $0.endReported = true }
             throw .backendCrashed(backend: backendName, reason: ended.reason)
         }
-        guard ready, !delivery.withLock({ delivering }) else { return }
+        guard ready, !delivery.withLock({ $0 }) else { return }
         // Frames may come before start() returns (the ABI allows it): delivery is on from here.
-        delivery.withLock { delivering = true }
+        delivery.withLock { $0 = true }
         do throws(HostError) {
             let answer = try call(.start, WireWriter(.start), budget: settings.budgets.start)
             guard answer.ok else {
-                delivery.withLock { delivering = false }
+                delivery.withLock { $0 = false }
                 throw HostError.startFailed(backend: backendName, code: answer.code != 0 ? answer.code : -EINVAL,
                                             message: answer.message.isEmpty ? "the backend gave no reason" : answer.message)
             }
         } catch {
-            delivery.withLock { delivering = false }
+            delivery.withLock { $0 = false }
             throw error
         }
     }
 
     public func stop() throws(HostError) {
-        let alive = state.withLock { created && !destroyed && end == nil }
+        let alive = state.withLock { $0.created && !$0.destroyed && $0.end == nil }
         guard alive else {
-            delivery.withLock { delivering = false }
+            delivery.withLock { $0 = false }
             if let crashed = crashError(once: true) { throw crashed }
             return
         }
-        guard delivery.withLock({ delivering }) else { return }
+        guard delivery.withLock({ $0 }) else { return }
         // The reader turns delivery off when it reads the reply, after every frame sent before it.
         _ = try call(.stop, WireWriter(.stop), budget: settings.budgets.stop)
-        delivery.withLock { delivering = false }
+        delivery.withLock { $0 = false }
     }
 
     public func destroy() throws(HostError) {
-        let first = state.withLock { () -> Bool in defer { destroyed = true }; return !destroyed }
+        let first = state.withLock { state -> Bool in defer { state.destroyed = true }; return !state.destroyed }
         guard first else { return }
         var failure: HostError?
-        if state.withLock({ end == nil }) {
-            if delivery.withLock({ delivering }) {
+        if state.withLock({ $0.end == nil }) {
+            if delivery.withLock({ $0 }) {
                 do throws(HostError) { _ = try call(.stop, WireWriter(.stop), budget: settings.budgets.stop) } catch { failure = error }
-                delivery.withLock { delivering = false }
+                delivery.withLock { $0 = false }
             }
             if failure == nil {
-                state.withLock { expectingExit = true }
+                state.withLock { $0.expectingExit = true }
                 do throws(HostError) { _ = try call(.destroy, WireWriter(.destroy), budget: settings.budgets.destroy) } catch {
                     if case .backendHung = error { failure = error }
                 }
             }
         }
-        delivery.withLock { delivering = false }
+        delivery.withLock { $0 = false }
         teardown()
         if let failure { throw failure }
     }
@@ -262,22 +257,22 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
     /// Sends a command and waits for its reply within `budget`; a child that dies meanwhile is
     /// `.backendCrashed`, one that overruns is killed and `.backendHung`.
     private func call(_ kind: WireKind, _ message: WireWriter, budget: Double) throws(HostError) -> Reply {
-        state.lock()
-        if let end {
-            state.unlock()
-            throw .backendCrashed(backend: backendName, reason: end.reason)
+        let gone = state.withLock { state -> ChildEnd? in
+            if let end = state.end { return end }
+            state.awaiting = kind
+            state.reply = nil
+            return nil
         }
-        awaiting = kind
-        reply = nil
-        state.unlock()
+        if let gone { throw .backendCrashed(backend: backendName, reason: gone.reason) }
         socket.send(message)   // a dead child shows as its end, read below
-        state.lock()
-        _ = state.wait(while: { reply == nil && end == nil }, until: Date().addingTimeInterval(budget + settings.grace))
-        let answer = reply, ended = end
-        awaiting = nil
-        reply = nil
-        if answer == nil && ended != nil && !expectingExit { endReported = true }
-        state.unlock()
+        let (answer, ended, expectingExit) = state.wait(until: Date().addingTimeInterval(budget + settings.grace),
+                                                        for: { $0.reply != nil || $0.end != nil }) { state, _ in
+            let answer = state.reply, ended = state.end
+            state.awaiting = nil
+            state.reply = nil
+            if answer == nil && ended != nil && !state.expectingExit { state.endReported = true }
+            return (answer, ended, state.expectingExit)
+        }
         let name = kind == .list ? "list_sources" : "\(kind)"   // the ABI's names, as in the agent's process
         if let answer, !answer.hung { return answer }
         if let answer {
@@ -294,22 +289,19 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
     /// Kills the child of a call that hung and waits (bounded) for the reader to see it go; the
     /// error to throw. Nothing of a hung source may reach the sink after the call returns.
     private func killHung(_ call: String, budgetSeconds: Double) -> HostError {
-        delivery.withLock { delivering = false }
+        delivery.withLock { $0 = false }
         process.kill(because: .killedAfterHang(call))
-        state.lock()
-        _ = state.wait(while: { end == nil }, until: Date().addingTimeInterval(5))
-        endReported = true
-        state.unlock()
+        state.wait(until: Date().addingTimeInterval(5), for: { $0.end != nil }) { state, _ in state.endReported = true }
         return .backendHung(backend: backendName, call: call, budgetSeconds: budgetSeconds)
     }
 
     /// `.backendCrashed` when the child died on its own; with `once`, only the first time.
     private func crashError(once: Bool) -> HostError? {
-        state.withLock {
-            guard let end, !expectingExit else { return nil }
+        state.withLock { state in
+            guard let end = state.end, !state.expectingExit else { return nil }
             if case .killedAfterHang = end { return nil }   // already reported as backendHung
-            if once && endReported { return nil }
-            endReported = true
+            if once && state.endReported { return nil }
+            state.endReported = true
             return .backendCrashed(backend: backendName, reason: end.reason)
         }
     }
@@ -317,19 +309,20 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
     /// Ends the child (if still there), the reader thread, the mapping and the socket. Idempotent;
     /// never called on the reader thread.
     private func teardown() {
-        guard state.withLock({ () -> Bool in defer { tornDown = true }; return !tornDown }) else { return }
-        state.lock()
+        let (first, expectingExit) = state.withLock { state in
+            defer { state.tornDown = true }
+            return (!state.tornDown, state.expectingExit)
+        }
+        guard first else { return }
         // After a destroy reply the child exits by itself; give it a moment, then make sure.
-        _ = state.wait(while: { end == nil }, until: Date().addingTimeInterval(expectingExit ? 1 : 0))
-        let alive = end == nil
-        state.unlock()
+        let alive = state.wait(until: Date().addingTimeInterval(expectingExit ? 1 : 0), for: { $0.end != nil }) { state, _ in state.end == nil }
         if alive { process.kill(because: .killedForProtocol("it did not exit when the agent let go of it")) }
-        if let reader {
+        if let reader = state.withLock({ $0.reader }) {
             // The reader ends on the socket's end of file (the child died) and reaps it; shutdown
             // makes sure even if a grandchild of the backend still holds the child's end.
             shutdown(socket.fd, Int32(SHUT_RDWR))
             pthread_join(reader, nil)
-            self.reader = nil
+            state.withLock { $0.reader = nil }
         } else {
             process.reap(grace: 1)
         }
@@ -342,7 +335,11 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
         mapped.claim()
         Thread.current.name = "krakl-isolated"
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: WireLimits.maximumChildMessage + 64, alignment: 8)
-        defer { buffer.deallocate() }
+        let scratch = Scratch()
+        defer {
+            buffer.deallocate()
+            scratch.deallocate()
+        }
         while true {
             switch socket.receive(into: buffer) {
             case .closed:
@@ -353,7 +350,7 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
                 var unused = descriptors
                 do throws(WireError) {
                     var reader = try WireReader(UnsafeRawBufferPointer(rebasing: buffer[..<count]))
-                    try handle(&reader, descriptors: &unused)
+                    try handle(&reader, descriptors: &unused, scratch: scratch)
                 } catch {
                     unused.forEach { close($0) }
                     return childGone(problem: error.description)
@@ -363,10 +360,24 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
         }
     }
 
-    private func handle(_ r: inout WireReader, descriptors: inout [Int32]) throws(WireError) {
+    /// The krakl_frame (and its damage and cursor) handed to the sink: the reader thread's memory,
+    /// rewritten for each frame.
+    private struct Scratch {
+        let frame = UnsafeMutablePointer<krakl_frame>.allocate(capacity: 1)
+        let rects = UnsafeMutablePointer<krakl_rect>.allocate(capacity: WireLimits.maximumRects)
+        let cursor = UnsafeMutablePointer<krakl_cursor>.allocate(capacity: 1)
+
+        func deallocate() {
+            frame.deallocate()
+            rects.deallocate()
+            cursor.deallocate()
+        }
+    }
+
+    private func handle(_ r: inout WireReader, descriptors: inout [Int32], scratch: Scratch) throws(WireError) {
         switch r.kind {
         case .frame:
-            try deliverFrame(try FrameMessage(reading: &r))
+            try deliverFrame(try FrameMessage(reading: &r), into: scratch)
         case .ring:
             let generation = try r.u32(), slots = try r.u32(), slotSize = try r.u64()
             try r.finish()
@@ -382,30 +393,30 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
             try r.finish()
             let event = SourceEvent(kind: .init(eventType: type), error: error, message: hasMessage != 0 ? text : nil, format: format,
                                     width: Int(width), height: Int(height))
-            delivery.withLock { if delivering { sink?.event(event) } }
+            delivery.withLock { delivering in if delivering { sink?.event(event) } }
         case .reply:
             let call = try r.u32(), ok = try r.u32(), code = try r.i32(), text = try r.text()
             try r.finish()
-            state.lock()
-            defer { state.unlock() }
-            guard let awaiting, awaiting.rawValue == call, reply == nil else { throw WireError("a reply to \(call) that was not asked for") }
-            if awaiting == .stop { delivery.withLock { delivering = false } }
-            guard ok <= 2 else { throw WireError("reply status \(ok)") }
-            reply = Reply(call: awaiting, ok: ok == 1, code: code, message: text, hung: ok == 2)
-            state.broadcast()
+            try state.change { (state) throws(WireError) in
+                guard let awaiting = state.awaiting, awaiting.rawValue == call, state.reply == nil else {
+                    throw WireError("a reply to \(call) that was not asked for")
+                }
+                if awaiting == .stop { delivery.withLock { $0 = false } }
+                guard ok <= 2 else { throw WireError("reply status \(ok)") }
+                state.reply = Reply(call: awaiting, ok: ok == 1, code: code, message: text, hung: ok == 2)
+            }
         case .ready:
             let major = try r.u32(), minor = try r.u32(), lists = try r.u32()
             _ = try r.text()
             _ = try r.text()
             try r.finish()
-            state.lock()
-            defer { state.unlock() }
-            guard loaded == nil else { throw WireError("a second ready message") }
-            abiMajor = Int(major)
-            abiMinor = Int(minor)
-            canListSources = lists != 0
-            loaded = .ready
-            state.broadcast()
+            try state.change { (state) throws(WireError) in
+                guard state.loaded == nil else { throw WireError("a second ready message") }
+                state.abiMajor = Int(major)
+                state.abiMinor = Int(minor)
+                state.canListSources = lists != 0
+                state.loaded = .ready
+            }
         case .loadFailed:
             let raw = try r.u32(), text = try r.text()
             try r.finish()
@@ -417,21 +428,18 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
             case .abiMismatch?: error = .abiMismatch(path: libraryPath, message: text)
             case nil: throw WireError("load failure \(raw)")
             }
-            state.withLock {
-                loaded = .failed(error)
-                state.broadcast()
-            }
+            state.change { $0.loaded = .failed(error) }
         case .sourceFound:
             let name = try r.text(), description = try r.text()
             try r.finish()
-            let accepted = state.withLock { () -> Bool in
-                guard found.count < 4096 else { return false }
-                found.append((name, description))
+            let accepted = state.withLock { state -> Bool in
+                guard state.found.count < 4096 else { return false }
+                state.found.append((name, description))
                 return true
             }
             guard accepted else { throw WireError("more than 4096 sources") }
         case .invalidFrame:
-            deliverInvalid(try InvalidFrame(reading: &r))
+            deliverInvalid(try InvalidFrame(reading: &r), into: scratch)
         case .create, .start, .stop, .destroy, .list, .release:
             throw WireError("a \(r.kind) message from the child")
         }
@@ -469,7 +477,8 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
 
     /// Checks every field against the mapping, builds the krakl_frame in this process's memory
     /// (pointers into the mapping), hands it to the sink, and releases the slot.
-    private func deliverFrame(_ m: FrameMessage) throws(WireError) {
+    private func deliverFrame(_ m: FrameMessage, into scratch: Scratch) throws(WireError) {
+        let (frame, rects, cursor) = (scratch.frame, scratch.rects, scratch.cursor)
         guard let ring = mapped.value, m.generation == ring.generation else { throw WireError("a frame for ring generation \(m.generation)") }
         guard Int(m.slot) < ring.slots else { throw WireError("a frame in slot \(m.slot) of \(ring.slots)") }
         let width = Int(m.width), height = Int(m.height)
@@ -533,13 +542,13 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
             value.cursor = nil
         }
         frame.pointee = value
-        if m.dropped > 0 { state.withLock { dropped += Int(m.dropped) } }
-        var late = false
-        delivery.withLock {
-            if delivering { sink?.frame(UnsafePointer(frame)) } else { late = true }
+        if m.dropped > 0 { state.withLock { $0.dropped += Int(m.dropped) } }
+        let late = delivery.withLock { delivering -> Bool in
+            if delivering { sink?.frame(UnsafePointer(frame)) }
+            return !delivering
         }
         if late {
-            let first = state.withLock { () -> Bool in lateFrames += 1; return lateFrames == 1 }
+            let first = state.withLock { state -> Bool in state.lateFrames += 1; return state.lateFrames == 1 }
             if first { logger(backendName, .warning, "dropped a frame delivered outside start()…stop() (the backend is misbehaving)") }
         }
         var w = WireWriter(.release)
@@ -551,8 +560,9 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
     /// Rebuilds the header of a frame whose pixels the child could not copy, with every plane
     /// NULL, and hands it to the sink, whose gate rejects, logs and counts it as in the agent's
     /// process. Only a header that fails the same checks here reaches the sink.
-    private func deliverInvalid(_ m: InvalidFrame) {
-        state.withLock { invalid += 1 }
+    private func deliverInvalid(_ m: InvalidFrame, into scratch: Scratch) {
+        let frame = scratch.frame
+        state.withLock { $0.invalid += 1 }
         var value = krakl_frame()
         value.struct_size = m.structSize
         value.format = m.format
@@ -570,7 +580,7 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
         frame.pointee = value
         let pointer = UnsafePointer(frame)
         guard FrameCheck.geometryProblem(pointer) != nil || FrameCheck.damageProblem(FrameInfo(pointer)) != nil else { return }
-        delivery.withLock { if delivering { sink?.frame(pointer) } }
+        delivery.withLock { delivering in if delivering { sink?.frame(pointer) } }
     }
 
     /// The child is gone (or broke the protocol, then it is killed first): reap it, tell waiting
@@ -580,17 +590,16 @@ public final class IsolatedBackendSource: CaptureSource, @unchecked Sendable {
         if let problem { process.kill(because: .killedForProtocol(problem)) }
         let ended = process.reap(grace: 1)
         unmapRing()
-        state.lock()
-        end = ended
-        // A call still waiting for its reply reports the death itself (start throws, and so on). One
-        // whose reply already came returns success and reports nothing, so a child that answered
-        // start() and then broke the protocol before the caller's thread woke must be reported here,
-        // or the source would never end.
-        let expected = expectingExit || (awaiting != nil && reply == nil)
-        state.broadcast()
-        state.unlock()
+        let expected = state.change { state -> Bool in
+            state.end = ended
+            // A call still waiting for its reply reports the death itself (start throws, and so on). One
+            // whose reply already came returns success and reports nothing, so a child that answered
+            // start() and then broke the protocol before the caller's thread woke must be reported here,
+            // or the source would never end.
+            return state.expectingExit || (state.awaiting != nil && state.reply == nil)
+        }
         guard !expected else { return }
-        delivery.withLock {
+        delivery.withLock { delivering in
             guard delivering else { return }
             delivering = false
             sink?.event(SourceEvent(kind: .sourceEnded, error: -EPIPE, message: ended.sentence, format: 0, width: 0, height: 0))

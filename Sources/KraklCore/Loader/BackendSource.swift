@@ -15,7 +15,7 @@ public struct SourceEvent: Sendable, Equatable {
 
 /// Where a source's frames and events go. Both are called on the backend's
 /// capture thread; the frame is borrowed until the call returns.
-public protocol FrameSink: AnyObject {
+public protocol FrameSink: AnyObject, Sendable {
     func frame(_ frame: UnsafePointer<krakl_frame>)
     func event(_ event: SourceEvent)
 }

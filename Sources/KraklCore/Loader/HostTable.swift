@@ -29,6 +29,13 @@ struct HostCallbacks {
     }
 }
 
+/// A `krakl_host` from `makeHost`, held by an owner that is otherwise checked Sendable (the
+/// conformance recorder). @unchecked Sendable: C memory never freed, written only before a backend has it.
+final class HostTable: @unchecked Sendable {
+    let pointer: UnsafeMutablePointer<krakl_host>
+    init(_ pointer: UnsafeMutablePointer<krakl_host>) { self.pointer = pointer }
+}
+
 extension SourceEvent.Kind {
     /// The kind of a `krakl_event`'s (or an isolated child's event message's) type field.
     init(eventType type: UInt32) {

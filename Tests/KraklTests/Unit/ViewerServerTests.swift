@@ -7,7 +7,8 @@ import Testing
 
 /// A peer factory that answers with a fixed text and remembers what it was given.
 final class FakePeerFactory: ViewerPeerFactory, @unchecked Sendable {
-    final class Peer: ViewerPeer {
+    /// @unchecked Sendable: a test fake: its records are under `lock`; `onClosed` is set once, by the endpoint's thread.
+    final class Peer: ViewerPeer, @unchecked Sendable {
         let answer = "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=fake answer\r\nt=0 0\r\n"
         private let lock = NSLock()
         private var _closed = false
