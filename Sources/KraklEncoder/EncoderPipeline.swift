@@ -235,6 +235,13 @@ public final class EncoderPipeline: @unchecked Sendable {
         var carried = DamageAccumulator()
         var followUpAt: UInt64?
         var band = RefinementBand(width: 16, height: 16)
+        // A refinement pass went out (or was dropped: then it changed nothing); the last one gets
+        // the frame that lets a receiver show it.
+        func refinementPassed(at now: UInt64, bytes: Int, quantizer: Int?) {
+            if refinement?.passed(atNs: now, bytes: bytes, quantizer: quantizer) == true, settings.followStillFrames {
+                followUpAt = MonotonicClock.nanoseconds() + frameInterval
+            }
+        }
         loop: while true {
             guard var work = takeWork(picture: &picture, cap: &cap, lastKeyframeNs: lastKeyframeNs,
                                       refreshAt: refreshAt(), followUpAt: followUpAt) else { break }
@@ -286,20 +293,18 @@ public final class EncoderPipeline: @unchecked Sendable {
                 let packets = try encoder.encode(image, pts: pts, duration: duration, keyframe: work.keyframe, activeMap: map)
                 let encodeNs = MonotonicClock.nanoseconds() - encodeStart
                 let quantizer = encoder.lastQuantizer()
-                if !packets.isEmpty { band.encoded(map: map, quantizer: quantizer) }
                 if packets.isEmpty {
                     carried = work.damage
                     statistics.recordDrop()
                     if work.keyframe { keyframePending() }
                     // A dropped pass counts as one that changed nothing, so the next is a frame
                     // interval away rather than due again at once.
-                    if work.refresh, refinement?.passed(atNs: now, bytes: 0, quantizer: nil) == true, settings.followStillFrames {
-                        followUpAt = MonotonicClock.nanoseconds() + frameInterval
-                    }
+                    if work.refresh { refinementPassed(at: now, bytes: 0, quantizer: nil) }
                     // The frame that lets a receiver show a keyframe must come: try again.
                     if work.followUp { followUpAt = MonotonicClock.nanoseconds() + frameInterval }
                     continue
                 }
+                band.encoded(map: map, quantizer: quantizer)
                 if let inputDump {
                     var bytes: [UInt8] = []
                     image.appendPacked(to: &bytes)
@@ -324,10 +329,7 @@ public final class EncoderPipeline: @unchecked Sendable {
                 if work.followUp {
                     // Neither a change nor a pass: the refinement stays where it was.
                 } else if work.refresh {
-                    if refinement?.passed(atNs: now, bytes: packets.reduce(0) { $0 + $1.data.count }, quantizer: quantizer) == true,
-                       settings.followStillFrames {
-                        followUpAt = MonotonicClock.nanoseconds() + frameInterval
-                    }
+                    refinementPassed(at: now, bytes: packets.reduce(0) { $0 + $1.data.count }, quantizer: quantizer)
                 } else {
                     if refinement == nil || work.newSize != nil {
                         refinement = SettleRefinement(frameIntervalNs: frameInterval, width: image.width, height: image.height)
