@@ -387,7 +387,10 @@ struct BackendContractTests {
             process.standardError = err
             process.standardInput = FileHandle.nullDevice
             try process.run()
+            stdout = OutputReader(out)
+            stderr = OutputReader(err)
         }
+        private var stdout: OutputReader!, stderr: OutputReader!
         /// Ends it (after `seconds` without an exit, SIGKILL) and returns status, stdout, stderr.
         func finish(within seconds: Double) -> (exited: Bool, status: Int32, stdout: String, stderr: String) {
             let exited = Harness.waitForExit(process, seconds: seconds)
@@ -395,9 +398,8 @@ struct BackendContractTests {
                 kill(process.processIdentifier, SIGKILL)
                 process.waitUntilExit()
             }
-            let stdout = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-            let stderr = String(decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-            return (exited, process.terminationReason == .exit ? process.terminationStatus : 128 + process.terminationStatus, stdout, stderr)
+            return (exited, process.terminationReason == .exit ? process.terminationStatus : 128 + process.terminationStatus,
+                    stdout.text(within: 10), stderr.text(within: 10))
         }
         deinit { if process.isRunning { kill(process.processIdentifier, SIGKILL) } }
     }

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 
 /// Paths and process helpers shared by the tests. The tests drive the real
@@ -108,12 +109,13 @@ enum Harness {
         }
         Glibc.close(outFds[1])
         Glibc.close(errFds[1])
-        // Read both pipes while it runs so a chatty child never blocks on a full pipe.
+        // Read both pipes while it runs so a chatty child never blocks on a full pipe. Each reader
+        // closes its own end when it is done: it may outlive this call (below).
         let group = DispatchGroup()
-        let outData = DataBox(), errData = DataBox()
+        let outData = OutputBox(), errData = OutputBox()
         for (fd, box) in [(outFds[0], outData), (errFds[0], errData)] {
             group.enter()
-            DispatchQueue.global().async { box.data = Self.readToEnd(fd); group.leave() }
+            Thread.detachNewThread { Self.readToEnd(fd, into: box); Glibc.close(fd); group.leave() }
         }
         if let stdin {
             input.fileHandleForWriting.write(Data(stdin.utf8))
@@ -130,18 +132,22 @@ enum Harness {
                 while finished.wait(timeout: .now() + 0.1) == .timedOut && process.isRunning && Date() < deadline {}
             }
         }
-        group.wait()
-        Glibc.close(outFds[0])
-        Glibc.close(errFds[0])
+        // The pipes end when the last holder closes them, which is not the child when it left a
+        // process of its own running with them (a daemon, a backend host stuck in a call). Waiting
+        // for that without a bound hung a CI run until its time ran out; ten seconds after the
+        // child ended, what was read is the answer, and the note says why it may be short.
+        var outputNote = ""
+        if group.wait(timeout: .now() + 10) == .timedOut {
+            outputNote = "\n(its output was still open 10 s after it ended: a process it started holds it)"
+        }
         // Foundation traps on the status of a process it has not seen end.
         guard reap(process) else {
-            return Result(status: -1, stdout: String(decoding: outData.data, as: UTF8.self),
-                          stderr: String(decoding: errData.data, as: UTF8.self) + "\n(its end was never reported)", timedOut: true)
+            return Result(status: -1, stdout: outData.text,
+                          stderr: errData.text + outputNote + "\n(its end was never reported)", timedOut: true)
         }
         // A death by signal must not pass for an exit status of the same number.
         let status = process.terminationReason == .uncaughtSignal ? 128 + process.terminationStatus : process.terminationStatus
-        return Result(status: status, stdout: String(decoding: outData.data, as: UTF8.self),
-                      stderr: String(decoding: errData.data, as: UTF8.self), timedOut: timedOut)
+        return Result(status: status, stdout: outData.text, stderr: errData.text + outputNote, timedOut: timedOut)
     }
 
     /// Runs krakl-agent in a fresh folder, so its default recording
@@ -171,6 +177,42 @@ enum Harness {
 
 /// Filled by one reader thread, read after the group wait.
 final class DataBox: @unchecked Sendable { var data = Data() }
+
+/// Reads a pipe from the moment a program starts (so it never blocks on a full pipe) until the
+/// pipe ends; `text(within:)` answers within a bound even when a process the program started
+/// still holds the pipe open.
+final class OutputReader: Sendable {
+    private let box = OutputBox()
+    private let done = DispatchSemaphore(value: 0)
+    private let pipe: Pipe
+
+    init(_ pipe: Pipe) {
+        self.pipe = pipe
+        let fd = pipe.fileHandleForReading.fileDescriptor
+        Thread.detachNewThread { [box, done, pipe] in
+            withExtendedLifetime(pipe) { Harness.readToEnd(fd, into: box) }
+            done.signal()
+        }
+    }
+
+    /// Everything read once the pipe ended, or what was read after `seconds`, with a note.
+    func text(within seconds: Double) -> String {
+        guard done.wait(timeout: .now() + seconds) == .success else {
+            return box.text + "\n(the output was still open after \(Int(seconds)) s: a process it started holds it)"
+        }
+        done.signal() // for the next caller
+        return box.text
+    }
+}
+
+/// A program's output, filled by a reader thread while others may read it
+/// (a reader can outlive the wait for it: Harness.run).
+final class OutputBox: Sendable {
+    private let bytes = Mutex(Data())
+    func append(_ chunk: ArraySlice<UInt8>) { bytes.withLock { $0.append(contentsOf: chunk) } }
+    var data: Data { bytes.withLock { $0 } }
+    var text: String { String(decoding: data, as: UTF8.self) }
+}
 
 /// A fixture program compiled once per test run. Tests run in parallel, so
 /// the cache is behind a lock (a CI run failed on another unguarded static:
@@ -363,13 +405,19 @@ extension Harness {
 
     /// Everything `fd` gives until its end (or a read error), with read(2).
     static func readToEnd(_ fd: Int32) -> Data {
-        var data = Data()
+        let box = OutputBox()
+        readToEnd(fd, into: box)
+        return box.data
+    }
+
+    /// Appends what `fd` gives to `box` as it comes, until its end (or a read error).
+    static func readToEnd(_ fd: Int32, into box: OutputBox) {
         var buffer = [UInt8](repeating: 0, count: 65_536)
         while true {
             let n = Glibc.read(fd, &buffer, buffer.count)
             if n < 0 && errno == EINTR { continue }
-            guard n > 0 else { return data }
-            data.append(contentsOf: buffer[0..<n])
+            guard n > 0 else { return }
+            box.append(buffer[0..<n])
         }
     }
 
