@@ -36,16 +36,15 @@ public struct DamageAccumulator {
     /// The libvpx active map: one byte per 16×16 macroblock, 1 where a
     /// rectangle touches it. Returns the map and the share of active blocks.
     public func macroblockMap(width: Int, height: Int) -> (map: [UInt8], activeShare: Double) {
-        let cols = (width + 15) / 16, rows = (height + 15) / 16
-        if whole { return ([UInt8](repeating: 1, count: cols * rows), 1) }
-        var map = [UInt8](repeating: 0, count: cols * rows)
-        for r in rects {
-            let c0 = max(0, r.x / 16), c1 = min(cols - 1, (r.maxX - 1) / 16)
-            let r0 = max(0, r.y / 16), r1 = min(rows - 1, (r.maxY - 1) / 16)
-            guard c0 <= c1, r0 <= r1 else { continue }
-            for row in r0...r1 { for col in c0...c1 { map[row * cols + col] = 1 } }
+        let grid = BlockGrid(width: width, height: height)
+        if whole { return ([UInt8](repeating: 1, count: grid.count), 1) }
+        var map = [UInt8](repeating: 0, count: grid.count)
+        for r in rects where r.width > 0 && r.height > 0 && r.maxX > 0 && r.maxY > 0 && r.x < width && r.y < height {
+            let c0 = grid.column(ofX: r.x), c1 = grid.column(ofX: r.maxX - 1)
+            let r0 = grid.row(ofY: r.y), r1 = grid.row(ofY: r.maxY - 1)
+            for row in r0...r1 { for col in c0...c1 { map[row * grid.columns + col] = 1 } }
         }
         let active = map.reduce(0) { $0 + Int($1) }
-        return (map, Double(active) / Double(cols * rows))
+        return (map, Double(active) / Double(grid.count))
     }
 }

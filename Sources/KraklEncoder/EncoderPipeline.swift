@@ -263,7 +263,7 @@ public final class EncoderPipeline: @unchecked Sendable {
                     work.keyframe = true
                 }
                 guard let encoder, let output else { continue }
-                if band.columns != (image.width + 15) / 16 || band.rows != (image.height + 15) / 16 {
+                if band.grid != BlockGrid(width: image.width, height: image.height) {
                     band = RefinementBand(width: image.width, height: image.height)
                 }
                 if let bitrate = work.bitrate { try encoder.setBitrate(kbps: bitrate) }

@@ -44,7 +44,7 @@ struct SettleRefinement {
 
     init(frameIntervalNs: UInt64, width: Int, height: Int) {
         self.frameIntervalNs = frameIntervalNs
-        emptyPassBytes = ((width + 15) / 16) * ((height + 15) / 16) / 8 + 64
+        emptyPassBytes = BlockGrid(width: width, height: height).count / 8 + 64
     }
 
     /// A frame that carried a change (or a keyframe): refinement starts over after the next settle.
@@ -89,22 +89,22 @@ struct RefinementBand {
     /// Frames the band takes to sweep the picture (0.5 s at 30 fps).
     static let sweep = 15
 
-    let columns: Int
-    let rows: Int
+    let grid: BlockGrid
+    var columns: Int { grid.columns }
+    var rows: Int { grid.rows }
     /// Per block: its last encoding was at a quantizer of at most `SettleRefinement.convergedQuantizer`.
     private(set) var converged: [Bool]
     private var nextRow = 0
 
     init(width: Int, height: Int) {
-        columns = (width + 15) / 16
-        rows = (height + 15) / 16
-        converged = Array(repeating: false, count: columns * rows)
+        grid = BlockGrid(width: width, height: height)
+        converged = Array(repeating: false, count: grid.count)
     }
 
     /// Marks the band's blocks that have not converged in `map` (one byte a block, row by row) and
     /// moves the band on to the next rows.
     mutating func add(to map: inout [UInt8]) {
-        precondition(map.count == columns * rows)
+        precondition(map.count == grid.count)
         let height = max(1, (rows + Self.sweep - 1) / Self.sweep)
         if nextRow >= rows { nextRow = 0 }
         for row in nextRow..<min(rows, nextRow + height) {

@@ -162,7 +162,8 @@ final class VpxEncoder {
     /// limits the work to changed blocks; nil encodes every block.
     func encode(_ picture: I420Image, pts: Int64, duration: UInt, keyframe: Bool, activeMap: [UInt8]?) throws(EncoderError) -> [(data: [UInt8], keyframe: Bool)] {
         precondition(picture.width == width && picture.height == height)
-        let rows = UInt32((height + 15) / 16), cols = UInt32((width + 15) / 16)
+        let grid = BlockGrid(width: width, height: height)
+        let rows = UInt32(grid.rows), cols = UInt32(grid.columns)
         var status: vpx_codec_err_t
         if var map = activeMap, !keyframe {
             status = map.withUnsafeMutableBufferPointer { krakl_vpx_set_active_map(&context, $0.baseAddress, rows, cols) }

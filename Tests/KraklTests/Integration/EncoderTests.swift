@@ -517,6 +517,23 @@ struct EncoderPipelineTests {
         #expect(damage.macroblockMap(width: 64, height: 48).activeShare == 1)
     }
 
+    /// Damage that reaches past the picture marks only the blocks it covers inside it; damage
+    /// wholly outside (a stale rectangle after the screen shrank) marks none. A 70×40 picture has
+    /// 5 × 3 blocks, the last column and row partial.
+    @Test func damageOutsideThePictureMarksNoBlock() {
+        var damage = DamageAccumulator()
+        damage.add(PixelRect(x: 60, y: 30, width: 50, height: 50))   // from block (3, 1) past the corner
+        damage.add(PixelRect(x: 80, y: 0, width: 10, height: 10))    // right of the picture
+        damage.add(PixelRect(x: -20, y: 0, width: 10, height: 10))   // left of it
+        damage.add(PixelRect(x: 0, y: 45, width: 10, height: 10))    // below it
+        let (map, share) = damage.macroblockMap(width: 70, height: 40)
+        #expect(BlockGrid(width: 70, height: 40) == BlockGrid(width: 80, height: 48))
+        #expect(map == [0, 0, 0, 0, 0,
+                        0, 0, 0, 1, 1,
+                        0, 0, 0, 1, 1])
+        #expect(abs(share - 4.0 / 15.0) < 1e-9)
+    }
+
     @Test func encoderRejectsBadSizesAndBitrates() {
         #expect(throws: EncoderError.self) { try VpxEncoder(codec: .vp8, width: 15, height: 16, bitrateKbps: 1000, fps: 30, threads: 1) }
         #expect(throws: EncoderError.self) { try VpxEncoder(codec: .vp8, width: 20000, height: 16, bitrateKbps: 1000, fps: 30, threads: 1) }
