@@ -6,7 +6,7 @@ public protocol VideoFeed: AnyObject, Sendable {
     /// Encoder thread: one encoded frame. Queues it and returns; never blocks.
     func send(frame: [UInt8], keyframe: Bool, captureNanoseconds: UInt64, width: Int, height: Int)
     /// A receiver lost pictures or just arrived and wants a keyframe; any thread, must not block.
-    var onKeyframeRequest: (() -> Void)? { get set }
+    var onKeyframeRequest: (@Sendable () -> Void)? { get set }
     /// The encoder's new target, bit/s (the receivers' estimate); any thread, must not block.
-    var onBitrate: ((Int) -> Void)? { get set }
+    var onBitrate: (@Sendable (Int) -> Void)? { get set }
 }

@@ -2,6 +2,7 @@ import COpenSSL
 import Foundation
 import Glibc
 import KraklBase
+import Synchronization
 
 /// One TCP connection (plain, or TLS through OpenSSL with the peer's
 /// certificate checked against the system CA store, or a given CA file, and
@@ -13,15 +14,18 @@ import KraklBase
 ///
 /// A WebSocket reads on one thread while others write: each OpenSSL call on the connection holds
 /// `io` (one SSL object must not be used by two threads at once), but the waits in poll(2) do not,
-/// so a reader waiting for the server never holds up a writer. Reads and writes may pass a
+/// so a reader waiting for the server never holds up a writer (only `open`'s handshake waits under
+/// `io`: no other thread uses the connection before `open` returns). Reads and writes may pass a
 /// deadline of their own; without one, the connection's deadline applies.
 final class HTTPConnection: Sendable {
-    /// The socket and its TLS session, under `io`: every send, recv and OpenSSL call on them holds it.
-    private struct Stream: Sendable {
+    /// The socket and its TLS session (an SSL*, owned here: freed by `closeNow`), under `io`: every
+    /// send, recv and OpenSSL call on them holds it. A Mutex, not a Guarded: the SSL object is not
+    /// Sendable, and a Mutex lets it live only inside the lock (it never leaves `withLock`).
+    private struct Stream {
         var fd: Int32 = -1
-        var ssl: SSLObject?
+        var ssl: OpaquePointer?
     }
-    private let io = Guarded(Stream())
+    private let io = Mutex(Stream())
     private let deadline: UInt64
     /// "10 s": the time-out as the person set it, for messages.
     private let timeoutText: String
@@ -130,7 +134,8 @@ final class HTTPConnection: Sendable {
             guard !ending.closed else { return }
             ending.closed = true
             io.withLock { stream in
-                stream.ssl = nil   // SSL_free, before its socket closes
+                if let ssl = stream.ssl { SSL_free(ssl) }   // before its socket closes
+                stream.ssl = nil
                 if stream.fd >= 0 { close(stream.fd) }
                 stream.fd = -1
             }
@@ -223,28 +228,28 @@ final class HTTPConnection: Sendable {
     }
 
     private func handshake(_ tls: TLSClientContext, host: String, what: String) throws(RoomError) {
-        guard let made = SSL_new(tls.context) else { throw .unreachable("\(what): TLS set-up failed") }
-        let object = SSLObject(made)
-        // Until `open` returns no other thread reads or writes (`cancel` touches no SSL object): the handshake runs outside `io`.
-        let fd = io.withLock { stream in
-            stream.ssl = object
-            return stream.fd
-        }
-        let ssl = object.ssl
-        SSL_set_fd(ssl, fd)
-        TLSClientContext.expect(ssl, server: host)
-        while true {
-            ERR_clear_error()
-            let result = SSL_connect(ssl)
-            if result == 1 { return }
-            let error = SSL_get_error(ssl, result)
-            if error == SSL_ERROR_WANT_READ { try waitFor(fd, Int16(POLLIN), what: what); continue }
-            if error == SSL_ERROR_WANT_WRITE { try waitFor(fd, Int16(POLLOUT), what: what); continue }
-            let verify = SSL_get_verify_result(ssl)
-            if verify != X509_V_OK {
-                throw .unreachable("\(what): TLS: the server's certificate is not trusted for \(host): \(String(cString: X509_verify_cert_error_string(verify)))")
+        // Under `io` although it waits in poll(2): until `open` returns no other thread reads or
+        // writes (`cancel` takes no `io`), so no one waits for the lock, and the SSL object never
+        // leaves it. Set before the handshake: `closeNow` frees it, after a failed one too.
+        try io.withLock { stream throws(RoomError) in
+            guard let ssl = SSL_new(tls.context) else { throw .unreachable("\(what): TLS set-up failed") }
+            stream.ssl = ssl
+            let fd = stream.fd
+            SSL_set_fd(ssl, fd)
+            TLSClientContext.expect(ssl, server: host)
+            while true {
+                ERR_clear_error()
+                let result = SSL_connect(ssl)
+                if result == 1 { return }
+                let error = SSL_get_error(ssl, result)
+                if error == SSL_ERROR_WANT_READ { try waitFor(fd, Int16(POLLIN), what: what); continue }
+                if error == SSL_ERROR_WANT_WRITE { try waitFor(fd, Int16(POLLOUT), what: what); continue }
+                let verify = SSL_get_verify_result(ssl)
+                if verify != X509_V_OK {
+                    throw .unreachable("\(what): TLS: the server's certificate is not trusted for \(host): \(String(cString: X509_verify_cert_error_string(verify)))")
+                }
+                throw .unreachable("\(what): TLS handshake with \(host) failed: \(Self.openSSLError())")
             }
-            throw .unreachable("\(what): TLS handshake with \(host) failed: \(Self.openSSLError())")
         }
     }
 
@@ -261,7 +266,7 @@ final class HTTPConnection: Sendable {
         while offset < bytes.count {
             let (n, sslError, savedErrno, failure, hasSSL, fd) = io.withLock { stream in
                 let fd = stream.fd
-                let ssl = stream.ssl?.ssl
+                let ssl = stream.ssl
                 let (n, sslError, savedErrno): (Int, Int32, Int32) = bytes[offset...].withUnsafeBytes { raw in
                     if let ssl {
                         ERR_clear_error()
@@ -300,7 +305,7 @@ final class HTTPConnection: Sendable {
         while true {
             let (n, sslError, savedErrno, peek, failure, hasSSL, fd) = io.withLock { stream in
                 let fd = stream.fd
-                let ssl = stream.ssl?.ssl
+                let ssl = stream.ssl
                 let (n, sslError, savedErrno, peek): (Int, Int32, Int32, UInt) = buffer.withUnsafeMutableBytes { raw in
                     if let ssl {
                         ERR_clear_error()
@@ -337,12 +342,4 @@ final class HTTPConnection: Sendable {
             }
         }
     }
-}
-
-/// One OpenSSL connection object (SSL*), freed with its last reference.
-/// @unchecked Sendable: an SSL object is used by one thread at a time: by `open`'s handshake, then only under HTTPConnection's `io`.
-private final class SSLObject: @unchecked Sendable {
-    let ssl: OpaquePointer
-    init(_ ssl: OpaquePointer) { self.ssl = ssl }
-    deinit { SSL_free(ssl) }
 }

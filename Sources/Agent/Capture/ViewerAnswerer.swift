@@ -63,12 +63,12 @@ final class RtcViewerAnswerer: ViewerPeerFactory, VideoFeed, Sendable {
         fanout.send(frame: frame, keyframe: keyframe, captureNanoseconds: captureNanoseconds, width: width, height: height)
     }
 
-    var onKeyframeRequest: (() -> Void)? {
+    var onKeyframeRequest: (@Sendable () -> Void)? {
         get { fanout.onKeyframeRequest }
         set { fanout.onKeyframeRequest = newValue }
     }
 
-    var onBitrate: ((Int) -> Void)? {
+    var onBitrate: (@Sendable (Int) -> Void)? {
         get { fanout.onBitrate }
         set { fanout.onBitrate = newValue }
     }

@@ -34,8 +34,8 @@ final class UnavailableViewerAnswerer: ViewerPeerFactory, VideoFeed {
     }
     func send(frame: [UInt8], keyframe: Bool, captureNanoseconds: UInt64, width: Int, height: Int) {}
     /// No encoder listens: nothing is ever requested.
-    var onKeyframeRequest: (() -> Void)? { get { nil } set {} }
-    var onBitrate: ((Int) -> Void)? { get { nil } set {} }
+    var onKeyframeRequest: (@Sendable () -> Void)? { get { nil } set {} }
+    var onBitrate: (@Sendable (Int) -> Void)? { get { nil } set {} }
 }
 
 /// The viewer for one run: bound before the backend is made (a taken port ends the run before

@@ -25,7 +25,8 @@ public struct CallBudgets: Sendable, Equatable {
 /// with a deadline. The backend then always sees the same control thread, and a call that never
 /// returns keeps only this thread, never the caller (the agent's main thread, a session's work
 /// queue), so signals, the session's leave and the outputs' finalization still happen.
-/// @unchecked Sendable: a thread primitive: its job queue and flags are under `condition`.
+/// @unchecked Sendable: a thread primitive: its job queue and flags are under `condition`, and the
+/// jobs (with the CallResult each captures) are closures the compiler cannot see cross to its thread.
 final class BackendCallThread: @unchecked Sendable {
     private let condition = NSCondition()
     private var jobs: [() -> Void] = []
@@ -128,9 +129,10 @@ final class BackendCallThread: @unchecked Sendable {
     }
 }
 
-/// What one call returned, filled on the call thread and read by the waiter under the condition.
-/// @unchecked Sendable: written on the call thread and read by the waiter, both under the call thread's `condition`.
-private final class CallResult<T>: @unchecked Sendable {
+/// What one call returned, filled on the call thread and read by the waiter, both under the call
+/// thread's `condition`. Not Sendable: it reaches the call thread only inside its job, a closure
+/// in BackendCallThread's queue (whose conformance says why that is safe), never on its own.
+private final class CallResult<T> {
     var value: T?
     var done = false
 }

@@ -1,6 +1,7 @@
 import KraklBase
 import Glibc
 import KraklBackendABI
+import Synchronization
 
 /// A backend shared library, loaded and checked against the ABI. Loaded at
 /// most once per path and never unloaded: a library with Swift code in it
@@ -23,8 +24,8 @@ public final class BackendLibrary: @unchecked Sendable {
     public static let minimumTableSize = MemoryLayout<krakl_backend>.offset(of: \krakl_backend.destroy)! + MemoryLayout<UnsafeRawPointer>.size
     public static let hostVersion = (major: Int(KRAKL_ABI_MAJOR), minor: Int(KRAKL_ABI_MINOR))
 
-    private static let lock = PThreadLock()
-    nonisolated(unsafe) private static var loaded: [String: BackendLibrary] = [:]
+    /// The libraries loaded so far, by path; a load holds the lock from lookup to insertion.
+    private static let loaded = Mutex<[String: BackendLibrary]>([:])
 
     private init(path: String, table: krakl_backend, declaredSize: Int) {
         self.path = path
@@ -41,70 +42,40 @@ public final class BackendLibrary: @unchecked Sendable {
     /// here, not mid-capture; one backend's symbols never leak into
     /// another's), finds the entry symbol and checks the table.
     public static func load(path: String, backend: String) throws(HostError) -> BackendLibrary {
-        lock.lock()
-        defer { lock.unlock() }
-        if let library = loaded[path] { return library }
-        guard access(path, F_OK) == 0 else { throw .libraryMissing(backend: backend, path: path) }
-        guard let handle = dlopen(path, RTLD_NOW | RTLD_LOCAL) else {
-            throw .libraryUnloadable(path: path, reason: dlerror().map { String(cString: $0) } ?? "unknown dlopen error")
-        }
-        guard let symbol = dlsym(handle, KRAKL_BACKEND_ENTRY_SYMBOL) else {
-            for major in 2...9 where dlsym(handle, "krakl_backend_v\(major)") != nil {
-                throw .abiMismatch(path: path, message: "built for backend ABI \(major).x (exports krakl_backend_v\(major)); this agent speaks \(hostVersion.major).\(hostVersion.minor): use a newer krakl-agent or rebuild the backend against this agent's krakl_backend.h")
+        try loaded.withLock { loaded throws(HostError) -> BackendLibrary in
+            if let library = loaded[path] { return library }
+            guard access(path, F_OK) == 0 else { throw .libraryMissing(backend: backend, path: path) }
+            guard let handle = dlopen(path, RTLD_NOW | RTLD_LOCAL) else {
+                throw .libraryUnloadable(path: path, reason: dlerror().map { String(cString: $0) } ?? "unknown dlopen error")
             }
-            throw .entrySymbolMissing(path: path)
+            guard let symbol = dlsym(handle, KRAKL_BACKEND_ENTRY_SYMBOL) else {
+                for major in 2...9 where dlsym(handle, "krakl_backend_v\(major)") != nil {
+                    throw .abiMismatch(path: path, message: "built for backend ABI \(major).x (exports krakl_backend_v\(major)); this agent speaks \(hostVersion.major).\(hostVersion.minor): use a newer krakl-agent or rebuild the backend against this agent's krakl_backend.h")
+                }
+                throw .entrySymbolMissing(path: path)
+            }
+            let entry = unsafeBitCast(symbol, to: krakl_backend_entry_fn.self)
+            guard let raw = entry() else {
+                throw .abiMismatch(path: path, message: "krakl_backend_v1() returned NULL; the backend refused to load (see its log above)")
+            }
+            let declared = Int(raw.pointee.struct_size)
+            let version = raw.pointee.abi_version
+            guard Int(version >> 16) == hostVersion.major else {
+                throw .abiMismatch(path: path, message: "declares backend ABI \(version >> 16).\(version & 0xFFFF) but exports krakl_backend_v1; this agent speaks \(hostVersion.major).\(hostVersion.minor): rebuild the backend against this agent's krakl_backend.h")
+            }
+            guard declared >= minimumTableSize else {
+                throw .abiMismatch(path: path, message: "malformed backend table: struct_size is \(declared) bytes, ABI 1.0 needs at least \(minimumTableSize); set struct_size = sizeof(krakl_backend)")
+            }
+            let table = copyBySizeRule(raw, declaredSize: declared, as: krakl_backend.self)
+            let missing = [("create", table.create == nil), ("start", table.start == nil), ("stop", table.stop == nil), ("destroy", table.destroy == nil)]
+                .filter(\.1).map(\.0)
+            guard missing.isEmpty else {
+                throw .abiMismatch(path: path, message: "malformed backend table: \(missing.joined(separator: ", ")) is NULL")
+            }
+            let library = BackendLibrary(path: path, table: table, declaredSize: declared)
+            loaded[path] = library
+            return library
         }
-        let entry = unsafeBitCast(symbol, to: krakl_backend_entry_fn.self)
-        guard let raw = entry() else {
-            throw .abiMismatch(path: path, message: "krakl_backend_v1() returned NULL; the backend refused to load (see its log above)")
-        }
-        let declared = Int(raw.pointee.struct_size)
-        let version = raw.pointee.abi_version
-        guard Int(version >> 16) == hostVersion.major else {
-            throw .abiMismatch(path: path, message: "declares backend ABI \(version >> 16).\(version & 0xFFFF) but exports krakl_backend_v1; this agent speaks \(hostVersion.major).\(hostVersion.minor): rebuild the backend against this agent's krakl_backend.h")
-        }
-        guard declared >= minimumTableSize else {
-            throw .abiMismatch(path: path, message: "malformed backend table: struct_size is \(declared) bytes, ABI 1.0 needs at least \(minimumTableSize); set struct_size = sizeof(krakl_backend)")
-        }
-        let table = copyBySizeRule(raw, declaredSize: declared, as: krakl_backend.self)
-        let missing = [("create", table.create == nil), ("start", table.start == nil), ("stop", table.stop == nil), ("destroy", table.destroy == nil)]
-            .filter(\.1).map(\.0)
-        guard missing.isEmpty else {
-            throw .abiMismatch(path: path, message: "malformed backend table: \(missing.joined(separator: ", ")) is NULL")
-        }
-        let library = BackendLibrary(path: path, table: table, declaredSize: declared)
-        loaded[path] = library
-        return library
-    }
-}
-
-/// A pthread mutex without Foundation's overhead, for short critical
-/// sections that C callbacks enter from backend threads.
-/// @unchecked Sendable: a lock: the mutex it owns is what makes its callers' state safe.
-final class PThreadLock: @unchecked Sendable {
-    private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
-    init() { pthread_mutex_init(mutex, nil) }
-    deinit {
-        pthread_mutex_destroy(mutex)
-        mutex.deallocate()
-    }
-    func lock() { pthread_mutex_lock(mutex) }
-    func unlock() { pthread_mutex_unlock(mutex) }
-    /// Takes the lock only when it is free; true when taken.
-    func tryLock() -> Bool { pthread_mutex_trylock(mutex) == 0 }
-    /// Takes the lock unless it stays held for `seconds`; true when taken.
-    func lock(within seconds: Double) -> Bool {
-        var deadline = timespec()
-        clock_gettime(CLOCK_REALTIME, &deadline)
-        let nanoseconds = Int(deadline.tv_nsec) + Int(seconds * 1e9)
-        deadline.tv_sec += nanoseconds / 1_000_000_000
-        deadline.tv_nsec = nanoseconds % 1_000_000_000
-        return pthread_mutex_timedlock(mutex, &deadline) == 0
-    }
-    func withLock<T>(_ body: () throws -> T) rethrows -> T {
-        lock()
-        defer { unlock() }
-        return try body()
     }
 }
 

@@ -1,6 +1,8 @@
 import KraklBase
+import Foundation
 import Glibc
 import KraklBackendABI
+import Synchronization
 
 /// What a backend's `krakl_host` and its `host_data` point to. A slot is never freed: a backend
 /// thread that outlives destroy() (or a hung backend) may still call through its host struct,
@@ -9,37 +11,39 @@ import KraklBackendABI
 /// after `reuseAfter` others retired, so the memory kept is bounded (≈ 100 bytes a slot)
 /// however many sources a long-running agent makes; a backend thread that calls on after that
 /// many later sources reaches a newer source, whose frame checks still hold.
-/// @unchecked Sendable: C memory handed to a backend, never freed; the context is swapped under `lock`.
-final class HostSlot: @unchecked Sendable {
-    let host: UnsafeMutablePointer<krakl_host>
-    private let lock = PThreadLock()
-    private var context: HostContext?
+/// Sendable, checked: the C struct is a HostTable, the context is swapped inside a Mutex.
+final class HostSlot: Sendable {
+    private let table: HostTable
+    var host: UnsafeMutablePointer<krakl_host> { table.pointer }
+    private let context = Mutex<HostContext?>(nil)
 
     static let reuseAfter = 256
-    private static let poolLock = PThreadLock()
-    nonisolated(unsafe) private static var retired: [HostSlot] = []
+    private static let retired = Mutex<[HostSlot]>([])
 
     private init() {
-        host = HostCallbacks(log: hostLog, frame: hostFrame, event: hostEvent, option: hostOption,
-                             checkOptions: hostCheckOptions, sourceFound: hostSourceFound).makeHost()
+        table = HostTable(HostCallbacks(log: hostLog, frame: hostFrame, event: hostEvent, option: hostOption,
+                                        checkOptions: hostCheckOptions, sourceFound: hostSourceFound).makeHost())
         // Retained for the life of the process (see above); host_data is this slot.
-        host.pointee.host_data = Unmanaged.passRetained(self).toOpaque()
+        table.pointer.pointee.host_data = Unmanaged.passRetained(self).toOpaque()
     }
 
-    /// A slot serving `context`: a long-retired one, or a new one.
-    static func attach(_ context: HostContext) -> HostSlot {
-        let slot = poolLock.withLock { retired.count > reuseAfter ? retired.removeFirst() : nil } ?? HostSlot()
-        slot.lock.withLock { slot.context = context }
-        return slot
+    /// A slot for a new context, not serving it yet (`serve`): a long-retired one, or a new one.
+    static func take() -> HostSlot {
+        retired.withLock { $0.count > reuseAfter ? $0.removeFirst() : nil } ?? HostSlot()
+    }
+
+    /// From now on callbacks through the slot reach `context`.
+    func serve(_ context: HostContext) {
+        self.context.withLock { $0 = context }
     }
 
     /// The context, while the source exists.
-    var current: HostContext? { lock.withLock { context } }
+    var current: HostContext? { context.withLock { $0 } }
 
     /// Detaches the context (every later callback is dropped) and offers the slot for reuse.
     func retire() {
-        lock.withLock { context = nil }
-        HostSlot.poolLock.withLock { HostSlot.retired.append(self) }
+        context.withLock { $0 = nil }
+        HostSlot.retired.withLock { $0.append(self) }
     }
 
     static func from(_ data: UnsafeMutableRawPointer?) -> HostSlot? {
@@ -48,58 +52,65 @@ final class HostSlot: @unchecked Sendable {
 }
 
 /// The host side of one source (or one list_sources call): options, the frame contract, the
-/// sink, and the error line kept for the HostError that reports a failed call.
-/// @unchecked Sendable: backend threads call in through C; the sink, options and counts are under its pthread locks.
-final class HostContext: @unchecked Sendable {
+/// sink, and the error line kept for the HostError that reports a failed call. Backend threads
+/// call in through C. Sendable, checked: the sink and the mutable state are in Mutexes, the
+/// delivery lock is an NSLock.
+final class HostContext: Sendable {
     let backend: String
     let logger: BackendLogger
     /// Frames and events are checked here; nil for list_sources, which delivers neither.
     let contract: FrameContract?
-    private(set) var slot: HostSlot!
+    let slot: HostSlot
     var host: UnsafeMutablePointer<krakl_host> { slot.host }
-    private let sinkLock = PThreadLock()
-    private weak var _sink: FrameSink?
+    private struct SinkReference {
+        weak var sink: FrameSink?
+    }
+    private let sink: Mutex<SinkReference>
     /// Options parsed for host->option(); a failure when the text is not valid JSON.
     let parsed: Result<JSON, JSONParseError>
-    /// C strings handed out by host->option(), kept until the context goes.
-    private var optionStrings: [String: UnsafeMutablePointer<CChar>] = [:]
-    private var _found: [(name: String, description: String)] = []
-    private let lock = PThreadLock()
+    private struct State {
+        /// C strings handed out by host->option(), kept until the context goes.
+        var optionStrings: [String: OptionString] = [:]
+        var found: [(name: String, description: String)] = []
+        var lastError: String?
+        /// How many of the backend's log lines reach the terminal.
+        var logLimit = LogRateLimit()
+        var capturing = false
+        var dead = false
+    }
+    private let state = Mutex(State())
     /// Serializes frame and event deliveries: the contract says one at a time, and a backend
-    /// that calls from two threads at once must not corrupt the host's state.
-    private let delivery = PThreadLock()
-    private var lastError: String?
-    /// How many of the backend's log lines reach the terminal (under `lock`).
-    private var logLimit = LogRateLimit()
-    private var _capturing = false
-    private var _dead = false
+    /// that calls from two threads at once must not corrupt the host's state. An NSLock: the
+    /// drain waits for it with a bound (`lock(before:)`), which a Mutex cannot.
+    private let delivery = NSLock()
 
     init(backend: String, optionsText: String, sink: FrameSink?, logger: @escaping BackendLogger, contract: FrameContract?) {
         self.backend = backend
         self.logger = logger
         self.contract = contract
-        _sink = sink
+        self.sink = Mutex(SinkReference(sink: sink))
         var parser = JSONParser(optionsText)
         parsed = Result { () throws(JSONParseError) -> JSON in try parser.parse() }
-        slot = HostSlot.attach(self)
+        slot = HostSlot.take()
+        slot.serve(self)
     }
 
-    deinit { optionStrings.values.forEach { free($0) } }
+    deinit { state.withLock { $0.optionStrings.values.forEach { $0.free() } } }
 
     /// What list_sources reported through source_found.
-    var found: [(name: String, description: String)] { lock.withLock { _found } }
+    var found: [(name: String, description: String)] { state.withLock { $0.found } }
 
     /// While create() or start() runs, error lines are kept for the HostError that reports the
     /// failure instead of printed twice.
     var capturingErrors: Bool {
-        get { lock.withLock { _capturing } }
-        set { lock.withLock { _capturing = newValue } }
+        get { state.withLock { $0.capturing } }
+        set { state.withLock { $0.capturing = newValue } }
     }
 
     /// The source hung: its frames, events and log lines are dropped from now on. The context
     /// stays attached (never freed): the hung call may still read its options.
     func markDead() {
-        lock.withLock { _dead = true }
+        state.withLock { $0.dead = true }
         drainDeliveries()
     }
 
@@ -107,20 +118,20 @@ final class HostContext: @unchecked Sendable {
     /// for long), so that once stop() returned or the source died, the caller may finish what the
     /// sink feeds (the encoder, the recording) without a frame arriving in the middle.
     func drainDeliveries() {
-        if delivery.lock(within: 1) { delivery.unlock() }
+        if delivery.lock(before: Date(timeIntervalSinceNow: 1)) { delivery.unlock() }
     }
-    var isDead: Bool { lock.withLock { _dead } }
+    var isDead: Bool { state.withLock { $0.dead } }
 
     /// destroy() returned: nothing of the backend's may reach the host any more.
     func retire() { slot.retire() }
 
     func log(_ level: LogLevel, _ message: String) {
-        let (captured, dead, admitted) = lock.withLock { () -> (Bool, Bool, (shown: Bool, notShownBefore: Int)) in
-            if level == .error && !_dead { lastError = message }
-            let captured = level == .error && _capturing
+        let (captured, dead, admitted) = state.withLock { state -> (Bool, Bool, (shown: Bool, notShownBefore: Int)) in
+            if level == .error && !state.dead { state.lastError = message }
+            let captured = level == .error && state.capturing
             // Only lines that would be printed spend the budget (a captured create() error is the call's reason).
-            let admitted = captured || _dead ? (shown: false, notShownBefore: 0) : logLimit.admit(now: MonotonicClock.nanoseconds())
-            return (captured, _dead, admitted)
+            let admitted = captured || state.dead ? (shown: false, notShownBefore: 0) : state.logLimit.admit(now: MonotonicClock.nanoseconds())
+            return (captured, state.dead, admitted)
         }
         if captured || dead || !admitted.shown { return }
         if admitted.notShownBefore > 0 {
@@ -130,16 +141,16 @@ final class HostContext: @unchecked Sendable {
     }
 
     func takeLastError() -> String? {
-        lock.withLock {
-            defer { lastError = nil }
-            return lastError
+        state.withLock { state in
+            defer { state.lastError = nil }
+            return state.lastError
         }
     }
 
     /// Runs one delivery under the delivery lock; a delivery that finds another in progress is
     /// a breach of "never two at once" (counted), and waits its turn.
     private func serialized(_ body: () -> Void) {
-        if !delivery.tryLock() {
+        if !delivery.try() {
             contract?.note(.concurrentCallbacks, "two threads delivered frames or events for one source at the same time; the host serializes them")
             delivery.lock()
         }
@@ -151,7 +162,7 @@ final class HostContext: @unchecked Sendable {
         guard let contract, !isDead else { return }
         let received = MonotonicClock.nanoseconds()
         serialized {
-            let sink = sinkLock.withLock { _sink }
+            let sink = self.sink.withLock { $0.sink }
             switch contract.admit(pointer, receivedNs: received) {
             case .drop: return
             case .unchecked: sink?.frame(pointer)
@@ -164,23 +175,23 @@ final class HostContext: @unchecked Sendable {
         guard let contract, !isDead else { return }
         serialized {
             guard contract.admitEvent(event) else { return }
-            sinkLock.withLock { _sink }?.event(event)
+            sink.withLock { $0.sink }?.event(event)
         }
     }
 
     func sourceFound(name: String, description: String) {
         guard !isDead else { return }
-        lock.withLock { _found.append((name, description)) }
+        state.withLock { $0.found.append((name, description)) }
     }
 
     func option(_ key: String) -> UnsafePointer<CChar>? {
         guard case .success(.object(let object)) = parsed, let value = object[key] else { return nil }
-        return lock.withLock {
-            if let existing = optionStrings[key] { return UnsafePointer(existing) }
-            let copy = strdup(value.optionText)!
-            optionStrings[key] = copy
-            return UnsafePointer(copy)
-        }
+        return state.withLock { state in
+            if let existing = state.optionStrings[key] { return existing }
+            let copy = OptionString(value.optionText)
+            state.optionStrings[key] = copy
+            return copy
+        }.pointer
     }
 
     func checkOptions(_ known: [String]) -> Int32 {
@@ -199,6 +210,16 @@ final class HostContext: @unchecked Sendable {
             return -EINVAL
         }
     }
+}
+
+/// One option's value as a C string for host->option() (strdup), held by its address: the
+/// context owns it and frees it in its deinit, and nothing writes it after the copy, so the
+/// address may pass between the threads a backend calls from.
+private struct OptionString: Sendable {
+    private let address: UInt
+    init(_ text: String) { address = UInt(bitPattern: strdup(text)!) }
+    var pointer: UnsafePointer<CChar> { UnsafePointer(bitPattern: address)! }
+    func free() { Glibc.free(UnsafeMutableRawPointer(bitPattern: address)) }
 }
 
 // The C entry points of krakl_host. Every string a backend passes is read bounded and

@@ -29,8 +29,8 @@ struct HostCallbacks {
     }
 }
 
-/// A `krakl_host` from `makeHost`, held by an owner that is otherwise checked Sendable (the
-/// conformance recorder). @unchecked Sendable: C memory never freed, written only before a backend has it.
+/// A `krakl_host` from `makeHost`, held by an owner that is otherwise checked Sendable (HostSlot,
+/// the conformance recorder). @unchecked Sendable: C memory never freed, written only before a backend has it.
 final class HostTable: @unchecked Sendable {
     let pointer: UnsafeMutablePointer<krakl_host>
     init(_ pointer: UnsafeMutablePointer<krakl_host>) { self.pointer = pointer }

@@ -99,11 +99,11 @@ public final class Publisher: @unchecked Sendable {
     /// Called once, on the network thread, when the peer ended the session or it failed (consent lost,
     /// DTLS close_notify, RTCP BYE, ICE or DTLS failure), with the reason in words; not after `close()`.
     /// For a server to forget the peer (it should still call `close()` to free the sockets).
-    @Locked public var onClosed: ((String) -> Void)? = nil
+    @Locked public var onClosed: (@Sendable (String) -> Void)? = nil
     /// The encoder should make the next frame a keyframe (rate-limited). Network thread; must not block.
-    @Locked public var onKeyframeRequest: (() -> Void)? = nil
+    @Locked public var onKeyframeRequest: (@Sendable () -> Void)? = nil
     /// The encoder's new target bitrate in bits per second. Network thread; must not block.
-    @Locked public var onBitrate: ((Int) -> Void)? = nil
+    @Locked public var onBitrate: (@Sendable (Int) -> Void)? = nil
     private var eventHandler: ((PublisherEvent) -> Void)?
     private var pendingEvents: [PublisherEvent] = []
 

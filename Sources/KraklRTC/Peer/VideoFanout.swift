@@ -17,17 +17,17 @@ public final class VideoFanout: Sendable {
     public let floorBitrate: Int
     public let keyframeInterval: Duration
     /// Ask the encoder for a keyframe. Set before adding peers.
-    public var onKeyframeRequest: (() -> Void)? {
+    public var onKeyframeRequest: (@Sendable () -> Void)? {
         get { keyframeHandler.wrappedValue }
         set { keyframeHandler.wrappedValue = newValue }
     }
     /// The encoder's new target in bits per second. Set before adding peers.
-    public var onBitrate: ((Int) -> Void)? {
+    public var onBitrate: (@Sendable (Int) -> Void)? {
         get { bitrateHandler.wrappedValue }
         set { bitrateHandler.wrappedValue = newValue }
     }
-    private let keyframeHandler = Locked<(() -> Void)?>(wrappedValue: nil)
-    private let bitrateHandler = Locked<((Int) -> Void)?>(wrappedValue: nil)
+    private let keyframeHandler = Locked<(@Sendable () -> Void)?>(wrappedValue: nil)
+    private let bitrateHandler = Locked<(@Sendable (Int) -> Void)?>(wrappedValue: nil)
 
     private struct Peers {
         var peers: [ObjectIdentifier: Publisher] = [:]
