@@ -62,12 +62,13 @@ let package = Package(
         .target(name: "CStbImage", path: "Sources/System/CStbImage"),
         .target(name: "KraklScan", dependencies: ["KraklBase", "KraklCore", "KraklBackendABI", "CYuv", "KraklRoom", "CZbar", "CStbImage"], swiftSettings: swift6),
         // The built-in viewer: a bounded HTTP/1.1 server, WHEP's rules and the viewer page, over a
-        // ViewerPeerFactory protocol (the WebRTC answerer lives in KraklRTC).
+        // ViewerPeerFactory protocol (the WebRTC answerer over it lives in KraklSession).
         .target(name: "KraklViewer", dependencies: ["KraklBase"], swiftSettings: swift6),
         // One sharing session: the lifecycle state machine, the one media path (source -> gate ->
         // encoder -> feeds, for rooms, the viewer and recordings) and the session over it, the
-        // publisher and the room driver (krakl-agent and krakl-rtc-probe are command lines over it).
-        .target(name: "KraklSession", dependencies: ["KraklBase", "KraklCore", "KraklEncoder", "KraklRTC", "KraklRoom"], swiftSettings: swift6),
+        // publisher and the room driver (krakl-agent and krakl-rtc-probe are command lines over it);
+        // the viewer's WebRTC answerer (RtcViewerAnswerer, KraklViewer's ViewerPeerFactory).
+        .target(name: "KraklSession", dependencies: ["KraklBase", "KraklCore", "KraklEncoder", "KraklRTC", "KraklRoom", "KraklViewer"], swiftSettings: swift6),
         // The agent's memset: large zero fills of private anonymous memory become
         // page releases (libvpx's 50 MB token-buffer clear at 1080p). Agent only.
         .target(name: "ZeroFill", path: "Sources/System/ZeroFill"),

@@ -8,9 +8,9 @@ import KraklViewer
 /// The viewer's WebRTC side (the seam in Sources/KraklViewer/ViewerPeer.swift): each WHEP offer gets an
 /// answering `Publisher` (ICE-lite: the viewer's server sits on host candidates, and the browser does
 /// the checking) on one network loop shared by all viewers, fed by one `VideoFanout`.
-final class RtcViewerAnswerer: ViewerPeerFactory, VideoFeed, Sendable {
-    let configuration: PublisherConfiguration
-    let fanout: VideoFanout
+public final class RtcViewerAnswerer: ViewerPeerFactory, VideoFeed, Sendable {
+    public let configuration: PublisherConfiguration
+    public let fanout: VideoFanout
     private let loop: EventLoop
 
     /// - Parameters:
@@ -18,7 +18,7 @@ final class RtcViewerAnswerer: ViewerPeerFactory, VideoFeed, Sendable {
     ///     this machine, loopback included, when it is 0.0.0.0 or ::).
     ///   - playoutDelay: asked of browsers that offer the playout-delay extension (docs/viewer.md);
     ///     nil: Chromium's own jitter buffer decides.
-    init(listen host: String, floorBitrate: Int = 300_000, playoutDelay: PlayoutDelay? = RtcViewerAnswerer.environmentPlayoutDelay()) throws {
+    public init(listen host: String, floorBitrate: Int = 300_000, playoutDelay: PlayoutDelay? = RtcViewerAnswerer.environmentPlayoutDelay()) throws {
         var configuration = PublisherConfiguration()
         if let ip = IPAddress(host), host != "0.0.0.0", host != "::" {
             configuration.addresses = IceAddressPolicy(allowed: [ip])
@@ -37,13 +37,13 @@ final class RtcViewerAnswerer: ViewerPeerFactory, VideoFeed, Sendable {
 
     /// `KRAKL_VIEWER_PLAYOUT_DELAY` (`PlayoutDelay.setting`): unset is 0,0, which measured best
     /// (docs/PERFORMANCE.md, the viewer).
-    static func environmentPlayoutDelay(_ environment: [String: String] = ProcessInfo.processInfo.environment) -> PlayoutDelay? {
+    public static func environmentPlayoutDelay(_ environment: [String: String] = ProcessInfo.processInfo.environment) -> PlayoutDelay? {
         let (delay, problem) = PlayoutDelay.reading(environment["KRAKL_VIEWER_PLAYOUT_DELAY"])
         if let problem { StandardStream.error("krakl-agent: warning: KRAKL_VIEWER_PLAYOUT_DELAY: \(problem)\n") }
         return delay
     }
 
-    func makePeer(offer: String) throws(ViewerPeerError) -> ViewerPeer {
+    public func makePeer(offer: String) throws(ViewerPeerError) -> ViewerPeer {
         let publisher: Publisher
         do {
             publisher = try Publisher(answering: offer, configuration: configuration, iceLite: true, loop: loop)
@@ -59,28 +59,28 @@ final class RtcViewerAnswerer: ViewerPeerFactory, VideoFeed, Sendable {
         return peer
     }
 
-    func send(frame: [UInt8], keyframe: Bool, captureNanoseconds: UInt64, width: Int, height: Int) {
+    public func send(frame: [UInt8], keyframe: Bool, captureNanoseconds: UInt64, width: Int, height: Int) {
         fanout.send(frame: frame, keyframe: keyframe, captureNanoseconds: captureNanoseconds, width: width, height: height)
     }
 
-    var onKeyframeRequest: (@Sendable () -> Void)? {
+    public var onKeyframeRequest: (@Sendable () -> Void)? {
         get { fanout.onKeyframeRequest }
         set { fanout.onKeyframeRequest = newValue }
     }
 
-    var onBitrate: (@Sendable (Int) -> Void)? {
+    public var onBitrate: (@Sendable (Int) -> Void)? {
         get { fanout.onBitrate }
         set { fanout.onBitrate = newValue }
     }
 }
 
 /// One viewer: its answering publisher, taken out of the fan-out when it ends either way.
-final class RtcViewerPeer: ViewerPeer, Sendable {
-    let publisher: Publisher
+public final class RtcViewerPeer: ViewerPeer, Sendable {
+    public let publisher: Publisher
     private weak let fanout: VideoFanout?
     private let closedHandler = Guarded<(@Sendable (String) -> Void)?>(nil)
 
-    init(_ publisher: Publisher, fanout: VideoFanout) {
+    public init(_ publisher: Publisher, fanout: VideoFanout) {
         self.publisher = publisher
         self.fanout = fanout
         publisher.onClosed = { [weak self] reason in
@@ -90,9 +90,9 @@ final class RtcViewerPeer: ViewerPeer, Sendable {
         }
     }
 
-    var answer: String { publisher.answerSDP ?? "" }
+    public var answer: String { publisher.answerSDP ?? "" }
 
-    func addRemoteCandidates(sdpFragment: String) throws(ViewerPeerError) {
+    public func addRemoteCandidates(sdpFragment: String) throws(ViewerPeerError) {
         for line in sdpFragment.split(whereSeparator: \.isNewline) where line.hasPrefix("a=candidate:") {
             do {
                 publisher.addRemoteCandidate(try IceCandidate(parsing: String(line)))
@@ -105,7 +105,7 @@ final class RtcViewerPeer: ViewerPeer, Sendable {
     /// WHEP's ICE restart: the viewer's new credentials and candidates in, ours out (RFC 9725 §4.3.2's
     /// sdpfrag, the shape of a WHIP server's answer; `WhipSdpFragment` reads and writes both). The
     /// answer ends with `a=end-of-candidates`: an ICE-lite side has all its candidates at once.
-    func restartIce(sdpFragment: String) throws(ViewerPeerError) -> String {
+    public func restartIce(sdpFragment: String) throws(ViewerPeerError) -> String {
         let theirs = WhipSdpFragment(parsing: sdpFragment)
         guard let ufrag = theirs.iceUfrag, let pwd = theirs.icePwd else {
             throw .malformedFragment("an ICE restart needs a=ice-ufrag and a=ice-pwd")
@@ -122,17 +122,17 @@ final class RtcViewerPeer: ViewerPeer, Sendable {
                                endOfCandidates: true).body
     }
 
-    func close() {
+    public func close() {
         fanout?.remove(publisher)
         publisher.close()
     }
 
-    var onClosed: (@Sendable (String) -> Void)? {
+    public var onClosed: (@Sendable (String) -> Void)? {
         get { closedHandler.withLock { $0 } }
         set { closedHandler.withLock { $0 = newValue } }
     }
 
-    var stats: ViewerPeerStats {
+    public var stats: ViewerPeerStats {
         let s = publisher.stats
         let state = s.state == "checking" ? "connecting" : s.state
         return ViewerPeerStats(state: state, bytesSent: s.bytesSent, roundTripMilliseconds: s.roundTripMilliseconds,
