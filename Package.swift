@@ -67,7 +67,8 @@ let package = Package(
         // One sharing session: the lifecycle state machine, the one media path (source -> gate ->
         // encoder -> feeds, for rooms, the viewer and recordings) and the session over it, the
         // publisher and the room driver (krakl-agent and krakl-rtc-probe are command lines over it);
-        // the viewer's WebRTC answerer (RtcViewerAnswerer, KraklViewer's ViewerPeerFactory).
+        // the viewer's WebRTC answerer (RtcViewerAnswerer, KraklViewer's ViewerPeerFactory); the
+        // session controller the agent's front ends share (one session at a time on their loop).
         .target(name: "KraklSession", dependencies: ["KraklBase", "KraklCore", "KraklEncoder", "KraklRTC", "KraklRoom", "KraklViewer"], swiftSettings: swift6),
         // The agent's memset: large zero fills of private anonymous memory become
         // page releases (libvpx's 50 MB token-buffer clear at 1080p). Agent only.

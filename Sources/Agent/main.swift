@@ -4,6 +4,7 @@ import KraklCore
 import KraklEncoder
 import KraklRoom
 import KraklScan
+import KraklSession
 
 // Line-buffered stdout even into a pipe, so status and check lines appear
 // as they happen.

@@ -83,6 +83,17 @@ extension EndReason {
     }
 }
 
+extension SessionController.Refusal.Reason {
+    /// A connect the session controller refused (the daemon's reply, `--join`'s exit).
+    var exitStatus: Int32 {
+        switch self {
+        case .alreadySharing: return ExitCode.daemonRefused
+        case .joinCode(let error): return error.exitStatus
+        case .cannotStart: return ExitCode.failure
+        }
+    }
+}
+
 extension RoomError {
     var exitStatus: Int32 {
         switch self {

@@ -3,6 +3,7 @@ import Glibc
 import KraklBase
 import KraklCore
 import KraklRoom
+import KraklSession
 
 /// The commands that talk to a running daemon (docs/daemon.md).
 enum ControlCommand: Equatable {

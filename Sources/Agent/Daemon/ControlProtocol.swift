@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import KraklSession
 
 // The daemon's control protocol (docs/daemon.md): newline-delimited JSON over a unix
 // stream socket, one request object a line from the client, one or more reply objects a
@@ -43,66 +44,6 @@ struct ControlRequest: Codable, Equatable {
         self.qr = qr
         self.scan = scan
         self.camera = camera
-    }
-}
-
-/// How the last session ended, kept while the daemon is idle again.
-struct ControlEnd: Codable, Equatable {
-    /// EndReason.name: "user-stopped", "room-ended", …
-    var reason: String
-    /// EndReason.description: what the person is told.
-    var message: String
-    /// The status `krakl-agent --join … --once` would have exited with (docs/exit-codes.md).
-    var exitStatus: Int32
-}
-
-/// A snapshot of the daemon: the lifecycle's state and, while a session runs, its numbers.
-struct ControlStatus: Codable, Equatable {
-    var state: String
-    var pid: Int32
-    var room: String?
-    var identity: String?
-    var service: String?
-    /// What the room server said of the session: "room RM…, participant PA…, track MT…" (Twilio).
-    var roomDetails: String?
-    var backend: String?
-    /// The backend option naming what is captured (`source` or `scene`), when one was given.
-    var source: String?
-    /// The size of the pictures sent (nil before the first).
-    var width: Int?
-    var height: Int?
-    /// Seconds in the current state (how long joining has taken so far, how long idle).
-    var stateSeconds: Double?
-    /// Seconds since the session started sharing (nil before).
-    var sharingSeconds: Double?
-    /// The peer connection's state ("connected", …).
-    var connection: String?
-    /// The selected candidate pair: types and the protocol that leaves this machine ("host/udp -> host", "relay/tls -> host").
-    var path: String?
-    var rttMs: Double?
-    /// Seconds since the room's last RTCP packet (nil before the first): how old `rttMs` is.
-    var silentSeconds: Double?
-    var lossPercent: Double?
-    /// Sent over the last second.
-    var kbps: Double?
-    var fps: Double?
-    var framesSent: Int?
-    var bytesSent: Int?
-    var lastEnd: ControlEnd?
-
-    /// After this long without an RTCP packet the round-trip time is stale: the room (an SFU that
-    /// died, a path that broke) is said to be silent instead. Rooms report every second or so
-    /// (Janus and aiortc each about 1 s), so 2 s is two missed reports.
-    static let silenceWorthSaying = 2.0
-
-    /// The round-trip time for people, with the age of the report it came from: "3 ms (0.4 s ago)",
-    /// or "no reply from the room for 5 s" once the room has been silent past `silenceWorthSaying`
-    /// (the last RTT would read as "connected, rtt 3 ms" for the ~10 s ICE takes to call the
-    /// connection lost); "-" before any.
-    var rttWords: String {
-        if let silent = silentSeconds, silent > Self.silenceWorthSaying { return String(format: "no reply from the room for %.0f s", silent) }
-        guard let rttMs else { return "-" }
-        return String(format: "%.0f ms", rttMs) + (silentSeconds.map { String(format: " (%.1f s ago)", $0) } ?? "")
     }
 }
 

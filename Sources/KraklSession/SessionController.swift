@@ -5,17 +5,20 @@ import KraklCore
 import KraklEncoder
 import KraklRTC
 import KraklRoom
-import KraklSession
 
 /// One sharing session at a time, driven from its owner's EventLoop: the connect / stop / status
-/// logic the daemon (control socket) and the home screen (terminal keys) share. Everything here
-/// runs on that loop: requests come from the owner, the session's state changes and end (which
-/// happen on the session's own loop) are posted to it, and a once-a-second timer on it measures
-/// the rates while a session runs. The owner hears of each step through `onEvent`.
+/// logic the agent's front ends (the daemon's control socket, the home screen's keys, `--join`'s
+/// lines) share. Everything here runs on that loop: requests come from the owner, the session's
+/// state changes and end (which happen on the session's own loop) are posted to it, and a
+/// once-a-second timer on it measures the rates while a session runs. The owner hears of each step
+/// through `onEvent`. What is the agent's stays there and comes in through `Setup` (the room driver
+/// and the session's settings from its command line, the exit status each end stands for: the
+/// agent alone numbers them) and `SessionNotifier` (desktop notifications); the agent also reads a
+/// join code from a QR picture before it calls `connect` (Sources/Agent/Session/SessionConnect.swift).
 /// Sendable, checked: the session's callbacks (on its own loop) reach it only through `loop.post`,
 /// and its mutable state is `LoopBound` to that loop (a touch from another thread traps).
-final class SessionController: Sendable {
-    enum Event {
+public final class SessionController: Sendable {
+    public enum Event: Sendable {
         /// A session was started; the words say where to (room, service, identity, shortened token).
         case connecting(Start)
         /// The lifecycle moved (the status is taken after the move).
@@ -27,26 +30,61 @@ final class SessionController: Sendable {
     }
 
     /// Where a session that was started goes.
-    struct Start {
+    public struct Start: Sendable {
         /// "connecting to room R on SERVICE as "I" (token …)".
-        let words: String
-        let invitation: Invitation
+        public let words: String
+        public let invitation: Invitation
         /// "room R", or the service's URL without secrets.
-        let place: String
+        public let place: String
         /// The room service's name (WHIP, Janus).
-        let service: String
+        public let service: String
     }
 
-    /// Why a connect was not started: words for the person and the exit status (docs/exit-codes.md).
-    struct Refusal: Error {
-        let message: String
-        let status: Int32
+    /// Why a connect was not started: words for the person and what it was (the agent turns the
+    /// reason into an exit status, docs/exit-codes.md).
+    public struct Refusal: Error {
+        public enum Reason: Equatable, Sendable {
+            /// A session runs already.
+            case alreadySharing
+            /// The join code's text is no usable join code.
+            case joinCode(JoinCodeError)
+            /// The session's own loop could not be made.
+            case cannotStart
+        }
+        public let message: String
+        public let reason: Reason
+
+        public init(message: String, reason: Reason) {
+            self.message = message
+            self.reason = reason
+        }
+
+        /// A connect while a session runs.
+        public static let alreadySharing = Refusal(message: "already sharing; stop first (krakl-agent stop)", reason: .alreadySharing)
     }
 
-    private let arguments: Arguments
+    /// What the owner decides for every session.
+    public struct Setup: Sendable {
+        /// The room driver a join code asks for and the session's settings (the agent: from its command line).
+        public var prepare: @Sendable (Invitation) -> (driver: RoomDriver, configuration: SharingConfiguration)
+        /// The status `krakl-agent --join … --once` exits with when a session ends this way, kept
+        /// with the last end (`ControlEnd.exitStatus`).
+        public var exitStatus: @Sendable (EndReason) -> Int32
+        /// What is captured, for the status ("source NAME", "scene NAME"), when it was named.
+        public var source: String?
+
+        public init(prepare: @escaping @Sendable (Invitation) -> (driver: RoomDriver, configuration: SharingConfiguration),
+                    exitStatus: @escaping @Sendable (EndReason) -> Int32, source: String? = nil) {
+            self.prepare = prepare
+            self.exitStatus = exitStatus
+            self.source = source
+        }
+    }
+
+    private let setup: Setup
     private let loop: EventLoop
     private let logger: BackendLogger
-    private let notifier: DesktopNotifier?
+    private let notifier: (any SessionNotifier)?
 
     /// What only the loop's thread touches, checked there (`LoopBound`).
     private struct LoopState {
@@ -63,8 +101,8 @@ final class SessionController: Sendable {
     }
     private let onLoop: LoopBound<LoopState>
 
-    init(arguments: Arguments, loop: EventLoop, logger: @escaping BackendLogger, notifier: DesktopNotifier? = DesktopNotifier.sessionBus()) {
-        self.arguments = arguments
+    public init(setup: Setup, loop: EventLoop, logger: @escaping BackendLogger, notifier: (any SessionNotifier)? = nil) {
+        self.setup = setup
         self.loop = loop
         onLoop = LoopBound(LoopState(), loop: loop)
         self.logger = logger
@@ -72,48 +110,34 @@ final class SessionController: Sendable {
     }
 
     /// Where each step goes: the owner's handler, set once it exists (before its loop runs, or on it).
-    func onEvent(_ handler: @escaping (Event) -> Void) { onLoop.onEvent = handler }
+    public func onEvent(_ handler: @escaping (Event) -> Void) { onLoop.onEvent = handler }
 
     private func tell(_ event: Event) { onLoop.onEvent(event) }
 
     /// Before the process exits: lets the last notification out (bounded).
-    func finish() { notifier?.finish() }
+    public func finish() { notifier?.finish() }
 
     /// Each session's encoded frames also go here (the home screen's local viewer); set on the loop.
-    let alsoSendTo = Locked<(any EncodedFrameSink & Sendable)?>(wrappedValue: nil)
+    public let alsoSendTo = Locked<(any EncodedFrameSink & Sendable)?>(wrappedValue: nil)
 
     /// The running session's encoder makes a keyframe soon (a local viewer asked); nothing when idle.
-    func requestKeyframe() { onLoop.session?.requestKeyframe() }
+    public func requestKeyframe() { onLoop.session?.requestKeyframe() }
 
     /// A session runs (from connect until its end).
-    var isActive: Bool { onLoop.session != nil }
+    public var isActive: Bool { onLoop.session != nil }
 
-    /// Starts a session with a join code's text, or the join code of the QR code in the picture at
-    /// the absolute path `qr`. Returns nil once the session was started (its progress arrives as
-    /// events), or why it was not.
-    func connect(code: String?, qr: String?) -> Refusal? {
-        guard onLoop.session == nil else { return Refusal(message: "already sharing; stop first (krakl-agent stop)", status: ExitCode.daemonRefused) }
-        var text: String
-        if let path = qr {
-            guard path.hasPrefix("/") else { return Refusal(message: "connect: the QR picture's path must be absolute (the client makes it so)", status: ExitCode.daemonRefused) }
-            switch readQRFile(path: path) {
-            case .success(let found): text = found
-            case .failure(let failure): return Refusal(message: failure.message, status: failure.status)
-            }
-        } else if let code {
-            text = code
-        } else {
-            return Refusal(message: "connect needs \"code\" (the join code's text) or \"qr\" (a picture's path)", status: ExitCode.daemonRefused)
-        }
+    /// Starts a session with a join code's text. Returns nil once the session was started (its
+    /// progress arrives as events), or why it was not.
+    public func connect(code: String) -> Refusal? {
+        guard onLoop.session == nil else { return .alreadySharing }
         let invitation: Invitation
         do throws(JoinCodeError) {
-            invitation = try Invitation.read(text, now: Date())
+            invitation = try Invitation.read(code, now: Date())
         } catch {
-            return Refusal(message: error.description, status: error.exitStatus)
+            return Refusal(message: error.description, reason: .joinCode(error))
         }
-        text = ""
-        let driver = makeDriver(invitation, arguments: arguments)
-        let session = SharingSession(configuration: sharingConfiguration(arguments, invitation: invitation, logger: logger), driver: driver,
+        let (driver, configuration) = setup.prepare(invitation)
+        let session = SharingSession(configuration: configuration, driver: driver,
                                      identity: invitation.identity, room: invitation.room, logger: logger)
         session.alsoSendTo = alsoSendTo.wrappedValue
         onLoop.sessionNumber += 1
@@ -124,7 +148,7 @@ final class SessionController: Sendable {
         do {
             try session.start()
         } catch {
-            return Refusal(message: "cannot start the session: \(error)", status: ExitCode.failure)
+            return Refusal(message: "cannot start the session: \(error)", reason: .cannotStart)
         }
         onLoop.session = session
         onLoop.sharingSince = nil
@@ -140,7 +164,7 @@ final class SessionController: Sendable {
 
     /// Asks the running session to leave; false when there is none.
     @discardableResult
-    func stop() -> Bool {
+    public func stop() -> Bool {
         guard let session = onLoop.session else { return false }
         session.stop()
         return true
@@ -170,7 +194,7 @@ final class SessionController: Sendable {
         onLoop.sharingSince = nil
         onLoop.stateSince = MonotonicClock.milliseconds()
         stopTicker()
-        onLoop.lastEnd = ControlEnd(reason: reason.name, message: reason.description, exitStatus: reason.exitStatus)
+        onLoop.lastEnd = ControlEnd(reason: reason.name, message: reason.description, exitStatus: setup.exitStatus(reason))
         // Everything of the session is freed by now (onFinished comes last): give the pages back.
         HeapRelease.trim()
         notifier?.sharingEnded(reason, shared: shared)
@@ -204,10 +228,10 @@ final class SessionController: Sendable {
     }
 
     /// The running session's own snapshot (its timings, for words about long steps); nil when idle.
-    func sessionStatus() -> SharingStatus? { onLoop.session?.status(window: false) }
+    public func sessionStatus() -> SharingStatus? { onLoop.session?.status(window: false) }
 
     /// The snapshot `status` replies with and screens show.
-    func status() -> ControlStatus {
+    public func status() -> ControlStatus {
         var result = ControlStatus(state: "idle", pid: getpid(), lastEnd: onLoop.lastEnd)
         result.stateSeconds = Self.tenths(MonotonicClock.milliseconds() - onLoop.stateSince)
         guard let session = onLoop.session else { return result }
@@ -221,7 +245,7 @@ final class SessionController: Sendable {
         result.service = now.service
         result.roomDetails = now.roomDetails
         result.backend = now.backend
-        result.source = arguments.options.first { $0.key == "source" || $0.key == "scene" }.map { "\($0.key) \($0.value.serialized)" }
+        result.source = setup.source
         result.width = now.width
         result.height = now.height
         result.sharingSeconds = onLoop.sharingSince.map { Self.tenths(MonotonicClock.milliseconds() - $0) }
@@ -241,4 +265,15 @@ final class SessionController: Sendable {
 
     /// Milliseconds as seconds to a tenth.
     private static func tenths(_ milliseconds: Double) -> Double { (milliseconds / 100).rounded() / 10 }
+}
+
+/// Where a session's start and end are told to the person outside the front end (the agent: desktop
+/// notifications). Any thread; must not block.
+public protocol SessionNotifier: Sendable {
+    /// The session shares (the first time it reached sharing).
+    func sharingStarted(room: String?, identity: String)
+    /// The session ended; `shared`: it got as far as sharing.
+    func sharingEnded(_ reason: EndReason, shared: Bool)
+    /// Before the process exits: lets the last notification out (bounded).
+    func finish()
 }

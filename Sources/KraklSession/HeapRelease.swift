@@ -14,10 +14,10 @@ import Glibc
 /// at 64 MB-aligned addresses, 13–14 MB resident each), and each session's encoder thread lands on
 /// some arena of up to 8 per core: an idle daemon's RSS was 39.2 MB after one cycle, 80.6 after 10,
 /// 119.8 after 50 and 124.1 after 100; with this 39.2, 39.7, 39.9 and 39.8 (docs/daemon.md).
-enum HeapRelease {
+public enum HeapRelease {
     /// mmap threshold (bytes): allocations this big or bigger get a mapping of their own and are
     /// unmapped when freed.
-    static let mmapThreshold: Int32 = 128 * 1024
+    public static let mmapThreshold: Int32 = 128 * 1024
 
     /// Fixes the thresholds at glibc's own starting values (M_MMAP_THRESHOLD 128 KB, which also stops
     /// M_TRIM_THRESHOLD moving from its 128 KB): the encoder's and the frame buffers are mmap'ed
@@ -33,7 +33,7 @@ enum HeapRelease {
     /// 0–19 mmap and 1–2 madvise calls, 30 fps, CPU per frame the same within the machine's noise
     /// (docs/daemon.md, "Memory between sessions").
     @discardableResult
-    static func configure() -> Bool {
+    public static func configure() -> Bool {
         guard let symbol = dlsym(nil, "mallopt") else { return false }
         let mallopt = unsafeBitCast(symbol, to: (@convention(c) (Int32, Int32) -> Int32).self)
         return mallopt(-3 /* M_MMAP_THRESHOLD */, mmapThreshold) == 1
@@ -44,7 +44,7 @@ enum HeapRelease {
     /// only; with `configure` there is little left for it (the thread heaps' tops were released on free).
     /// malloc_trim is not in Swift's Glibc module, hence dlsym; false where there is none (musl).
     @discardableResult
-    static func trim() -> Bool {
+    public static func trim() -> Bool {
         guard let symbol = dlsym(nil, "malloc_trim") else { return false }
         return unsafeBitCast(symbol, to: (@convention(c) (Int) -> Int32).self)(0) != 0
     }
