@@ -1,5 +1,6 @@
 import Glibc
 import KraklBackendABI
+import Synchronization
 
 /// What an in-tree Swift backend implements. `init` happens in create()
 /// (control thread, may block); start/stop bracket frame delivery; the
@@ -11,23 +12,27 @@ public protocol CaptureSource: AnyObject {
     func stop()
 }
 
-public typealias SourceFactory = (BackendHost) throws(BackendError) -> CaptureSource
+/// @Sendable: the host may call create() and list_sources() from any thread.
+public typealias SourceFactory = @Sendable (BackendHost) throws(BackendError) -> CaptureSource
 /// Reports the sources the options could select through `host.sourceFound`.
-public typealias SourceLister = (BackendHost) throws(BackendError) -> Void
+public typealias SourceLister = @Sendable (BackendHost) throws(BackendError) -> Void
 
-/// One backend per shared library, so one factory per image. Written once
-/// by the entry point before the host can call create().
-nonisolated(unsafe) private var registeredFactory: SourceFactory?
-nonisolated(unsafe) private var registeredLister: SourceLister?
-nonisolated(unsafe) private let table = UnsafeMutablePointer<krakl_backend>.allocate(capacity: 1)
+/// One backend per shared library, so one factory per image, set by the entry point before the
+/// host can call create(); the table it returns lives as long as the process (the ABI's rule for
+/// the pointer `krakl_backend_v1` returns), made on the first call.
+private struct Registration: Sendable {
+    var factory: SourceFactory?
+    var lister: SourceLister?
+    /// The table's address (C memory, written once under the lock, never freed).
+    var table: UInt = 0
+}
+private let registration = Mutex(Registration())
 
 /// Fills this library's `krakl_backend` table and returns it. Call it from
 /// the `@_cdecl("krakl_backend_v1")` entry point. `name` and `description`
 /// are StaticStrings so their C pointers live as long as the process.
 public func exportBackend(name: StaticString, description: StaticString, lister: SourceLister? = nil,
                           factory: @escaping SourceFactory) -> UnsafePointer<krakl_backend> {
-    registeredFactory = factory
-    registeredLister = lister
     var entry = krakl_backend()
     entry.struct_size = UInt32(MemoryLayout<krakl_backend>.size)
     entry.abi_version = UInt32(KRAKL_ABI_MAJOR << 16 | KRAKL_ABI_MINOR)
@@ -56,7 +61,7 @@ public func exportBackend(name: StaticString, description: StaticString, lister:
     }
     if lister != nil {
         entry.list_sources = { options, rawHost in
-            guard let rawHost, let lister = registeredLister else { return -EINVAL }
+            guard let rawHost, let lister = registration.withLock({ $0.lister }) else { return -EINVAL }
             do throws(BackendError) {
                 let host = try BackendHost(rawHost)
                 do throws(BackendError) {
@@ -71,8 +76,14 @@ public func exportBackend(name: StaticString, description: StaticString, lister:
             }
         }
     }
-    table.initialize(to: entry)
-    return UnsafePointer(table)
+    let address = registration.withLock { state in
+        state.factory = factory
+        state.lister = lister
+        if state.table == 0 { state.table = UInt(bitPattern: UnsafeMutablePointer<krakl_backend>.allocate(capacity: 1)) }
+        UnsafeMutablePointer<krakl_backend>(bitPattern: state.table)!.initialize(to: entry)
+        return state.table
+    }
+    return UnsafePointer(UnsafeMutablePointer<krakl_backend>(bitPattern: address)!)
 }
 
 /// The opaque `krakl_source*` handed to the host: a retained box holding
@@ -89,7 +100,7 @@ private final class SourceBox {
 
 private func createSource(_ options: UnsafePointer<CChar>?, _ rawHost: UnsafePointer<krakl_host>?,
                           _ out: UnsafeMutablePointer<OpaquePointer?>?) -> Int32 {
-    guard let rawHost, let out, let factory = registeredFactory else { return -EINVAL }
+    guard let rawHost, let out, let factory = registration.withLock({ $0.factory }) else { return -EINVAL }
     let host: BackendHost
     do throws(BackendError) {
         host = try BackendHost(rawHost)

@@ -7,11 +7,12 @@ import Synchronization
 /// The last X protocol error, set by the process-wide error handler. Xlib's
 /// default handler exits the process on any protocol error (a window that
 /// vanished mid-read, say); capture must report it instead.
-nonisolated(unsafe) private var lastXError: UInt8 = 0
-nonisolated(unsafe) private var handlersInstalled = false
+/// Atomics: Xlib calls the handler on whichever thread made the failing request.
+private let lastXError = Atomic<UInt8>(0)
+private let handlersInstalled = Atomic<Bool>(false)
 
 private let xErrorHandler: @convention(c) (OpaquePointer?, UnsafeMutablePointer<XErrorEvent>?) -> Int32 = { _, event in
-    lastXError = event?.pointee.error_code ?? 1
+    lastXError.store(event?.pointee.error_code ?? 1, ordering: .relaxed)
     return 0
 }
 
@@ -164,8 +165,7 @@ final class X11Source: CaptureSource {
     }
 
     private static func installHandlers() {
-        guard !handlersInstalled else { return }
-        handlersInstalled = true
+        guard handlersInstalled.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged else { return }
         XSetErrorHandler(xErrorHandler)
         XSetIOErrorHandler(xIOErrorHandler)
     }
@@ -372,11 +372,11 @@ final class X11Source: CaptureSource {
         if readRects.isEmpty && cursorChange.isEmpty { return XQLength(display) > 0 ? .next : .idle }
         if lost.lost { return end(lostMessage) }
 
-        lastXError = 0
+        lastXError.store(0, ordering: .relaxed)
         for r in readRects { read(r) }
         if lost.lost { return end(lostMessage) }
-        if lastXError != 0 {
-            host.sendEvent(KRAKL_EVENT_ERROR, error: -EIO, message: "reading the screen failed with X error \(lastXError); frame skipped")
+        if case let code = lastXError.load(ordering: .relaxed), code != 0 {
+            host.sendEvent(KRAKL_EVENT_ERROR, error: -EIO, message: "reading the screen failed with X error \(code); frame skipped")
             return .next
         }
 
@@ -513,5 +513,5 @@ struct SharedSegment {
     }
 }
 
-func lastXErrorReset() { lastXError = 0 }
-func lastXErrorCode() -> UInt8 { lastXError }
+func lastXErrorReset() { lastXError.store(0, ordering: .relaxed) }
+func lastXErrorCode() -> UInt8 { lastXError.load(ordering: .relaxed) }

@@ -21,6 +21,7 @@ import KraklEncoder
 import KraklRTC
 import KraklRoom
 import KraklSession
+import Synchronization
 
 let usage = """
 usage: krakl-rtc-probe [--address IP]... [--allow-loopback] [--no-ipv6] [--stun HOST:PORT]
@@ -244,7 +245,7 @@ do { try session.start() } catch { fail("cannot start the session: \(error)", st
 // MARK: run --seconds after connecting, with a status line a second
 
 /// Set when --seconds ran out (the session was stopped for that reason).
-nonisolated(unsafe) var timeUp = false
+let timeUp = Atomic<Bool>(false)
 while sharing.wait(timeout: .now() + 0.2) == .timedOut {
     if session.waitUntilFinished(timeout: 0) != nil { break }
 }
@@ -259,7 +260,7 @@ if session.state == .sharing {
               "nacks": s.nacksReceived, "plis": s.plisReceived, "keyframes": s.keyframesSent], toError: true)
     }
     if session.waitUntilFinished(timeout: 0) == nil {
-        timeUp = true
+        timeUp.store(true, ordering: .relaxed)
         session.stop()
     }
 }
@@ -270,7 +271,7 @@ let reason = session.waitUntilFinished(timeout: 30) ?? .failure("the session did
 /// Exit status: 0 ran to the end (or the peer closed), 2 bad answer, 3 failed to connect, 4 connection lost, 5 capture or encoder.
 @MainActor func outcome(_ reason: EndReason) -> (status: Int32, result: String) {
     let (ended, connected) = log.state.withLock { ($0.ended, $0.connected) }
-    if let ended, !timeUp { return (ended.status, ended.reason) }
+    if let ended, !timeUp.load(ordering: .relaxed) { return (ended.status, ended.reason) }
     switch reason {
     case .userStopped: return (0, "ran \(seconds) s")
     case .joinRefused(let error): return (2, "the answer is not usable: \(error)")

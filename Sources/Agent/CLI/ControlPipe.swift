@@ -1,18 +1,21 @@
 import Glibc
+import Synchronization
 
 /// The agent's one way to take signals: signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT, and what
 /// `catchSignals` adds) arrive as bytes on a pipe, written by an async-signal-safe handler. The
 /// lines mode, the home screen and the daemon watch `readFD` on their EventLoop; the capture run
 /// (`run`) waits on it with `wait`. No libdispatch signal sources: they would start libdispatch's
 /// manager thread, which never ends.
-final class ControlPipe {
+final class ControlPipe: Sendable {
     enum Wake { case signal(Int32), timeout }
 
-    nonisolated(unsafe) static var writeFD: Int32 = -1
+    /// An atomic: the signal handler reads it (a lock-free load is async-signal-safe), and
+    /// `wake` from any thread.
+    static let writeFD = Atomic<Int32>(-1)
     let readFD: Int32
 
     /// The process's one control pipe (made, and the handlers installed, on first use).
-    nonisolated(unsafe) static let shared = ControlPipe()
+    static let shared = ControlPipe()
 
     private init() {
         var ends: [Int32] = [-1, -1]
@@ -22,7 +25,7 @@ final class ControlPipe {
             _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
         }
         readFD = ends[0]
-        Self.writeFD = ends[1]
+        Self.writeFD.store(ends[1], ordering: .releasing)
         // SIGQUIT (Ctrl-\) is a quit like SIGTERM everywhere in the agent: caught, no crash report
         // (the Swift runtime's backtracer would print "Program crashed" and the run would go on).
         catchSignals([SIGINT, SIGTERM, SIGHUP, SIGQUIT])
@@ -40,7 +43,7 @@ final class ControlPipe {
                 // Async-signal-safe: one write(2), errno kept for the code the signal interrupted.
                 let saved = errno
                 var byte = UInt8(truncatingIfNeeded: number)
-                _ = write(ControlPipe.writeFD, &byte, 1)
+                _ = write(ControlPipe.writeFD.load(ordering: .relaxed), &byte, 1)
                 errno = saved
             }
             sigaddset(&wanted, number)
@@ -55,7 +58,7 @@ final class ControlPipe {
     /// means "wake up".
     static func wake() {
         var byte: UInt8 = 255
-        _ = write(writeFD, &byte, 1)
+        _ = write(writeFD.load(ordering: .acquiring), &byte, 1)
     }
 
     /// For an event loop watching `readFD`: the signals that arrived since the last call (the
