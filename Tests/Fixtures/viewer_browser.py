@@ -362,8 +362,18 @@ class Viewer:
         try:
             if self.vanished:
                 raise RuntimeError("gone")
+            # The page's DELETE (fetch keepalive) must be answered before the browser goes: quitting at
+            # once could cut it. pagehide (what leaving the page fires) runs it on the page, where its
+            # answer shows in kraklViewer.released; that is waited for (bounded), then the page is left.
+            pending = self.driver.execute_script(
+                "const s = window.kraklViewer; if (!s || !s.resource) return false;"
+                " dispatchEvent(new PageTransitionEvent('pagehide', {persisted: false})); return true;")
+            deadline = time.monotonic() + 5
+            while pending and time.monotonic() < deadline:
+                if self.driver.execute_script("return window.kraklViewer ? kraklViewer.released : 0") is not None:
+                    break
+                time.sleep(0.05)
             self.leave({})
-            time.sleep(0.3)  # the keepalive DELETE leaves from the browser; quitting at once could cut it
         except Exception:
             pass
         try:

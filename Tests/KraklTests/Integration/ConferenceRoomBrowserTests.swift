@@ -126,7 +126,8 @@ import Testing
         #expect(samples >= 10 && read >= samples * 9 / 10, "stamps unreadable in the page: \(read) of \(samples)")
         #expect(last > first && (watched["distinct_frames"] as? Int ?? 0) >= 10, "the stamp did not advance: \(first) → \(last)")
         #expect(watched["decreasing"] as? Int == 0, "frame stamps went backwards in the page")
-        #expect(number("framesDecoded") >= 30, "Chromium decoded \(number("framesDecoded")) frames")
+        // Frames flow (a small number, not a rate: krakl-bench roomshare measures that).
+        #expect(number("framesDecoded") >= 10, "Chromium decoded \(number("framesDecoded")) frames")
     }
 
     /// Ends the meeting from the page and checks the agent went back to idle with the room-ended

@@ -51,7 +51,8 @@ import Testing
 
         #expect(report["publisher_listed"] as? Bool == true, "listparticipants: \(participants)")
         #expect(participants.contains { $0["display"] as? String == display && $0["publisher"] as? Bool == true }, "\(participants)")
-        #expect(decoded >= 60, "the subscriber decoded \(decoded) frames in 4 s through Janus")
+        // Frames flow (a small number, not a rate: krakl-bench room measures that).
+        #expect(decoded >= 20, "the subscriber decoded \(decoded) frames in 4 s through Janus")
         #expect(report["decreasing"] as? Int == 0, "frame numbers went backwards through Janus")
         #expect((report["stamps_read"] as? Int ?? 0) >= decoded * 9 / 10, "frame stamps unreadable after Janus")
         #expect(report["sizes"] as? [String] == ["640x360"], "sizes \(report["sizes"] ?? "?")")

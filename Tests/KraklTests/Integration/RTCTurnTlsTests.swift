@@ -66,7 +66,8 @@ extension CoturnServer {
         #expect(result["status"] as? Int == 0, "probe: \(result["result"] ?? "?")\n\(session.probe.log)\ncoturn: \(process.log.suffix(3000))")
         #expect((stats["selected_pair_types"] as? String)?.hasPrefix("relay/udp") == true,
                 "the selected pair is \(stats["selected_pair_types"] ?? "none")")
-        #expect(sent >= 100, "only \(sent) frames sent in 5 s")
+        // Frames flow (a small number, not a rate: krakl-bench turn measures it).
+        #expect(sent >= 30, "only \(sent) frames sent in 5 s")
         #expect(Double(decoded) >= 0.8 * Double(sent), "aiortc decoded \(decoded) of \(sent) frames through the relay")
         #expect(report["decreasing"] as? Int == 0, "frame numbers went backwards \(report["decreasing"] ?? "?") times")
         #expect((report["stamps_read"] as? Int ?? 0) >= decoded * 9 / 10, "frame stamps unreadable in most frames")

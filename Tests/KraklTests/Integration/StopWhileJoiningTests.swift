@@ -92,10 +92,12 @@ import KraklCore
         while !BackendContractTests.hasThread(named: "krakl-ctl", in: agent.processIdentifier) && Date() < inside { usleep(20_000) }
         kill(agent.processIdentifier, SIGINT)
         let interrupted = MonotonicClock.milliseconds()
-        let idle = readOutput(fd, into: &text, timeout: 20) { $0.contains("idle.") }
+        let idle = readOutput(fd, into: &text, timeout: 90) { $0.contains("idle.") }
         let idleMs = MonotonicClock.milliseconds() - interrupted
         #expect(idle && text.contains("You stopped sharing."), "\(text)")
-        #expect(idleMs < 5000, "the stop waited for create(): \(Int(idleMs)) ms")
+        // Structural, not a speed claim: a hang guard far below create()'s 900 s budget, which the old order
+        // waited for (the fixture's create() never returns); the target is at once (well under 1 s).
+        #expect(idleMs < 60_000, "the stop waited for create(): \(Int(idleMs)) ms")
         try input.fileHandleForWriting.close()
         let end = Date().addingTimeInterval(10)
         while agent.isRunning && Date() < end { usleep(20_000) }

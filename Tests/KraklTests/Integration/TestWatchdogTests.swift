@@ -73,6 +73,7 @@ import Testing
         let started = Date()
         let result = try Self.watch(folder, script, budget: 3, marker: Self.marker())
         #expect(result.status == 124, "\(result.stdout)")
+        // A hang guard (16x the 3 s budget; the script alone would sleep 600 s).
         #expect(Date().timeIntervalSince(started) < 50, "the budget was 3 s")
         #expect(result.stdout.contains("watchdog: the tests ran past their budget of 3 s; 1 not finished:"), "\(result.stdout)")
         #expect(result.stdout.contains("watchdog:   hangsForever(),"), "\(result.stdout)")

@@ -121,6 +121,7 @@ import Testing
         #expect(presented >= 10 && read >= presented * 9 / 10, "\(run): stamps unreadable in the page: \(read) of \(presented)")
         #expect(last > first && (watched["distinct_frames"] as? Int ?? 0) >= 10, "\(run): the stamp did not advance: \(first) → \(last)")
         #expect(watched["decreasing"] as? Int == 0, "\(run): frame stamps went backwards in the page")
+        // Frames flow (a small number, not a rate: krakl-bench viewer measures that).
         #expect(decoded >= 10, "\(run): Chromium decoded \(decoded) frames while watching")
         #expect((watched["state"] as? [String: Any])?["text"] as? String == "Watching the shared screen.", "\(run): \(watched["state"] ?? "-")")
         return [first, last]
@@ -375,7 +376,8 @@ import Testing
         #expect(report["post_status"] as? Int == 201 && (report["content_type"] as? String ?? "").hasPrefix("application/sdp"), "\(report)")
         #expect((report["location"] as? String ?? "").hasPrefix("/whep/resource/") && report["etag"] as? String != nil, "\(report)")
         let decoded = report["frames_decoded"] as? Int ?? 0, read = report["stamps_read"] as? Int ?? 0
-        #expect(decoded >= 30 && read >= decoded * 9 / 10, "decoded \(decoded), stamps \(read)")
+        // Frames flow (a small number over the player's 3 s, not a rate: krakl-bench viewer measures that).
+        #expect(decoded >= 10 && read >= decoded * 9 / 10, "decoded \(decoded), stamps \(read)")
         #expect((report["last_stamp"] as? Int ?? 0) > (report["first_stamp"] as? Int ?? 0) && report["decreasing"] as? Int == 0, "\(report)")
         #expect(report["sizes"] as? [String] == ["640x360"], "\(report)")
         #expect(report["delete_status"] as? Int == 200, "\(report)")

@@ -249,6 +249,7 @@ import Testing
         #expect(throws: RoomError.self) {
             _ = try WebSocket.connect(to: server.url("/raw/no-reply"), options: Self.options(handshake: 30), attempt: attempt)
         }
+        // A hang guard (50x the 0.2 s until the cancel; the handshake's own time-out is 30 s).
         #expect(MonotonicClock.milliseconds() - started < 10_000)
     }
 

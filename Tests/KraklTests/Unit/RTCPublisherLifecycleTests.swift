@@ -107,10 +107,9 @@ func rtcHandBuiltBye(ssrcs: [UInt32], reason: [UInt8]?) -> [UInt8] {
     /// A peer that, like Chromium, sends its ClientHello as soon as its first ICE check succeeds, and
     /// the answer reaches the publisher 1 s later. The publisher answers the peer's checks without
     /// the answer, keeps the ClientHello and replays it when the answer comes, so DTLS completes
-    /// at once instead of at the peer's next retransmission. Our DtlsTransport (the peer's DTLS here)
-    /// retransmits 250 ms, 750 ms and 1750 ms after its first ClientHello, so with the ClientHello
-    /// dropped the handshake could not finish before 750 ms after the answer: 400 ms is a correctness
-    /// bound that fails without the replay (it did when the replay was taken out).
+    /// at once instead of at the peer's next retransmission. From the answer on, the peer's DTLS
+    /// retransmission timer is off, so the handshake can only complete from the kept ClientHello:
+    /// without the replay it never does (judged by outcome, not by how soon; the connect time is printed).
     /// `candidates: false` is Chromium's answer: no candidates, so the path is the peer-reflexive
     /// candidate learned from the early check, which must survive until the answer.
     @Test(arguments: [true, false])
@@ -137,12 +136,14 @@ func rtcHandBuiltBye(ssrcs: [UInt32], reason: [UInt8]?) -> [UInt8] {
             answer = answer.split(separator: "\r\n").filter { !$0.hasPrefix("a=candidate") }.joined(separator: "\r\n") + "\r\n"
         }
         let answerLag = Double(MonotonicClock.nanoseconds() - helloAt) / 1e6
+        peer.retransmitsDtls = false
         _ = try publisher.setAnswer(answer)
-        #expect(peer.pump(seconds: 5) { _ in log.connected }, "not connected: \(log.events) \(peer.dtlsEvents)")
+        // A hang guard (10 s): with the replay, the handshake is one local round trip.
+        #expect(peer.pump(seconds: 10) { _ in log.connected },
+                "not connected without a peer retransmission (the kept ClientHello was not replayed): \(log.events) \(peer.dtlsEvents)")
         let connectMs = try #require(log.events.compactMap { if case .connected(let ms) = $0 { return ms } else { return nil } }.first)
         print("early ClientHello (answer candidates: \(candidates)): answer \(String(format: "%.0f", answerLag)) ms after the ClientHello, "
               + "\(kept) datagram(s) kept, connected \(String(format: "%.1f", connectMs)) ms after the answer")
-        #expect(connectMs < 400, "DTLS waited for the peer's retransmission: connected \(connectMs) ms after the answer")
 
         // And media flows over the pair ICE selected (with candidates: false, the peer-reflexive one).
         #expect(peer.pump(seconds: 5) { _ in publisher.stats.selectedPair != nil }, "no ICE pair selected")
@@ -292,7 +293,8 @@ func rtcHandBuiltBye(ssrcs: [UInt32], reason: [UInt8]?) -> [UInt8] {
         DispatchQueue.concurrentPerform(iterations: 4) { _ in publisher.close() }
         let elapsed = Date().timeIntervalSince(started)
         print("close() from 4 threads at once: \(String(format: "%.1f", elapsed * 1000)) ms")
-        #expect(elapsed < 2, "close() took \(elapsed) s")
+        // A hang guard (10 s, far above the milliseconds it takes; printed above): the outcome below is judged.
+        #expect(elapsed < 10, "close() took \(elapsed) s")
         #expect(session.peer.pump(seconds: 3) { $0.dtlsEvents.contains(.remoteClosed) }, "no close_notify from close()")
         // The publisher object still exists; its sockets do not.
         #expect(RtcProcessCensus.wait(seconds: 2) { ports.isDisjoint(with: RtcProcessCensus.udpPorts()) }, "sockets still open after close()")
