@@ -7,11 +7,15 @@ import KraklCore
 /// The capture thread calls `submit` with each frame: its damaged areas are
 /// converted into a staging picture (the hand-off slot) and the damage is
 /// added to what is pending. The encoder thread takes the slot when the
-/// frame-rate cap allows: it copies only the pending damage into its own
-/// picture and encodes with an active map of the changed blocks. A frame
+/// frame-rate cap allows: it takes the staging picture itself (swapped for
+/// the picture it encoded last, which becomes the new staging picture) and
+/// encodes with an active map of the changed blocks. The picture handed back
+/// is stale where the taken damage changed it; the next capture copies those
+/// areas over from the encoder's picture first, unless its own damage
+/// rewrites them (scrolling: nothing is copied at all). A frame
 /// that arrives before the previous one was taken overwrites it (latest
 /// wins) and its damage merges in (counted as skipped). Capture never waits
-/// for an encode, only for the short copy out of the slot.
+/// for an encode, only for the slot's lock (held for a swap, not a copy).
 ///
 /// Backend timestamps pass a PresentationClock on the way in, so the outputs
 /// only ever see increasing times; keyframe requests are held to one per
@@ -30,6 +34,10 @@ public final class EncoderPipeline: @unchecked Sendable {
     private let finished = DispatchSemaphore(value: 0)
     // The slot, guarded by `condition`.
     private var staging: I420Image?
+    /// The picture the encoder thread took last (it only reads it outside the lock), and where
+    /// `staging`, its predecessor handed back, still differs from it.
+    private var lent: I420Image?
+    private var stale = DamageAccumulator()
     private var pendingDamage = DamageAccumulator()
     private var pendingTimestamp: UInt64 = 0
     private var pending = false
@@ -107,6 +115,17 @@ public final class EncoderPipeline: @unchecked Sendable {
         if staging?.width != size.width || staging?.height != size.height {
             staging = I420Image(width: size.width, height: size.height)
             pendingDamage.addWhole()
+            stale.clear()
+        }
+        if !stale.isEmpty {
+            if let lent, !converter.rewrites(stale, of: frame, into: staging!) {
+                if stale.whole {
+                    staging!.copy(PixelRect(x: 0, y: 0, width: size.width, height: size.height), from: lent)
+                } else {
+                    for rect in stale.rects { staging!.copy(rect, from: lent) }
+                }
+            }
+            stale.clear()
         }
         let skipped = pending
         if let rects = converter.convert(frame, into: staging!) {
@@ -390,16 +409,18 @@ public final class EncoderPipeline: @unchecked Sendable {
         work.keyframe = keyframeNow
         if keyframeNow { keyframeRequested = false }
         if pending, let staging {
+            // The staging picture is always the whole latest picture: the encoder takes it as it is
+            // (no copy); its last picture goes back as staging, stale where this damage changed it.
+            var handedBack = picture
             if picture?.width != staging.width || picture?.height != staging.height {
-                picture = I420Image(width: staging.width, height: staging.height)
+                handedBack = I420Image(width: staging.width, height: staging.height)
                 work.newSize = (staging.width, staging.height)
                 pendingDamage.addWhole()
             }
-            if pendingDamage.whole {
-                picture!.copy(PixelRect(x: 0, y: 0, width: staging.width, height: staging.height), from: staging)
-            } else {
-                for rect in pendingDamage.rects { picture!.copy(rect, from: staging) }
-            }
+            picture = staging
+            self.staging = handedBack
+            lent = staging
+            stale = pendingDamage
             work.damage = pendingDamage
             work.timestampNs = pendingTimestamp
             pendingDamage.clear()

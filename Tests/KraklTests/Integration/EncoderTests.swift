@@ -497,6 +497,53 @@ struct EncoderPipelineTests {
         #expect(first == nil, "damaged-area conversion differs from whole-frame conversion at \(width)x\(height), first at byte \(first ?? -1) of \(a.count)")
     }
 
+    /// The encoder takes the staging picture by swapping (no copy) and hands its last one back, stale
+    /// where that frame changed; each encoded picture is still the whole latest frame: after whole,
+    /// partial, elsewhere-partial and same-area damage (the hand-back repaired, or rewritten in place).
+    @Test func everyEncodedPictureIsTheWholeLatestFrame() throws {
+        let (width, height) = (320, 240)
+        let dump = try Harness.temporaryDirectory() + "/input.yuv"
+        let collector = Collector()
+        let pipeline = try EncoderPipeline(settings: EncoderSettings(), dumpInput: dump, output: { _, _, _ in collector },
+                                           onFailure: { Issue.record("\($0)") })
+        pipeline.start()
+        var random = SystemRandomNumberGenerator()
+        var pixels = (0..<(width * height * 4)).map { _ in UInt8.random(in: 0...255, using: &random) }
+        var expected: [[UInt8]] = []
+        let steps: [[krakl_rect]] = [
+            [],                                                                          // whole
+            [krakl_rect(x: 0, y: 0, width: 320, height: 200)],                           // most of it
+            [krakl_rect(x: 200, y: 180, width: 40, height: 40)],                         // elsewhere: repaired
+            [krakl_rect(x: 200, y: 180, width: 40, height: 40)],                         // the same area: rewritten
+            [krakl_rect(x: 10, y: 10, width: 30, height: 30), krakl_rect(x: 0, y: 220, width: 320, height: 20)],
+        ]
+        for (index, damage) in steps.enumerated() {
+            for r in damage {
+                for y in Int(r.y)..<Int(r.y + r.height) { for x in (Int(r.x) * 4)..<(Int(r.x + r.width) * 4) { pixels[y * width * 4 + x] &+= 91 } }
+            }
+            let whole = I420Image(width: width, height: height)
+            withFrame(pixels, width: width, height: height, damage: []) { _ = FrameConverter().convert($0, into: whole) }
+            expected.append(packed(whole))
+            let before = collector.waitFor(0)
+            withFrame(pixels, width: width, height: height, damage: damage) { pipeline.submit($0) }
+            #expect(collector.waitFor(before + 1) > before, "step \(index) was not encoded")
+        }
+        pipeline.finish()
+        let bytes = try [UInt8](Data(contentsOf: URL(fileURLWithPath: dump)))
+        let size = width * height * 3 / 2
+        let pictures = stride(from: 0, to: bytes.count - size + 1, by: size).map { Array(bytes[$0..<($0 + size)]) }
+        // Every picture is a submitted frame, in order (a follow-up frame repeats the one before it).
+        var at = 0
+        for (index, picture) in pictures.enumerated() {
+            guard let step = expected[at...].firstIndex(of: picture) else {
+                Issue.record("encoded picture \(index) is none of the frames submitted from step \(at) on")
+                continue
+            }
+            at = step
+        }
+        #expect(pictures.count >= expected.count && at == expected.count - 1, "\(pictures.count) pictures, the last is step \(at)")
+    }
+
     @Test func outputSizeFitsAndStaysEven() {
         #expect(outputSize(width: 3840, height: 2160, maximum: (1920, 1080)) == (1920, 1080))
         #expect(outputSize(width: 2560, height: 1600, maximum: (1920, 1080)) == (1728, 1080))
