@@ -86,26 +86,39 @@ import Testing
         #expect(!Self.alive(pid), "the run's sleep \(pid) outlived the budget's kill")
     }
 
-    /// A run that passes but leaves a stack's process (it carries the stack's marker in its
-    /// environment, and holds the output pipe) and a stack folder behind: the watchdog does not wait
-    /// for the pipe, names both, kills the process, removes the folder and fails the run (3), with
-    /// the runner's summary still last.
+    /// A run that passes but leaves a stack's process (it carries the stack's marker and the run's
+    /// id in its environment, and holds the output pipe) and a stack folder of the run behind: the
+    /// watchdog does not wait for the pipe, names both, kills the process, removes the folder and
+    /// fails the run (3), with the runner's summary still last. A stack of another run (another id,
+    /// or none: started by hand) is left alone.
     @Test func aStackThatOutlivesTheTestsFailsTheRun() throws {
         let folder = try Harness.temporaryDirectory()
         let marker = Self.marker()
-        let pidFile = folder + "/leaked.pid"
+        let pidFile = folder + "/leaked.pid", otherPidFile = folder + "/other.pid"
         let script = try Self.fakeRun(folder, """
-        mkdir \(folder)/stack.leftover
+        mkdir \(folder)/stack.leftover \(folder)/stack.other
+        echo "$KRAKL_TEST_RUN" > \(folder)/stack.leftover/test-run
+        echo "another-run" > \(folder)/stack.other/test-run
         env \(marker)=\(folder)/stack.leftover sleep 600 &
         echo $! > \(pidFile)
+        env -u KRAKL_TEST_RUN \(marker)=\(folder)/stack.other sleep 600 >/dev/null &
+        echo $! > \(otherPidFile)
         echo "✔ Test run with 2 tests in 1 suite passed after 0.3 seconds."
         """)
+        defer {
+            if let other = try? String(contentsOfFile: otherPidFile, encoding: .utf8), let pid = Int32(other.trimmingCharacters(in: .whitespacesAndNewlines)) {
+                kill(pid, SIGKILL)
+            }
+        }
         let result = try Self.watch(folder, script, marker: marker)
         #expect(result.status == 3, "\(result.stdout)")
         #expect(result.stdout.contains("watchdog: PipeWire portal stacks outlived the tests: 1 processes, 1 folders"), "\(result.stdout)")
         #expect(result.stdout.contains("sleep 600"), "\(result.stdout)")
         #expect(result.stdout.split(separator: "\n").last == "✔ Test run with 2 tests in 1 suite passed after 0.3 seconds.", "\(result.stdout)")
         #expect(!FileManager.default.fileExists(atPath: folder + "/stack.leftover"))
+        #expect(FileManager.default.fileExists(atPath: folder + "/stack.other"), "another run's stack folder was removed")
+        let other = try #require(Int32(String(contentsOfFile: otherPidFile, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)))
+        #expect(Self.alive(other), "another run's stack process \(other) was killed")
         let pid = try #require(Int32(String(contentsOfFile: pidFile, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)))
         let deadline = Date().addingTimeInterval(10)
         while Self.alive(pid) && Date() < deadline { usleep(20_000) } // the kill is sent; its delivery is polled
