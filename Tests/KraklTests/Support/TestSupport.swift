@@ -111,12 +111,7 @@ enum Harness {
         Glibc.close(errFds[1])
         // Read both pipes while it runs so a chatty child never blocks on a full pipe. Each reader
         // closes its own end when it is done: it may outlive this call (below).
-        let group = DispatchGroup()
-        let outData = OutputBox(), errData = OutputBox()
-        for (fd, box) in [(outFds[0], outData), (errFds[0], errData)] {
-            group.enter()
-            Thread.detachNewThread { Self.readToEnd(fd, into: box); Glibc.close(fd); group.leave() }
-        }
+        let output = OutputReader(fd: outFds[0], closing: true), errors = OutputReader(fd: errFds[0], closing: true)
         if let stdin {
             input.fileHandleForWriting.write(Data(stdin.utf8))
             try? input.fileHandleForWriting.close()
@@ -136,18 +131,15 @@ enum Harness {
         // process of its own running with them (a daemon, a backend host stuck in a call). Waiting
         // for that without a bound hung a CI run until its time ran out; ten seconds after the
         // child ended, what was read is the answer, and the note says why it may be short.
-        var outputNote = ""
-        if group.wait(timeout: .now() + 10) == .timedOut {
-            outputNote = "\n(its output was still open 10 s after it ended: a process it started holds it)"
-        }
+        let ended = DispatchTime.now() + 10
+        let (stdout, stderr) = (output.text(by: ended), errors.text(by: ended))
         // Foundation traps on the status of a process it has not seen end.
         guard reap(process) else {
-            return Result(status: -1, stdout: outData.text,
-                          stderr: errData.text + outputNote + "\n(its end was never reported)", timedOut: true)
+            return Result(status: -1, stdout: stdout, stderr: stderr + "\n(its end was never reported)", timedOut: true)
         }
         // A death by signal must not pass for an exit status of the same number.
         let status = process.terminationReason == .uncaughtSignal ? 128 + process.terminationStatus : process.terminationStatus
-        return Result(status: status, stdout: outData.text, stderr: errData.text + outputNote, timedOut: timedOut)
+        return Result(status: status, stdout: stdout, stderr: stderr, timedOut: timedOut)
     }
 
     /// Runs krakl-agent in a fresh folder, so its default recording
@@ -178,31 +170,37 @@ enum Harness {
 /// Filled by one reader thread, read after the group wait.
 final class DataBox: @unchecked Sendable { var data = Data() }
 
-/// Reads a pipe from the moment a program starts (so it never blocks on a full pipe) until the
-/// pipe ends; `text(within:)` answers within a bound even when a process the program started
-/// still holds the pipe open.
+/// Reads a program's output from the moment it starts (so it never blocks on a full pipe) until
+/// the pipe ends, on a thread of its own; `text(by:)` answers within a bound even when a process
+/// the program started still holds the pipe open (the reader then outlives the answer).
 final class OutputReader: Sendable {
     private let box = OutputBox()
     private let done = DispatchSemaphore(value: 0)
-    private let pipe: Pipe
 
-    init(_ pipe: Pipe) {
-        self.pipe = pipe
-        let fd = pipe.fileHandleForReading.fileDescriptor
-        Thread.detachNewThread { [box, done, pipe] in
-            withExtendedLifetime(pipe) { Harness.readToEnd(fd, into: box) }
+    /// `fd` is closed by the reader at the pipe's end when `closing`; else `owner` (a Pipe whose
+    /// descriptor it is) is kept alive until then.
+    init(fd: Int32, closing: Bool, owner: (any Sendable)? = nil) {
+        Thread.detachNewThread { [box, done] in
+            withExtendedLifetime(owner) { Harness.readToEnd(fd, into: box) }
+            if closing { Glibc.close(fd) }
             done.signal()
         }
     }
 
-    /// Everything read once the pipe ended, or what was read after `seconds`, with a note.
-    func text(within seconds: Double) -> String {
-        guard done.wait(timeout: .now() + seconds) == .success else {
-            return box.text + "\n(the output was still open after \(Int(seconds)) s: a process it started holds it)"
+    convenience init(_ pipe: Pipe) {
+        self.init(fd: pipe.fileHandleForReading.fileDescriptor, closing: false, owner: pipe)
+    }
+
+    /// Everything read once the pipe ended, or what was read by `deadline`, with a note.
+    func text(by deadline: DispatchTime) -> String {
+        guard done.wait(timeout: deadline) == .success else {
+            return box.text + "\n(the output was still open at the deadline: a process it started holds it)"
         }
         done.signal() // for the next caller
         return box.text
     }
+
+    func text(within seconds: Double) -> String { text(by: .now() + seconds) }
 }
 
 /// A program's output, filled by a reader thread while others may read it
@@ -401,13 +399,6 @@ extension Harness {
         let deadline = Date().addingTimeInterval(seconds)
         while process.isRunning && Date() < deadline { usleep(5_000) }
         return reap(process)
-    }
-
-    /// Everything `fd` gives until its end (or a read error), with read(2).
-    static func readToEnd(_ fd: Int32) -> Data {
-        let box = OutputBox()
-        readToEnd(fd, into: box)
-        return box.data
     }
 
     /// Appends what `fd` gives to `box` as it comes, until its end (or a read error).
