@@ -92,122 +92,174 @@ protocol ScanHost: AnyObject, Sendable {
 /// view), or nil and the exit status (50 nothing within --scan-timeout, 51 the source ended first,
 /// 56 no such camera, 0 stopped).
 func scanScreen(_ arguments: Arguments, logger: @escaping BackendLogger, host: ScanHost) throws(HostError) -> (Invitation?, Int32) {
-    let camera = arguments.camera
-    let selection: BackendSelection
+    let opened: ScanSource
+    switch try ScanSource.open(arguments, logger: logger, host: host) {
+    case .opened(let source): opened = source
+    case .noCamera(let status): return (nil, status)
+    }
+    defer { opened.preview?.stop() }
+    try opened.source.start()
+    defer { try? opened.source.destroy() }   // a hung stop or destroy is given up after its budget
+    var watch = ScanWatch(arguments, capture: opened.capture, host: host)
+    return watch.run()
+}
+
+/// What a scan looks at: the screen's backend, or a camera's (with its preview, when asked for),
+/// feeding one LumaCapture; created, not yet started.
+struct ScanSource {
     let capture: LumaCapture
     let source: any CaptureSource
-    var preview: CameraPreview?
-    defer { preview?.stop() }
-    if let camera {
-        selection = try CameraScan.selection(arguments, camera: camera)
-        capture = LumaCapture(backend: selection.entry.name, logger: logger, onChange: { [weak host] in host?.wake() })
+    let preview: CameraPreview?
+
+    enum Opening {
+        case opened(ScanSource)
+        /// No such camera: said to the host; the exit status.
+        case noCamera(Int32)
+    }
+
+    static func open(_ arguments: Arguments, logger: @escaping BackendLogger, host: ScanHost) throws(HostError) -> Opening {
+        guard let camera = arguments.camera else {
+            let (selection, choice) = try selectedBackend(arguments, scanning: true)
+            let capture = LumaCapture(backend: selection.entry.name, logger: logger, onChange: { [weak host] in host?.wake() })
+            let source = try selection.makeSource(sink: capture, logger: logger)
+            let what = choice.name == selection.entry.name ? (choice.label ?? selection.entry.name) : selection.entry.name
+            if arguments.backend == nil, !choice.why.isEmpty { host.say("backend \(selection.entry.name): \(choice.why)") }
+            host.say("scanning the \(what) screen for a join code (at most \(Int(arguments.scanTimeout)) s; Ctrl-C stops)…")
+            return .opened(ScanSource(capture: capture, source: source, preview: nil))
+        }
+        let selection = try CameraScan.selection(arguments, camera: camera)
+        let capture = LumaCapture(backend: selection.entry.name, logger: logger, onChange: { [weak host] in host?.wake() })
+        var preview: CameraPreview?
         if arguments.preview {
             // Without the preview the scan goes on: it is an aid, not the scan.
             do throws(ViewerServerError) { preview = try CameraPreview(arguments, scanning: capture, logger: logger) } catch {
                 host.say("no preview: \(error.description)")
             }
         }
+        let source: any CaptureSource
         do throws(HostError) {
             source = try selection.makeSource(sink: preview ?? capture, logger: logger)
         } catch {
+            preview?.stop()
             guard let words = CameraScan.noCamera(error) else { throw error }
             host.say(words)
-            return (nil, CameraScan.noCameraStatus)
+            return .noCamera(CameraScan.noCameraStatus)
         }
         host.say("scanning \(camera.isEmpty ? "the camera" : "camera \"\(camera)\"") for a join code (at most \(Int(arguments.scanTimeout)) s; Ctrl-C stops)…")
         if let preview { host.say("preview: " + preview.start()) }
-    } else {
-        let choice: BackendChoice
-        (selection, choice) = try selectedBackend(arguments, scanning: true)
-        capture = LumaCapture(backend: selection.entry.name, logger: logger, onChange: { [weak host] in host?.wake() })
-        source = try selection.makeSource(sink: capture, logger: logger)
-        let what = choice.name == selection.entry.name ? (choice.label ?? selection.entry.name) : selection.entry.name
-        if arguments.backend == nil, !choice.why.isEmpty { host.say("backend \(selection.entry.name): \(choice.why)") }
-        host.say("scanning the \(what) screen for a join code (at most \(Int(arguments.scanTimeout)) s; Ctrl-C stops)…")
+        return .opened(ScanSource(capture: capture, source: source, preview: preview))
     }
-    try source.start()
-    defer { try? source.destroy() }   // a hung stop or destroy is given up after its budget
+}
+
+/// The scan's loop on the caller's thread: when to look (after a change, spaced by zbar's cost),
+/// what to say about what was found, progress once a second, and the end (a code, the time limit,
+/// the source's end, a stop). Times are CLOCK_MONOTONIC milliseconds.
+struct ScanWatch {
+    private let arguments: Arguments
+    private let capture: LumaCapture
+    private let host: ScanHost
+    private let camera: Bool
     // A camera's pictures may show the code light on dark (a page in dark mode); zbar 0.23 reads a
     // mirrored code (a front camera's picture) as it is (krakl-bench scan --camera: 10 of 10).
-    let scanner = QRScanner(invertedToo: camera != nil)
-    let started = MonotonicClock.milliseconds()
-    var nextScan = started, nextProgress = started + 1000
-    var looked = 0
-    var changeSeenAt: Double?
-    var firstPictureAt: Double?
-    var hinted = false
-    var reported = Set<String>()
-    let screenOrCamera = camera == nil ? "screen" : "camera"
-    while true {
-        let now = MonotonicClock.milliseconds()
-        if firstPictureAt == nil && capture.progress.frames > 0 { firstPictureAt = now }
-        if now - started >= arguments.scanTimeout * 1000 {
-            host.say("no join code found within \(Int(arguments.scanTimeout)) s (\(capture.progress.frames) frames looked at)")
-            return (nil, ExitCode.scanTimedOut)
-        }
-        // A source that ended may have shown the code in its last frames: they get their look first.
-        let ended = capture.sourceEnded
-        if let ended, !capture.hasChanges {
-            host.say("the \(screenOrCamera) source ended before a join code was found: \(ended)")
-            return (nil, ExitCode.scanSourceEnded)
-        }
-        if camera != nil && !hinted && now - started >= CameraScan.hintAfter * 1000 {
-            hinted = true
-            host.say(CameraScan.hint)
-        }
-        // A change is looked at 100 ms after it was first seen: a picture drawn in pieces (X11
-        // XPutImage sends a large image in strips) is then whole, where a look at the first strip
-        // found nothing and put the next look a whole-picture scan's budget away (up to 1.3 s at 4K).
-        if capture.hasChanges && changeSeenAt == nil { changeSeenAt = now }
-        if let seen = changeSeenAt, now >= max(nextScan, seen + 100) || ended != nil {
-            changeSeenAt = nil
-            let (payloads, _) = capture.scan(with: scanner)
-            // At most every 200 ms, and zbar busy at most 15 % of the time: a screen that changes
-            // whole every frame (a video) makes every look a whole-picture scan (~50 ms at 1080p,
-            // ~200 ms at 4K), so those come less often (with the luma conversion of every frame,
-            // measured 13.5 % of a core at 1080p and 26 % at 4K with a 20 % share; krakl-bench scan);
-            // a code drawn on a quiet screen is a small changed region, scanned within 200 ms.
-            let took = MonotonicClock.milliseconds() - now
-            nextScan = now + max(200, took / 0.15)
-            looked += 1
-            switch ScanResult.classify(payloads, now: Date()) {
-            case .nothing:
-                break
-            case .found(let invitation):
-                let end = MonotonicClock.milliseconds()
-                if let firstPictureAt, camera != nil {
-                    host.say(String(format: "found a join code after %.1f s (%.2f s after the camera's first picture)",
-                                    (end - started) / 1000, (end - firstPictureAt) / 1000))
-                } else {
-                    host.say(String(format: "found a join code after %.1f s", (end - started) / 1000))
-                }
-                return (invitation, 0)
-            case .conflicting(let list):
-                let line = "\(ScanResult.conflicting(list)); show only one"
-                if reported.insert(line).inserted { host.say(line) }
-            case .noUsableCode(let findings):
-                for finding in findings {
-                    let line = "\(finding)" + (finding.isExpired ? "; still looking for a fresh code" : "; still looking")
-                    if reported.insert("\(finding)").inserted { host.say(line) }
-                }
+    private let scanner: QRScanner
+    private let started: Double
+    private var nextScan: Double
+    private var nextProgress: Double
+    private var changeSeenAt: Double?
+    private var firstPictureAt: Double?
+    private var hinted = false
+    private var reported = Set<String>()
+
+    init(_ arguments: Arguments, capture: LumaCapture, host: ScanHost) {
+        self.arguments = arguments
+        self.capture = capture
+        self.host = host
+        camera = arguments.camera != nil
+        scanner = QRScanner(invertedToo: camera)
+        started = MonotonicClock.milliseconds()
+        nextScan = started
+        nextProgress = started + 1000
+    }
+
+    mutating func run() -> (Invitation?, Int32) {
+        while true {
+            let now = MonotonicClock.milliseconds()
+            if firstPictureAt == nil && capture.progress.frames > 0 { firstPictureAt = now }
+            if now - started >= arguments.scanTimeout * 1000 {
+                host.say("no join code found within \(Int(arguments.scanTimeout)) s (\(capture.progress.frames) frames looked at)")
+                return (nil, ExitCode.scanTimedOut)
+            }
+            // A source that ended may have shown the code in its last frames: they get their look first.
+            let ended = capture.sourceEnded
+            if let ended, !capture.hasChanges {
+                host.say("the \(camera ? "camera" : "screen") source ended before a join code was found: \(ended)")
+                return (nil, ExitCode.scanSourceEnded)
+            }
+            if camera && !hinted && now - started >= CameraScan.hintAfter * 1000 {
+                hinted = true
+                host.say(CameraScan.hint)
+            }
+            // A change is looked at 100 ms after it was first seen: a picture drawn in pieces (X11
+            // XPutImage sends a large image in strips) is then whole, where a look at the first strip
+            // found nothing and put the next look a whole-picture scan's budget away (up to 1.3 s at 4K).
+            if capture.hasChanges && changeSeenAt == nil { changeSeenAt = now }
+            if let seen = changeSeenAt, now >= max(nextScan, seen + 100) || ended != nil {
+                changeSeenAt = nil
+                if let invitation = look(now) { return (invitation, 0) }
+            }
+            if now >= nextProgress { sayProgress(now) }
+            // Until the next look is due, the next progress line, a stop, or (when a look is due but
+            // nothing changed) the next changed frame, which wakes this wait through the host.
+            let due = changeSeenAt.map { max(nextScan, $0 + 100) } ?? (MonotonicClock.milliseconds() >= nextScan ? nextProgress : nextScan)
+            let wait = max(0.005, (min(due, nextProgress) - MonotonicClock.milliseconds()) / 1000)
+            if host.wait(wait) {
+                host.say("scanning stopped")
+                return (nil, 0)
             }
         }
-        if now >= nextProgress {
-            nextProgress = now + 1000
-            if camera != nil {
-                let view = capture.sourceDescription ?? "the camera (no picture yet)"
-                host.progress(String(format: "looking at %@… %.0f s, %d pictures looked at", view, (now - started) / 1000, capture.progress.frames))
+    }
+
+    /// One look at what changed: a usable join code, or nil after saying what else was seen.
+    private mutating func look(_ now: Double) -> Invitation? {
+        let (payloads, _) = capture.scan(with: scanner)
+        // At most every 200 ms, and zbar busy at most 15 % of the time: a screen that changes
+        // whole every frame (a video) makes every look a whole-picture scan (~50 ms at 1080p,
+        // ~200 ms at 4K), so those come less often (with the luma conversion of every frame,
+        // measured 13.5 % of a core at 1080p and 26 % at 4K with a 20 % share; krakl-bench scan);
+        // a code drawn on a quiet screen is a small changed region, scanned within 200 ms.
+        let took = MonotonicClock.milliseconds() - now
+        nextScan = now + max(200, took / 0.15)
+        switch ScanResult.classify(payloads, now: Date()) {
+        case .nothing:
+            break
+        case .found(let invitation):
+            let end = MonotonicClock.milliseconds()
+            if let firstPictureAt, camera {
+                host.say(String(format: "found a join code after %.1f s (%.2f s after the camera's first picture)",
+                                (end - started) / 1000, (end - firstPictureAt) / 1000))
             } else {
-                host.progress(String(format: "scanning the screen for a join code… %.0f s, %d frames looked at", (now - started) / 1000, capture.progress.frames))
+                host.say(String(format: "found a join code after %.1f s", (end - started) / 1000))
+            }
+            return invitation
+        case .conflicting(let list):
+            let line = "\(ScanResult.conflicting(list)); show only one"
+            if reported.insert(line).inserted { host.say(line) }
+        case .noUsableCode(let findings):
+            for finding in findings {
+                let line = "\(finding)" + (finding.isExpired ? "; still looking for a fresh code" : "; still looking")
+                if reported.insert("\(finding)").inserted { host.say(line) }
             }
         }
-        // Until the next look is due, the next progress line, a stop, or (when a look is due but
-        // nothing changed) the next changed frame, which wakes this wait through the host.
-        let due = changeSeenAt.map { max(nextScan, $0 + 100) } ?? (MonotonicClock.milliseconds() >= nextScan ? nextProgress : nextScan)
-        let wait = max(0.005, (min(due, nextProgress) - MonotonicClock.milliseconds()) / 1000)
-        if host.wait(wait) {
-            host.say("scanning stopped")
-            return (nil, 0)
+        return nil
+    }
+
+    private mutating func sayProgress(_ now: Double) {
+        nextProgress = now + 1000
+        if camera {
+            let view = capture.sourceDescription ?? "the camera (no picture yet)"
+            host.progress(String(format: "looking at %@… %.0f s, %d pictures looked at", view, (now - started) / 1000, capture.progress.frames))
+        } else {
+            host.progress(String(format: "scanning the screen for a join code… %.0f s, %d frames looked at", (now - started) / 1000, capture.progress.frames))
         }
     }
 }

@@ -85,7 +85,7 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
     let choice = arguments.sharesToViewer ? chooseScreenBackend(registryPath: arguments.plugins, given: arguments.backend) : nil
     let selection = try BackendSelection(registryPath: arguments.plugins, name: choice?.name ?? arguments.backend,
                                          overrides: arguments.options, isolate: arguments.isolate)
-    let (entry, options) = (selection.entry, selection.options)
+    let entry = selection.entry
     if let choice, !choice.why.isEmpty { print("krakl-agent: backend \(entry.name): \(choice.why)") }
     let control = ControlPipe.shared
     control.catchSignals([SIGPIPE, SIGUSR1])
@@ -108,53 +108,16 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
             return error.exitStatus
         }
     }
-    let statsFile: OutputFile?
-    let frameLog: FrameLog?
-    if let record = arguments.record { try checkRecordingPath(record) }
-    do throws(EncoderError) {
-        statsFile = try arguments.statsJSON.map { (path) throws(EncoderError) in try OutputFile(path: path) }
-        frameLog = try arguments.frameLog.map { (path) throws(EncoderError) in try FrameLog(path: path) }
-        if let record = arguments.record {
-            try run.makeEncoder(settings: arguments.encoder, dumpInput: arguments.dumpInput, frameLog: frameLog,
-                                output: .recording({ codec, width, height throws(EncoderError) in
-                if record.lowercased().hasSuffix(".ivf") { return try IVFWriter(path: record, codec: codec, width: width, height: height) }
-                return try WebMWriter(path: record, codec: codec, width: width, height: height)
-            }))
-        } else if let viewer {
-            var settings = arguments.encoder
-            // Viewers ask for what they miss (PLI, NACK), as in a room: no idle refresh unless asked for.
-            if !arguments.refreshGiven { settings.refreshForReceiversThatAsk() }
-            try run.makeEncoder(settings: settings, dumpInput: arguments.dumpInput, frameLog: frameLog,
-                                output: .feeds(steering: FeedSink(viewer.feed), also: []))
-            viewer.attach(run)
-        }
-    } catch {
-        throw error.hostError
-    }
+    let outputs = try CaptureOutputs(arguments, path: run, viewer: viewer)
     let source: any CaptureSource
     switch try makeSourceUntilSignalled(selection, sink: run, logger: logger, control: control) {
     case .made(let made):
         source = made
     case .signalled(let number, let seconds):
-        // The backend is still inside create() (a sharing dialog, or hung): nothing was captured.
-        // Its thread is left where it is; the process ends now (an isolated backend's child ends
-        // with the agent), with the outputs opened so far completed.
-        print(String(format: "krakl-agent: stopped: %@ while backend %@ was still starting (its create() had not returned after %.1f s); nothing was captured",
-                     signalReason(number), entry.name, seconds))
-        completeEncoderOutputs(run, frameLog: frameLog)
-        var failure = run.encoderError?.hostError
-        if let statsFile {
-            do throws(EncoderError) {
-                try writeStatistics(statsFile, capture: run.statistics.snapshot(), encoder: run.pipeline?.statistics.summary(), steadyRSSKB: 0)
-            } catch { failure = failure ?? error.hostError }
-        }
-        if let failure { StandardStream.error("krakl-agent: \(failure.description)\n") }
-        StandardStream.flushOutput()
-        StandardStream.flushError()
-        _exit(failure?.exitStatus ?? 0)
+        outputs.endWhileCreating(signal: number, after: seconds, backend: entry.name)
     }
 
-    let optionText = options.members.map { "\($0.key)=\($0.value.optionText)" }.joined(separator: " ")
+    let optionText = selection.options.members.map { "\($0.key)=\($0.value.optionText)" }.joined(separator: " ")
     print("krakl-agent: capturing from \(entry.name) [\(optionText)]; Ctrl-C stops")
     if let record = arguments.record {
         let e = arguments.encoder
@@ -168,13 +131,102 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
         throw error
     }
     viewer?.start()
+    let watched = watchUntilEnded(arguments, path: run, viewer: viewer, ending: ending, control: control)
+    let reason = ending.reason ?? "stopped"
+    if watched.lineOpen { print("") }
+    // Viewers are told first (their peers close, the page says sharing ended), then the source stops.
+    viewer?.stop(reason: reason)
+
+    // Nothing is added once the stop is asked for: the run takes no more frames and the encoder's
+    // outputs are completed before the source is stopped, so a stop() or destroy() that hangs (the
+    // watchdog gives up on it after 2 + 3 s) adds no idle refreshes: `--seconds 2` on such a backend
+    // left a 5.0 s recording of 61 frames. The summary is printed whatever happened.
+    completeEncoderOutputs(run, frameLog: outputs.frameLog)
+    var sourceFailure: HostError?
+    do throws(HostError) { try source.stop() } catch { sourceFailure = error }
+    do throws(HostError) { try source.destroy() } catch { if sourceFailure == nil { sourceFailure = error } }
+
+    let summary = run.statistics.snapshot()
+    print("krakl-agent: stopped: \(reason)")
+    let encoded = printRunSummary(summary, path: run, record: arguments.record)
+    var statsFailure: HostError?
+    if let statsFile = outputs.statsFile {
+        do throws(EncoderError) {
+            try writeStatistics(statsFile, capture: summary, encoder: encoded, steadyRSSKB: watched.steadyRSSKB)
+        } catch {
+            statsFailure = error.hostError
+        }
+    }
+    return runExitStatus(sourceFailure: sourceFailure, statsFailure: statsFailure, path: run, summary: summary, encoded: encoded,
+                         record: arguments.record, backend: entry.name)
+}
+
+/// The run's outputs, opened before the backend is created: the statistics file, the frame log,
+/// and the encoder with its recording (created at the first frame, its place checked now) or the
+/// built-in viewer's feed.
+struct CaptureOutputs {
+    let statsFile: OutputFile?
+    let frameLog: FrameLog?
+    private let path: MediaPath
+
+    init(_ arguments: Arguments, path: MediaPath, viewer: ViewerRun?) throws(HostError) {
+        self.path = path
+        if let record = arguments.record { try checkRecordingPath(record) }
+        do throws(EncoderError) {
+            statsFile = try arguments.statsJSON.map { (path) throws(EncoderError) in try OutputFile(path: path) }
+            let frameLog = try arguments.frameLog.map { (path) throws(EncoderError) in try FrameLog(path: path) }
+            self.frameLog = frameLog
+            if let record = arguments.record {
+                try path.makeEncoder(settings: arguments.encoder, dumpInput: arguments.dumpInput, frameLog: frameLog,
+                                     output: .recording({ codec, width, height throws(EncoderError) in
+                    if record.lowercased().hasSuffix(".ivf") { return try IVFWriter(path: record, codec: codec, width: width, height: height) }
+                    return try WebMWriter(path: record, codec: codec, width: width, height: height)
+                }))
+            } else if let viewer {
+                var settings = arguments.encoder
+                // Viewers ask for what they miss (PLI, NACK), as in a room: no idle refresh unless asked for.
+                if !arguments.refreshGiven { settings.refreshForReceiversThatAsk() }
+                try path.makeEncoder(settings: settings, dumpInput: arguments.dumpInput, frameLog: frameLog,
+                                     output: .feeds(steering: FeedSink(viewer.feed), also: []))
+                viewer.attach(path)
+            }
+        } catch {
+            throw error.hostError
+        }
+    }
+
+    /// A signal came while the backend was still inside create() (a sharing dialog, or hung):
+    /// nothing was captured. Its thread is left where it is; the process ends now (an isolated
+    /// backend's child ends with the agent), with the outputs opened so far completed.
+    func endWhileCreating(signal number: Int32, after seconds: Double, backend: String) -> Never {
+        print(String(format: "krakl-agent: stopped: %@ while backend %@ was still starting (its create() had not returned after %.1f s); nothing was captured",
+                     signalReason(number), backend, seconds))
+        completeEncoderOutputs(path, frameLog: frameLog)
+        var failure = path.encoderError?.hostError
+        if let statsFile {
+            do throws(EncoderError) {
+                try writeStatistics(statsFile, capture: path.statistics.snapshot(), encoder: path.pipeline?.statistics.summary(), steadyRSSKB: 0)
+            } catch { failure = failure ?? error.hostError }
+        }
+        if let failure { StandardStream.error("krakl-agent: \(failure.description)\n") }
+        StandardStream.flushOutput()
+        StandardStream.flushError()
+        _exit(failure?.exitStatus ?? 0)
+    }
+}
+
+/// The main thread while the run lasts: a status line a second (unless --quiet), SIGUSR1 as a
+/// keyframe request, any other signal, --seconds or a closed stdout as the end. Returns the highest
+/// VmRSS sampled once a second after the first (kB), and whether a terminal's status line is left open.
+func watchUntilEnded(_ arguments: Arguments, path run: MediaPath, viewer: ViewerRun?, ending: RunEnding,
+                     control: ControlPipe) -> (steadyRSSKB: Int, lineOpen: Bool) {
     let isTerminal = isatty(STDOUT_FILENO) == 1
-    let second: UInt64 = 1_000_000_000
+    let second = Duration.seconds(1).inNanoseconds
     let begun = MonotonicClock.nanoseconds()
     let end = arguments.seconds.map { begun + UInt64($0 * 1e9) }
     var nextTick = begun + second
     var printing = !arguments.quiet
-    var steadyRSSKB = 0   // highest VmRSS sampled once a second after the first second
+    var steadyRSSKB = 0
     var ticks = 0
     while ending.reason == nil {
         let now = MonotonicClock.nanoseconds()
@@ -207,61 +259,45 @@ func runCapture(_ arguments: Arguments, logger: @escaping BackendLogger) throws(
         case .timeout: break
         }
     }
-    let reason = ending.reason ?? "stopped"
-    if isTerminal && printing { print("") }
-    // Viewers are told first (their peers close, the page says sharing ended), then the source stops.
-    viewer?.stop(reason: reason)
+    return (steadyRSSKB, isTerminal && printing)
+}
 
-    // Nothing is added once the stop is asked for: the run takes no more frames and the encoder's
-    // outputs are completed before the source is stopped, so a stop() or destroy() that hangs (the
-    // watchdog gives up on it after 2 + 3 s) adds no idle refreshes: `--seconds 2` on such a backend
-    // left a 5.0 s recording of 61 frames. The summary is printed whatever happened.
-    completeEncoderOutputs(run, frameLog: frameLog)
-    var sourceFailure: HostError?
-    do throws(HostError) { try source.stop() } catch { sourceFailure = error }
-    do throws(HostError) { try source.destroy() } catch { if sourceFailure == nil { sourceFailure = error } }
-
-    let summary = run.statistics.snapshot()
-    print("krakl-agent: stopped: \(reason)")
+/// The summary after a run (what was captured, delivered and encoded); returns the encoder's numbers.
+func printRunSummary(_ summary: CaptureStatistics.Snapshot, path run: MediaPath, record: String?) -> EncoderStatistics.Summary? {
     print(String(format: "summary: %d frames in %.1f s (%.1f fps), %@, damage %.1f%% of the frame on average",
                  summary.frames, summary.seconds, summary.fps, summary.lastSize.isEmpty ? "no frames" : summary.lastSize,
                  summary.damageShareMean * 100))
     print(String(format: "delivery latency (capture timestamp to host): p50 %.3f ms, p99 %.3f ms, max %.3f ms",
                  summary.latencyMs.p50, summary.latencyMs.p99, summary.latencyMs.max))
     if summary.invalidFrames > 0 { print("dropped \(summary.invalidFrames) invalid frames from the backend") }
-    let encoded = run.pipeline?.statistics.summary()
-    if let pipeline = run.pipeline, let e = encoded {
-        print(String(format: "encoded: %d frames (%d keyframes, %d refreshes), %.0f kbit/s, encode p50 %.2f ms p99 %.2f ms, active blocks %.1f%%, %d captured frames merged into later ones, %d dropped by rate control",
-                     e.frames, e.keyframes, e.refreshFrames, e.bitrateKbps, e.encodeMs.p50, e.encodeMs.p99, e.activeShareMean * 100, e.skippedFrames, e.droppedFrames))
-        if e.correctedTimestamps > 0 { print("corrected \(e.correctedTimestamps) backend timestamps (stepped back, jumped or stood still)") }
-        if e.coalescedKeyframeRequests > 0 { print("merged \(e.coalescedKeyframeRequests) keyframe requests into earlier ones (at most one keyframe per \(pipeline.settings.keyframeRequestSpacing.inSeconds) s)") }
-        if let record = arguments.record {
-            let written = pipeline.outputStarted ? record : "none (no frame was encoded)"
-            print(String(format: "encoder path CPU: %.2f s (conversion on the capture thread + encoder thread); recording: %@", e.cpuSeconds, written))
-        } else {
-            print(String(format: "encoder path CPU: %.2f s (conversion on the capture thread + encoder thread); shared to the built-in viewer", e.cpuSeconds))
-        }
+    guard let pipeline = run.pipeline else { return nil }
+    let e = pipeline.statistics.summary()
+    print(String(format: "encoded: %d frames (%d keyframes, %d refreshes), %.0f kbit/s, encode p50 %.2f ms p99 %.2f ms, active blocks %.1f%%, %d captured frames merged into later ones, %d dropped by rate control",
+                 e.frames, e.keyframes, e.refreshFrames, e.bitrateKbps, e.encodeMs.p50, e.encodeMs.p99, e.activeShareMean * 100, e.skippedFrames, e.droppedFrames))
+    if e.correctedTimestamps > 0 { print("corrected \(e.correctedTimestamps) backend timestamps (stepped back, jumped or stood still)") }
+    if e.coalescedKeyframeRequests > 0 { print("merged \(e.coalescedKeyframeRequests) keyframe requests into earlier ones (at most one keyframe per \(pipeline.settings.keyframeRequestSpacing.inSeconds) s)") }
+    if let record {
+        let written = pipeline.outputStarted ? record : "none (no frame was encoded)"
+        print(String(format: "encoder path CPU: %.2f s (conversion on the capture thread + encoder thread); recording: %@", e.cpuSeconds, written))
+    } else {
+        print(String(format: "encoder path CPU: %.2f s (conversion on the capture thread + encoder thread); shared to the built-in viewer", e.cpuSeconds))
     }
-    var statsFailure: HostError?
-    if let statsFile {
-        do throws(EncoderError) {
-            try writeStatistics(statsFile, capture: summary, encoder: encoded, steadyRSSKB: steadyRSSKB)
-        } catch {
-            statsFailure = error.hostError
-        }
-    }
+    return e
+}
 
-    // Every failure is said; the exit status is the first of: the backend hung (22), an output
-    // failed (23), the encoder failed (14), no usable frame (25), the source reported an error (13).
+/// Every failure is said; the exit status is the first of: the backend hung (22), an output
+/// failed (23), the encoder failed (14), no usable frame (25), the source reported an error (13).
+func runExitStatus(sourceFailure: HostError?, statsFailure: HostError?, path run: MediaPath, summary: CaptureStatistics.Snapshot,
+                   encoded: EncoderStatistics.Summary?, record: String?, backend: String) -> Int32 {
     var failures: [HostError] = []
     if let sourceFailure { failures.append(sourceFailure) }
     if let error = run.encoderError {
         failures.append(error.hostError)
-        if let output = error.output { StandardStream.error("krakl-agent: \(recordingAfterFailure(output.path, record: arguments.record, frames: encoded?.frames ?? 0))\n") }
+        if let output = error.output { StandardStream.error("krakl-agent: \(recordingAfterFailure(output.path, record: record, frames: encoded?.frames ?? 0))\n") }
     }
     if let statsFailure { failures.append(statsFailure) }
     if summary.frames == 0 && summary.invalidFrames > 0 {
-        failures.append(.noValidFrames(backend: entry.name, invalid: summary.invalidFrames))
+        failures.append(.noValidFrames(backend: backend, invalid: summary.invalidFrames))
     }
     for failure in failures { StandardStream.error("krakl-agent: \(failure.description)\n") }
     if let error = run.sourceError {
