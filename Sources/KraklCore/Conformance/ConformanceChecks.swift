@@ -153,17 +153,44 @@ final class GroupRunner {
         }
     }
 
+    /// The delivery group: frames after start(), judged; stop within a second and silent after it;
+    /// a restart as good as the first start; the whole run's order and threads; silence after destroy().
     private func runDelivery(_ library: BackendLibrary) {
         channel.check("delivers-frames")
         let driven = source(library)
-        let recorder = driven.recorder
         var statuses: [(String, Int32)] = []
+        guard startDelivering(driven, statuses: &statuses) else { return }
+        let stop = checkStop(driven, statuses: &statuses)
+        checkRestart(driven, firstStop: stop, statuses: &statuses)
+        let recorder = driven.recorder
+        let all = recorder.problems
+        let total = recorder.frameCount
+        judge(recorder, "timestamps-monotonic", all.order, "strictly increasing over \(total) frames, across restart")
+        judge(recorder, "callbacks-serial", all.overlap, "frame and event callbacks never overlapped")
+        judge(recorder, "callbacks-one-thread", all.threads, "each start()'s frames and events came from one thread")
+        judge(recorder, "callbacks-well-formed", all.malformed, "no NULL frame or event, no event of an undefined type")
+        let bad = statuses.compactMap { ReturnValue.problem($0.1, of: $0.0) }
+        report(bad.isEmpty ? .pass : .fail, "return-values",
+               bad.first ?? "create, start, stop returned \(statuses.map { ReturnValue.name($0.1) }.joined(separator: ", ")): 0 or a negative errno")
+        checkDestroy(driven)
+    }
+
+    /// Without a frame there is nothing to judge: a PASS would say more than was seen.
+    private func judge(_ recorder: CallbackRecorder, _ check: String, _ problem: String?, _ fine: String) {
+        if let problem { report(.fail, check, problem) }
+        else if recorder.frameCount == 0 { report(.skip, check, "no frame arrived to judge") }
+        else { report(.pass, check, fine) }
+    }
+
+    /// create() and start(), then the first frames judged; false (the rest skipped) when either failed.
+    private func startDelivering(_ driven: DrivenSource, statuses: inout [(String, Int32)]) -> Bool {
+        let recorder = driven.recorder
         let (createStatus, created) = driven.create()
         statuses.append(("create()", createStatus))
         guard created else {
             report(.fail, "delivers-frames", createFailure(createStatus, driven))
             skipRest(of: .delivery, "create() failed")
-            return
+            return false
         }
         let startedAt = MonotonicClock.nanoseconds()
         let (startStatus, _) = driven.start()
@@ -171,7 +198,7 @@ final class GroupRunner {
         guard startStatus >= 0 else {
             report(.fail, "delivers-frames", "start() returned \(ReturnValue.name(startStatus)): \(recorder.takeLastError() ?? "the backend gave no reason")")
             skipRest(of: .delivery, "the source did not start")
-            return
+            return false
         }
         channel.wait(budget.timeout)
         let first = recorder.waitForFirstFrame(timeout: budget.timeout, since: startedAt)
@@ -186,18 +213,17 @@ final class GroupRunner {
         } else {
             report(.fail, "delivers-frames", "no frame within \(budget.timeout) s of start()\(first.ended ? " (the source ended first)" : "")")
         }
-        // Without a frame there is nothing to judge: a PASS would say more than was seen.
-        func judge(_ check: String, _ problem: String?, _ fine: String) {
-            if let problem { report(.fail, check, problem) }
-            else if recorder.frameCount == 0 { report(.skip, check, "no frame arrived to judge") }
-            else { report(.pass, check, fine) }
-        }
-        judge("frames-valid", seen.geometry, "\(frames) frames: format, size, strides, planes readable")
-        judge("first-frame-whole", seen.firstWhole, "the first frame after start() had damage_count == 0")
-        judge("damage-inside-frame", seen.damage, "\(recorder.damageRectCount) rectangles checked")
-        judge("size-changes-announced", seen.shape, "every size or format change followed a matching FORMAT_CHANGED")
-        judge("timestamps-near-clock", seen.clock, "every timestamp within \(ConformanceBudget.clockAhead / 1_000_000) ms ahead and \(ConformanceBudget.clockBehind / 1_000_000_000) s behind CLOCK_MONOTONIC")
+        judge(recorder, "frames-valid", seen.geometry, "\(frames) frames: format, size, strides, planes readable")
+        judge(recorder, "first-frame-whole", seen.firstWhole, "the first frame after start() had damage_count == 0")
+        judge(recorder, "damage-inside-frame", seen.damage, "\(recorder.damageRectCount) rectangles checked")
+        judge(recorder, "size-changes-announced", seen.shape, "every size or format change followed a matching FORMAT_CHANGED")
+        judge(recorder, "timestamps-near-clock", seen.clock, "every timestamp within \(ConformanceBudget.clockAhead / 1_000_000) ms ahead and \(ConformanceBudget.clockBehind / 1_000_000_000) s behind CLOCK_MONOTONIC")
+        return true
+    }
 
+    /// stop() within a second, and no callback after it returned; the stop's time and the late callbacks so far.
+    private func checkStop(_ driven: DrivenSource, statuses: inout [(String, Int32)]) -> (seconds: Double, late: Int) {
+        let recorder = driven.recorder
         channel.check("stop-within-1s")
         let stop = driven.stop()
         statuses.append(("stop()", stop.status))
@@ -210,8 +236,12 @@ final class GroupRunner {
         let late = recorder.callbackCounts.afterStop
         report(late == 0 ? .pass : .fail, "no-frame-after-stop",
                late == 0 ? "none in the \(Int(budget.afterStop * 1000)) ms after stop() returned" : "\(late) frame/event callback(s) arrived after stop() returned")
+        return (stop.seconds, late)
+    }
 
-        // Start again: frames must come back, as good as the first time.
+    /// Start again: frames must come back, as good as the first time.
+    private func checkRestart(_ driven: DrivenSource, firstStop stop: (seconds: Double, late: Int), statuses: inout [(String, Int32)]) {
+        let recorder = driven.recorder
         channel.check("restart")
         let before = recorder.problems
         let framesBefore = recorder.frameCount
@@ -231,7 +261,7 @@ final class GroupRunner {
             channel.wait(budget.afterStop)
             recorder.observe(for: budget.afterStop)
             let after = recorder.problems
-            let lateAgain = recorder.callbackCounts.afterStop - late
+            let lateAgain = recorder.callbackCounts.afterStop - stop.late
             if restartProblem == nil {
                 if after.firstWhole != before.firstWhole { restartProblem = after.firstWhole }
                 else if after.geometry != before.geometry { restartProblem = after.geometry }
@@ -243,17 +273,10 @@ final class GroupRunner {
         let resumed = recorder.frameCount - framesBefore
         report(restartProblem == nil ? .pass : .fail, "restart",
                restartProblem ?? "frames resumed after start() following stop() (\(resumed) frame\(resumed == 1 ? "" : "s"))")
+    }
 
-        let all = recorder.problems
-        let total = recorder.frameCount
-        judge("timestamps-monotonic", all.order, "strictly increasing over \(total) frames, across restart")
-        judge("callbacks-serial", all.overlap, "frame and event callbacks never overlapped")
-        judge("callbacks-one-thread", all.threads, "each start()'s frames and events came from one thread")
-        judge("callbacks-well-formed", all.malformed, "no NULL frame or event, no event of an undefined type")
-        let bad = statuses.compactMap { ReturnValue.problem($0.1, of: $0.0) }
-        report(bad.isEmpty ? .pass : .fail, "return-values",
-               bad.first ?? "create, start, stop returned \(statuses.map { ReturnValue.name($0.1) }.joined(separator: ", ")): 0 or a negative errno")
-
+    private func checkDestroy(_ driven: DrivenSource) {
+        let recorder = driven.recorder
         channel.check("nothing-after-destroy")
         driven.destroy()
         channel.wait(budget.afterStop)
