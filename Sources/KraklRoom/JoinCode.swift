@@ -93,33 +93,7 @@ public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomRefl
         if let bad = firstOdd {
             throw fail(.notPrintableASCII(position: text.unicodeScalars.distance(from: text.unicodeScalars.startIndex, to: bad) + 1))
         }
-        // Empty fields (a trailing ';') are harmless and skipped.
-        let fields = text.dropFirst(Self.prefix.count).split(separator: ";")
-
-        // The version comes first and is judged before any other field: a
-        // newer version may change what the others mean.
-        guard let first = fields.first, first.hasPrefix("v=") else { throw fail(.versionNotFirst) }
-        let versionText = first.dropFirst(2)
-        guard (1...9).contains(versionText.count), versionText.allSatisfy(\.isASCIIDigit), let version = Int(versionText), version >= 1 else {
-            throw fail(.badVersion)
-        }
-        guard version == Self.currentVersion else { throw .unsupportedVersion(version) }
-
-        var single: [String: Substring] = ["v": versionText]
-        var ice: [Substring] = []
-        for field in fields.dropFirst() {
-            guard let equals = field.firstIndex(of: "=") else { throw fail(.fieldWithoutValue(JoinCodeError.clip(String(field)))) }
-            let name = String(field[..<equals]), value = field[field.index(after: equals)...]
-            switch name {
-            case "ice":
-                ice.append(value)
-            case "v", "k", "u", "t", "r", "xo":
-                guard single[name] == nil else { throw fail(.duplicateField(name)) }
-                single[name] = value
-            default:
-                continue
-            }
-        }
+        let (version, single, ice) = try Self.readFields(text.dropFirst(Self.prefix.count))
 
         func required(_ name: String) throws(JoinCodeError) -> String {
             guard let raw = single[name], !raw.isEmpty else { throw fail(.missingField(name)) }
@@ -127,18 +101,11 @@ public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomRefl
         }
         let kind = try required("k")
         guard let service = Service(rawValue: kind.lowercased()) else { throw fail(.unknownService(JoinCodeError.clip(kind))) }
-        let url: URL
-        var defaulted = false
-        if service == .twilio {
-            if single["u"] == nil || single["u"]!.isEmpty {
-                url = Self.twilioDefaultURL
-                defaulted = true
-            } else {
-                url = try Self.signalingURL(try Self.decode(single["u"]!, field: "u"))
-            }
-        } else {
-            url = try Self.serviceURL(try required("u"))
-        }
+        // A Twilio code may leave out its signalling URL (Twilio's own is the default); others may not.
+        let defaulted = service == .twilio && (single["u"] ?? "").isEmpty
+        let url = if defaulted { Self.twilioDefaultURL }
+            else if service == .twilio { try Self.signalingURL(try Self.decode(single["u"]!, field: "u")) }
+            else { try Self.serviceURL(try required("u")) }
         let token = try required("t")
         var room: String?
         if let raw = single["r"] {
@@ -164,6 +131,38 @@ public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomRefl
         self.iceServers = servers
         self.tokenAcrossOrigins = acrossOrigins
         self.urlIsDefault = defaulted
+    }
+
+    /// The fields after the prefix: the version (first, and judged before any other field: a newer
+    /// version may change what the others mean), the single-valued fields by name (each at most
+    /// once), and the `ice` fields in order. Empty fields (a trailing ';') are harmless and skipped;
+    /// unknown ones are ignored.
+    private static func readFields(_ body: Substring) throws(JoinCodeError) -> (version: Int, single: [String: Substring], ice: [Substring]) {
+        func fail(_ problem: JoinCodeError.CodeProblem) -> JoinCodeError { .malformedCode(problem) }
+        let fields = body.split(separator: ";")
+        guard let first = fields.first, first.hasPrefix("v=") else { throw fail(.versionNotFirst) }
+        let versionText = first.dropFirst(2)
+        guard (1...9).contains(versionText.count), versionText.allSatisfy(\.isASCIIDigit), let version = Int(versionText), version >= 1 else {
+            throw fail(.badVersion)
+        }
+        guard version == Self.currentVersion else { throw .unsupportedVersion(version) }
+
+        var single: [String: Substring] = ["v": versionText]
+        var ice: [Substring] = []
+        for field in fields.dropFirst() {
+            guard let equals = field.firstIndex(of: "=") else { throw fail(.fieldWithoutValue(JoinCodeError.clip(String(field)))) }
+            let name = String(field[..<equals]), value = field[field.index(after: equals)...]
+            switch name {
+            case "ice":
+                ice.append(value)
+            case "v", "k", "u", "t", "r", "xo":
+                guard single[name] == nil else { throw fail(.duplicateField(name)) }
+                single[name] = value
+            default:
+                continue
+            }
+        }
+        return (version, single, ice)
     }
 
     /// The join code a `krakl:` link carries (docs/join-codes.md, "As a link"), for `JoinCode` to
