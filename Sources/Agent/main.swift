@@ -72,7 +72,7 @@ do throws(HostError) {
         for (key, value) in arguments.options { options[key] = value }
         if let group = arguments.conformanceGroup {
             ConformanceChild.run(group: group, path: path, options: options, expectEnd: arguments.expectEnd,
-                                 timeout: arguments.timeout, logger: logger)
+                                 timeout: .seconds(arguments.timeout), logger: logger)
         }
         // Each group of checks runs in a child: this program again, given the same library and options.
         let executable = InstalledLayout.executable
@@ -82,7 +82,7 @@ do throws(HostError) {
                 + (arguments.expectEnd ? ["--expect-end"] : []) + (arguments.verbose ? ["--verbose"] : [])
         }
         let suite = ConformanceSuite(path: path, options: options, expectEnd: arguments.expectEnd,
-                                     timeout: arguments.timeout, childCommand: childCommand) { print($0) }
+                                     timeout: .seconds(arguments.timeout), childCommand: childCommand) { print($0) }
         exit(suite.run() ? 0 : 1)
     case .run:
         exit(try runCapture(arguments, logger: logger))

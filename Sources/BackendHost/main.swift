@@ -26,7 +26,8 @@ _ = fcntl(3, F_SETFD, FD_CLOEXEC)
 signal(SIGPIPE, SIG_IGN)
 
 var budgets = CallBudgets()
-(budgets.create, budgets.start, budgets.stop, budgets.destroy, budgets.listSources) = (budgetList[0], budgetList[1], budgetList[2], budgetList[3], budgetList[4])
+(budgets.create, budgets.start, budgets.stop, budgets.destroy, budgets.listSources) =
+    (.seconds(budgetList[0]), .seconds(budgetList[1]), .seconds(budgetList[2]), .seconds(budgetList[3]), .seconds(budgetList[4]))
 let host = ChildHost(socket: WireSocket(fd: 3), backend: words[2], slots: slots, waitMilliseconds: waitMilliseconds, budgets: budgets)
 // The control thread exists before the library loads: a constructor that hangs is then
 // still ended by the agent closing the socket (the main thread reads it from the start).

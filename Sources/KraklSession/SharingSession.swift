@@ -227,11 +227,11 @@ public final class SharingSession: @unchecked Sendable {
     /// Ends the session because of something its owner decided (e.g. a time limit): as stop, with another reason.
     public func end(_ event: SharingLifecycle.Event) { post(event) }
 
-    /// Waits until the session is over (or `timeout` s passed: nil).
-    public func waitUntilFinished(timeout: Double) -> EndReason? {
+    /// Waits until the session is over (or `timeout` passed: nil).
+    public func waitUntilFinished(timeout: Duration) -> EndReason? {
         finished.lock()
         defer { finished.unlock() }
-        let deadline = Date().addingTimeInterval(timeout)
+        let deadline = Date().addingTimeInterval(timeout.inSeconds)
         while finishedReason == nil {
             if !finished.wait(until: deadline) { break }
         }

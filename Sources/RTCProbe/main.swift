@@ -247,11 +247,11 @@ do { try session.start() } catch { fail("cannot start the session: \(error)", st
 /// Set when --seconds ran out (the session was stopped for that reason).
 let timeUp = Atomic<Bool>(false)
 while sharing.wait(timeout: .now() + 0.2) == .timedOut {
-    if session.waitUntilFinished(timeout: 0) != nil { break }
+    if session.waitUntilFinished(timeout: .zero) != nil { break }
 }
 if session.state == .sharing {
     let end = Date().addingTimeInterval(seconds)
-    while Date() < end, session.waitUntilFinished(timeout: min(1, end.timeIntervalSinceNow)) == nil {
+    while Date() < end, session.waitUntilFinished(timeout: .seconds(min(1, end.timeIntervalSinceNow))) == nil {
         guard let s = session.status(window: false).rtc else { continue }
         emit(["t_ms": MonotonicClock.milliseconds(), "frames_sent": s.framesSent, "packets_sent": s.packetsSent,
               "bytes_sent": s.bytesSent, "retransmitted_bytes": s.retransmittedBytes, "redundant_bytes": s.redundantBytes,
@@ -259,12 +259,12 @@ if session.state == .sharing {
               "rtt_ms": s.roundTripMilliseconds ?? -1, "fraction_lost": s.fractionLost ?? -1,
               "nacks": s.nacksReceived, "plis": s.plisReceived, "keyframes": s.keyframesSent], toError: true)
     }
-    if session.waitUntilFinished(timeout: 0) == nil {
+    if session.waitUntilFinished(timeout: .zero) == nil {
         timeUp.store(true, ordering: .relaxed)
         session.stop()
     }
 }
-let reason = session.waitUntilFinished(timeout: 30) ?? .failure("the session did not end within 30 s of being stopped")
+let reason = session.waitUntilFinished(timeout: .seconds(30)) ?? .failure("the session did not end within 30 s of being stopped")
 
 // MARK: the final report
 

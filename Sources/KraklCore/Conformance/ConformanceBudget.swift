@@ -1,12 +1,13 @@
 import KraklBase
 import Glibc
 
-/// The time each step of the suite may take, from `--timeout` (T). The
+/// The time each step of the suite may take, from `--timeout` (T), in seconds: the numbers the
+/// line protocol to the parent carries and the docs' bound is written in. The
 /// parent process enforces them: a call that overruns its budget is reported
 /// as hung and its process killed, so the whole run ends within `total(expectEnd:)`.
 public struct ConformanceBudget: Sendable {
     public let timeout: Double
-    public init(timeout: Double) { self.timeout = timeout }
+    public init(timeout: Duration) { self.timeout = timeout.inSeconds }
 
     /// dlopen and the entry point (constructors of the library and its dependencies).
     public var load: Double { 20 }

@@ -12,7 +12,7 @@ public enum ConformanceChild {
     /// Runs `group` and ends the process (_exit: backend threads may still
     /// be running, and exit handlers must not race them).
     public static func run(group name: String, path: String, options: JSONObject, expectEnd: Bool,
-                           timeout: Double, logger: @escaping BackendLogger) -> Never {
+                           timeout: Duration, logger: @escaping BackendLogger) -> Never {
         guard fcntl(ConformanceChannel.descriptor, F_GETFD) >= 0, let group = ConformanceGroup(rawValue: name) else {
             StandardStream.error("krakl-agent: --run-group is used by `krakl-agent conformance` itself, for its child processes\n")
             _exit(2)

@@ -26,7 +26,7 @@ public final class ConformanceSuite {
     ///   - expectEnd: the options make the source end by itself; check SOURCE_ENDED.
     ///   - timeout: how long to wait for a first frame or the end, and the budget of create() and start().
     ///   - childCommand: the command line (program first) that runs one group in a child process.
-    public init(path: String, options: JSONObject, expectEnd: Bool, timeout: Double,
+    public init(path: String, options: JSONObject, expectEnd: Bool, timeout: Duration,
                 childCommand: @escaping (ConformanceGroup) -> [String], output: @escaping (String) -> Void) {
         self.path = path
         self.options = options

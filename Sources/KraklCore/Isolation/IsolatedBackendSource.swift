@@ -7,8 +7,9 @@ import KraklBackendABI
 public struct IsolationSettings: Sendable {
     /// Frame buffers in the shared ring (2...8).
     public var slots = 3
-    /// How long the backend's frame call may wait for a free buffer before the frame is dropped.
-    public var waitMilliseconds = 20
+    /// How long the backend's frame call may wait for a free buffer before the frame is dropped
+    /// (the child is told whole milliseconds).
+    public var frameWait: Duration = .milliseconds(20)
     /// The budgets of the calls, as in the agent's process (CallBudgets): the child runs them with
     /// them and reports an overrun; the agent waits `grace` longer before it kills a child that
     /// did not even answer. Either way the call throws HostError.backendHung and the child dies.
@@ -16,12 +17,12 @@ public struct IsolationSettings: Sendable {
         // destroy() frees what create() made, which the child's exit frees anyway: the agent
         // waits 2 s, not 5, so a run whose backend hangs there still ends soon after a SIGTERM.
         var budgets = CallBudgets.standard
-        budgets.destroy = min(budgets.destroy, 2)
+        budgets.destroy = min(budgets.destroy, .seconds(2))
         return budgets
     }()
-    public var grace = 0.5
-    /// Loading the library (its constructors), seconds.
-    public var loadBudget = 10.0
+    public var grace: Duration = .milliseconds(500)
+    /// Loading the library (its constructors).
+    public var loadBudget: Duration = .seconds(10)
     /// krakl-backend-host to run (nil: $KRAKL_BACKEND_HOST, or next to the running executable).
     public var executable: String?
 
@@ -115,9 +116,9 @@ public final class IsolatedBackendSource: CaptureSource, Sendable {
         do throws(HostError) {
             process = try BackendHostProcess(executable: settings.executable ?? BackendHostProcess.executablePath(),
                                              arguments: [libraryPath, backendName, "\(min(max(settings.slots, 2), Int(WireLimits.maximumSlots)))",
-                                                         "\(max(0, settings.waitMilliseconds))",
+                                                         "\(max(0, Int(settings.frameWait.inMilliseconds.rounded())))",
                                                          [settings.budgets.create, settings.budgets.start, settings.budgets.stop,
-                                                          settings.budgets.destroy, settings.budgets.listSources].map { "\($0)" }.joined(separator: ",")],
+                                                          settings.budgets.destroy, settings.budgets.listSources].map { "\($0.inSeconds)" }.joined(separator: ",")],
                                              socket: theirs.fd)
         } catch {
             mine.close()
@@ -131,7 +132,7 @@ public final class IsolatedBackendSource: CaptureSource, Sendable {
             throw .libraryUnloadable(path: libraryPath, reason: "isolated mode: cannot start a thread")
         }
         state.withLock { $0.reader = thread }
-        let deadline = Date().addingTimeInterval(settings.loadBudget)
+        let deadline = Date().addingTimeInterval(settings.loadBudget.inSeconds)
         let (result, ended) = state.wait(until: deadline, for: { $0.loaded != nil || $0.end != nil }) { state, _ in (state.loaded, state.end) }
         switch result {
         case .ready?: return
@@ -142,7 +143,7 @@ public final class IsolatedBackendSource: CaptureSource, Sendable {
             if ended == nil { process.kill(because: .killedAfterHang("dlopen")) }
             teardown()
             if let ended { throw .backendCrashed(backend: backendName, reason: ended.reason + " while its library was loaded") }
-            throw .backendHung(backend: backendName, call: "dlopen", budgetSeconds: settings.loadBudget)
+            throw .backendHung(backend: backendName, call: "dlopen", budgetSeconds: settings.loadBudget.inSeconds)
         }
     }
 
@@ -256,7 +257,7 @@ public final class IsolatedBackendSource: CaptureSource, Sendable {
 
     /// Sends a command and waits for its reply within `budget`; a child that dies meanwhile is
     /// `.backendCrashed`, one that overruns is killed and `.backendHung`.
-    private func call(_ kind: WireKind, _ message: WireWriter, budget: Double) throws(HostError) -> Reply {
+    private func call(_ kind: WireKind, _ message: WireWriter, budget: Duration) throws(HostError) -> Reply {
         let gone = state.withLock { state -> ChildEnd? in
             if let end = state.end { return end }
             state.awaiting = kind
@@ -265,7 +266,7 @@ public final class IsolatedBackendSource: CaptureSource, Sendable {
         }
         if let gone { throw .backendCrashed(backend: backendName, reason: gone.reason) }
         socket.send(message)   // a dead child shows as its end, read below
-        let (answer, ended, expectingExit) = state.wait(until: Date().addingTimeInterval(budget + settings.grace),
+        let (answer, ended, expectingExit) = state.wait(until: Date().addingTimeInterval((budget + settings.grace).inSeconds),
                                                         for: { $0.reply != nil || $0.end != nil }) { state, _ in
             let answer = state.reply, ended = state.end
             state.awaiting = nil
@@ -283,7 +284,7 @@ public final class IsolatedBackendSource: CaptureSource, Sendable {
             if expectingExit { return Reply(call: kind, ok: true, code: 0, message: "") }
             throw .backendCrashed(backend: backendName, reason: ended.reason + " in \(name)()")
         }
-        throw killHung(name, budgetSeconds: budget)
+        throw killHung(name, budgetSeconds: budget.inSeconds)
     }
 
     /// Kills the child of a call that hung and waits (bounded) for the reader to see it go; the

@@ -8,14 +8,14 @@ import Glibc
 public struct CallBudgets: Sendable, Equatable {
     /// create() may wait for a person at a sharing dialog (the PipeWire backend's own `timeout`
     /// option allows up to 600 s for it), so its budget is long.
-    public var create: Double = 900
+    public var create: Duration = .seconds(900)
     /// start() must return without waiting for a frame.
-    public var start: Double = 5
+    public var start: Duration = .seconds(5)
     /// The header promises 1 s; the host gives up after 2 s (1 s of grace for a loaded machine).
-    public var stop: Double = 2
+    public var stop: Duration = .seconds(2)
     /// Short enough that SIGTERM during a hung destroy() still ends a run within systemd-like grace (stop 2 s + destroy 3 s).
-    public var destroy: Double = 3
-    public var listSources: Double = 30
+    public var destroy: Duration = .seconds(3)
+    public var listSources: Duration = .seconds(30)
 
     public init() {}
     public static let standard = CallBudgets()
@@ -76,9 +76,9 @@ final class BackendCallThread: @unchecked Sendable {
         }
     }
 
-    /// Runs `body` on the thread and waits up to `budget` seconds for it. Returns its value, or nil
+    /// Runs `body` on the thread and waits up to `budget` for it. Returns its value, or nil
     /// when it overran (it goes on running; the thread takes no more work) or the thread is wedged.
-    func call<T>(budget: Double, _ body: @escaping () -> T) -> T? {
+    func call<T>(budget: Duration, _ body: @escaping () -> T) -> T? {
         // No thread (out of threads): run here, without a watchdog, rather than not at all.
         guard started else { return body() }
         let result = CallResult<T>()
@@ -96,7 +96,7 @@ final class BackendCallThread: @unchecked Sendable {
             condition.unlock()
         }
         condition.broadcast()
-        let deadline = Date().addingTimeInterval(budget)
+        let deadline = Date().addingTimeInterval(budget.inSeconds)
         let finished = condition.wait(while: { !result.done }, until: deadline)
         if !finished { wedged = true }
         condition.unlock()

@@ -81,7 +81,7 @@ public final class BackendSource: CaptureSource {
         guard let outcome else {
             context.markDead()
             calls.end()
-            throw .backendHung(backend: backendName, call: "create", budgetSeconds: budgets.create)
+            throw .backendHung(backend: backendName, call: "create", budgetSeconds: budgets.create.inSeconds)
         }
         guard outcome.status == 0, let created = outcome.created else {
             // A failed create() leaves nothing to destroy (also when it returned a value the ABI
@@ -137,7 +137,7 @@ public final class BackendSource: CaptureSource {
         // it); stop() is safe on a source that did not start, so it is called to be sure.
         let stop = library.table.stop!
         if calls.call(budget: budgets.stop, { stop(source) }) == nil {
-            hung = .backendHung(backend: backendName, call: "stop", budgetSeconds: budgets.stop)
+            hung = .backendHung(backend: backendName, call: "stop", budgetSeconds: budgets.stop.inSeconds)
             context.markDead()
             calls.end()
         }
@@ -187,8 +187,8 @@ public final class BackendSource: CaptureSource {
     }
 
     /// Marks the source dead after `call` overran; returns the error every later call throws.
-    private func died(in call: String, budget: Double) -> HostError {
-        let error = HostError.backendHung(backend: backendName, call: call, budgetSeconds: budget)
+    private func died(in call: String, budget: Duration) -> HostError {
+        let error = HostError.backendHung(backend: backendName, call: call, budgetSeconds: budget.inSeconds)
         hung = error
         context.markDead()
         calls.end()
@@ -226,7 +226,7 @@ extension BackendLibrary {
         guard let status else {
             context.markDead()
             calls.end()
-            throw .backendHung(backend: backendName, call: "list_sources", budgetSeconds: budgets.listSources)
+            throw .backendHung(backend: backendName, call: "list_sources", budgetSeconds: budgets.listSources.inSeconds)
         }
         calls.end()
         context.retire()

@@ -612,7 +612,7 @@ public final class TwilioDriver: RoomDriver, Sendable {
         try? socket.send(text: TwilioMessages.bye)
         socket.close(code: 1000, reason: "Normal")
         deliver(event)
-        socket.awaitClose(within: 0.5)
+        socket.awaitClose(within: .milliseconds(500))
     }
 
     /// The socket is gone (closed, silent, broken). Before `connected` the join fails; after it we

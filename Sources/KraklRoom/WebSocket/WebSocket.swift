@@ -226,9 +226,9 @@ public final class WebSocket: Sendable {
     }
 
     /// After `close`, reads until the server's close frame or the end of the stream, at most
-    /// `seconds`; then the connection is invalidated. For callers that have no reader thread.
-    public func awaitClose(within seconds: Double) {
-        let deadline = MonotonicClock.nanoseconds() + UInt64(seconds * 1e9)
+    /// `limit`; then the connection is invalidated. For callers that have no reader thread.
+    public func awaitClose(within limit: Duration) {
+        let deadline = MonotonicClock.nanoseconds() + limit.inNanoseconds
         while true {
             if case .closed = receive(until: deadline) { break }
             if MonotonicClock.nanoseconds() >= deadline { break }

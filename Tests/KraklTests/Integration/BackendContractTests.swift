@@ -46,10 +46,10 @@ struct BackendContractTests {
     /// Small budgets, so a hang costs the test half a second, not the standard seconds.
     static var quickBudgets: CallBudgets {
         var budgets = CallBudgets()
-        budgets.create = 0.5
-        budgets.start = 0.5
-        budgets.stop = 0.5
-        budgets.destroy = 0.5
+        budgets.create = .milliseconds(500)
+        budgets.start = .milliseconds(500)
+        budgets.stop = .milliseconds(500)
+        budgets.destroy = .milliseconds(500)
         return budgets
     }
 
@@ -606,12 +606,12 @@ struct BackendContractTests {
             if behaviour == "hang-stop" {
                 try #require(sharing.wait(timeout: .now() + 20) == .success, "never shared (state \(session.state))")
                 session.stop()
-                reason = session.waitUntilFinished(timeout: 20)
+                reason = session.waitUntilFinished(timeout: .seconds(20))
                 #expect(reason == .userStopped, "\(String(describing: reason))")
                 #expect(lines.all.filter { $0.contains("hung: its stop() did not return within 2 s") && $0.contains("the session left the room") }.count == 1,
                         "\(lines.all)")
             } else {
-                reason = session.waitUntilFinished(timeout: 40)
+                reason = session.waitUntilFinished(timeout: .seconds(40))
                 #expect(reason == .sourceUnavailable(.backendHung(backend: "misbehaving", call: "start", budgetSeconds: 5)),
                         "\(String(describing: reason))")
             }

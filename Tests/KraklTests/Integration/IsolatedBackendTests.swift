@@ -27,7 +27,7 @@ struct IsolatedBackendTests {
     /// No frame is dropped, however slow the test machine: the backend waits for a free buffer.
     var lossless: IsolationSettings {
         var settings = IsolationSettings()
-        settings.waitMilliseconds = 10_000
+        settings.frameWait = .seconds(10)
         return settings
     }
 
@@ -161,7 +161,7 @@ struct IsolatedBackendTests {
         try requireHost()
         let fixture = try Self.misbehaving.get()
         var settings = IsolationSettings()
-        settings.budgets.start = 1
+        settings.budgets.start = .seconds(1)
         let collector = FrameCollector()
         let hangStart = try isolated(fixture, ["misbehave": .string("hang-start")], sink: collector, settings: settings)
         var began = Date()
@@ -176,10 +176,10 @@ struct IsolatedBackendTests {
         try hangStop.start()
         #expect(collector.waitForFrames(3, timeout: 10))
         began = Date()
-        #expect(throws: HostError.backendHung(backend: "test", call: "stop", budgetSeconds: CallBudgets.standard.stop)) { try hangStop.stop() }
+        #expect(throws: HostError.backendHung(backend: "test", call: "stop", budgetSeconds: CallBudgets.standard.stop.inSeconds)) { try hangStop.stop() }
         let took = Date().timeIntervalSince(began)
         // At least the budget waited (the order judged); the upper bound is a hang guard (10x the 2 s budget).
-        #expect(took >= CallBudgets.standard.stop - 0.1 && took < CallBudgets.standard.stop * 10, "stop took \(took) s")
+        #expect(took >= CallBudgets.standard.stop.inSeconds - 0.1 && took < CallBudgets.standard.stop.inSeconds * 10, "stop took \(took) s")
         let frames = collector.frameCount
         try hangStop.destroy()
         #expect(reaped(hangStop.processID))
@@ -192,7 +192,7 @@ struct IsolatedBackendTests {
     @Test func aHungListingIsAHang() throws {
         try requireHost()
         var settings = IsolationSettings()
-        settings.budgets.listSources = 1
+        settings.budgets.listSources = .seconds(1)
         let began = Date()
         #expect(throws: HostError.backendHung(backend: "test", call: "list_sources", budgetSeconds: 1)) {
             _ = try IsolatedBackendSource.listSources(libraryPath: try Self.misbehaving.get(), backendName: "test",

@@ -374,7 +374,7 @@ import Testing
         // The order: leave() returns only after the DELETE was answered, and only then is stop() called
         // and waited out for its budget; so the DELETE precedes the exit by at least that budget (a lower
         // bound: a slow machine only widens it). The old order left the room after the hung stop.
-        let budgetMs = CallBudgets.standard.stop * 1000
+        let budgetMs = CallBudgets.standard.stop.inMilliseconds
         #expect(exitedAt - deletedAt >= budgetMs - 1,
                 "the room was left \(exitedAt - deletedAt) ms before the exit: the hung stop (\(budgetMs) ms budget) was not waited out after leaving")
         // The server closes the peer connection on the DELETE: frames decoded after it (printed) were

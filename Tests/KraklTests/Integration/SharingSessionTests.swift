@@ -63,10 +63,10 @@ import Testing
             let shared = sharing.wait(timeout: .now() + 20) == .success
             #expect(shared, "cycle \(n): never shared (state \(session.state))")
             // A few frames through, then the person stops.
-            _ = session.waitUntilFinished(timeout: 0.3)
+            _ = session.waitUntilFinished(timeout: .milliseconds(300))
             let asked = MonotonicClock.milliseconds()
             session.stop()
-            let reason = session.waitUntilFinished(timeout: 10)
+            let reason = session.waitUntilFinished(timeout: .seconds(10))
             stopMs.append(MonotonicClock.milliseconds() - asked)
             #expect(reason == .userStopped, "cycle \(n): ended \(String(describing: reason))")
             #expect(session.state == .idle)
@@ -114,7 +114,7 @@ import Testing
             let (session, sharing) = Self.session(room: room, registry: registry, identity: identity)
             try session.start()
             try #require(sharing.wait(timeout: .now() + 20) == .success, "never shared (state \(session.state))")
-            _ = session.waitUntilFinished(timeout: 0.5)
+            _ = session.waitUntilFinished(timeout: .milliseconds(500))
             let asked = MonotonicClock.milliseconds()
             switch how {
             case "kick":
@@ -123,7 +123,7 @@ import Testing
             default:
                 _ = try janus.videoroom(["request": "destroy", "room": room, "secret": Self.secret])
             }
-            let reason = session.waitUntilFinished(timeout: 10)
+            let reason = session.waitUntilFinished(timeout: .seconds(10))
             let ms = MonotonicClock.milliseconds() - asked
             if how == "warm-up" {
                 let deadline = Date().addingTimeInterval(10)
