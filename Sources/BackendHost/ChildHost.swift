@@ -123,10 +123,10 @@ final class ChildHost: Sendable {
                 case .start, .stop, .destroy:
                     enqueue(reader.kind, "")
                 default:
-                    _exit(2)
+                    _exit(ChildExit.notTheAgent)
                 }
             } catch {
-                _exit(2)   // the agent speaks this protocol; anything else is not the agent
+                _exit(ChildExit.notTheAgent)   // the agent speaks this protocol; anything else is not the agent
             }
         }
     }

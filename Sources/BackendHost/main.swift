@@ -11,6 +11,12 @@ import Foundation
 import KraklBase
 import KraklCore
 
+/// The child's one exit status of its own: what started it, or what it reads, is not the agent.
+/// (A backend that crashes it ends it by its signal, which the agent reports.)
+enum ChildExit {
+    static let notTheAgent: Int32 = 2
+}
+
 let words = CommandLine.arguments
 let budgetList = words.count == 6 ? words[5].split(separator: ",").compactMap { Double($0) } : []
 guard words.count == 6, let slots = Int(words[3]), (2...Int(WireLimits.maximumSlots)).contains(slots),
@@ -18,7 +24,7 @@ guard words.count == 6, let slots = Int(words[3]), (2...Int(WireLimits.maximumSl
       budgetList.count == 5, budgetList.allSatisfy({ $0 > 0 && $0 <= 3600 }),
       fcntl(3, F_GETFD) >= 0 else {
     StandardStream.error("krakl-backend-host: started by krakl-agent in isolated mode only (see krakl-agent --help, --isolate)\n")
-    exit(2)
+    exit(ChildExit.notTheAgent)
 }
 // The agent's descriptors other than stdio and the socket stay out of the backend's reach.
 krakl_close_from(4)

@@ -35,6 +35,15 @@ usage: krakl-rtc-probe [--address IP]... [--allow-loopback] [--no-ipv6] [--stun 
                        [--media-at-connect (capture and encoding start when ICE+DTLS are up, not at the answer)]
 """
 
+/// The probe's exit statuses (the comment at the top says when each comes).
+enum ProbeExit {
+    static let ranToTheEnd: Int32 = 0
+    static let badUsageOrAnswer: Int32 = 2
+    static let connectFailed: Int32 = 3
+    static let connectionLost: Int32 = 4
+    static let captureOrEncoderFailed: Int32 = 5
+}
+
 func fail(_ message: String, status: Int32) -> Never {
     StandardStream.error("krakl-rtc-probe: \(message)\n")
     exit(status)
@@ -69,12 +78,12 @@ var iceServers: [IceServer] = []
 do {
     var arguments = Array(CommandLine.arguments.dropFirst())
     func value(_ flag: String) -> String {
-        guard !arguments.isEmpty else { fail("\(flag) needs a value\n\(usage)", status: 2) }
+        guard !arguments.isEmpty else { fail("\(flag) needs a value\n\(usage)", status: ProbeExit.badUsageOrAnswer) }
         return arguments.removeFirst()
     }
     func number(_ flag: String) -> Double {
         let text = value(flag)
-        guard let n = Double(text), n >= 0 else { fail("\(flag) \(text) is not a non-negative number", status: 2) }
+        guard let n = Double(text), n >= 0 else { fail("\(flag) \(text) is not a non-negative number", status: ProbeExit.badUsageOrAnswer) }
         return n
     }
     while !arguments.isEmpty {
@@ -82,7 +91,7 @@ do {
         switch flag {
         case "--address":
             let text = value(flag)
-            guard let ip = IPAddress(text) else { fail("--address \(text) is not an IP address", status: 2) }
+            guard let ip = IPAddress(text) else { fail("--address \(text) is not an IP address", status: ProbeExit.badUsageOrAnswer) }
             allowed.append(ip)
         case "--allow-loopback": configuration.addresses.includeLoopback = true
         case "--no-ipv6": configuration.addresses.includeIPv6 = false
@@ -90,7 +99,7 @@ do {
             let text = value(flag)
             guard let colon = text.lastIndex(of: ":"), let port = UInt16(text[text.index(after: colon)...]),
                   let ip = IPAddress(String(text[..<colon]).trimmingCharacters(in: CharacterSet(charactersIn: "[]"))) else {
-                fail("--stun \(text) is not IP:PORT", status: 2)
+                fail("--stun \(text) is not IP:PORT", status: ProbeExit.badUsageOrAnswer)
             }
             configuration.stunServers.append(TransportAddress(ip: ip, port: port))
         case "--turn":
@@ -99,7 +108,7 @@ do {
             let parts = text.split(separator: ",", maxSplits: 2, omittingEmptySubsequences: false).map(String.init)
             guard parts.count == 3, let colon = parts[0].lastIndex(of: ":"), let port = UInt16(parts[0][parts[0].index(after: colon)...]),
                   let ip = IPAddress(String(parts[0][..<colon]).trimmingCharacters(in: CharacterSet(charactersIn: "[]"))) else {
-                fail("--turn wants IP:PORT,USER,PASSWORD", status: 2)
+                fail("--turn wants IP:PORT,USER,PASSWORD", status: ProbeExit.badUsageOrAnswer)
             }
             configuration.turnServers.append(TurnServer(address: TransportAddress(ip: ip, port: port), username: parts[1], password: parts[2]))
         case "--ice-server":
@@ -114,7 +123,7 @@ do {
         case "--backend": backendName = value(flag)
         case "--plugins": pluginsPath = value(flag)
         case "--option":
-            do throws(HostError) { options.append(try parseOptionAssignment(value(flag))) } catch { fail("\(error)", status: 2) }
+            do throws(HostError) { options.append(try parseOptionAssignment(value(flag))) } catch { fail("\(error)", status: ProbeExit.badUsageOrAnswer) }
         case "--bitrate":
             encoderSettings.bitrateKbps = Int(number(flag))
             configuration.startBitrate = Double(encoderSettings.bitrateKbps) * 1000
@@ -123,7 +132,7 @@ do {
         case "--fps": encoderSettings.maximumFps = number(flag)
         case "--max-size":
             let parts = value(flag).split(separator: "x").compactMap { Int($0) }
-            guard parts.count == 2 else { fail("--max-size needs WxH", status: 2) }
+            guard parts.count == 2 else { fail("--max-size needs WxH", status: ProbeExit.badUsageOrAnswer) }
             encoderSettings.maximumSize = (parts[0], parts[1])
         case "--dump-input": dumpInput = value(flag)
         case "--vp9-first": configuration.codecs = [.vp9, .vp8]
@@ -135,7 +144,7 @@ do {
             print(usage)
             exit(0)
         default:
-            fail("unknown argument \(flag)\n\(usage)", status: 2)
+            fail("unknown argument \(flag)\n\(usage)", status: ProbeExit.badUsageOrAnswer)
         }
     }
 }
@@ -198,20 +207,20 @@ final class EventLog: Sendable {
             case .connectionLost(let reason):
                 object["event"] = "connection_lost"
                 object["reason"] = reason
-                if log.ended == nil { log.ended = (4, "connection lost: \(reason)") }
+                if log.ended == nil { log.ended = (ProbeExit.connectionLost, "connection lost: \(reason)") }
             case .remoteClosed:
                 object["event"] = "remote_closed"
-                if log.ended == nil { log.ended = (0, "the peer closed the connection (DTLS close_notify)") }
+                if log.ended == nil { log.ended = (ProbeExit.ranToTheEnd, "the peer closed the connection (DTLS close_notify)") }
             case .remoteBye(let reason):
                 object["event"] = "remote_bye"
                 object["reason"] = reason
-                if log.ended == nil { log.ended = (0, "the peer ended the session (RTCP BYE\(reason.map { ": \($0)" } ?? ""))") }
+                if log.ended == nil { log.ended = (ProbeExit.ranToTheEnd, "the peer ended the session (RTCP BYE\(reason.map { ": \($0)" } ?? ""))") }
             case .failed(let reason), .relayRefused(_, let reason):
                 // A relay's refusal is a failure to connect for the probe (3); its kind is in the event.
                 object["event"] = "failed"
                 object["reason"] = reason
                 if case .relayRefused(let refusal, _) = event { object["relay_refused"] = refusal.rawValue }
-                if log.ended == nil { log.ended = (log.connected ? 4 : 3, "failed: \(reason)") }
+                if log.ended == nil { log.ended = (log.connected ? ProbeExit.connectionLost : ProbeExit.connectFailed, "failed: \(reason)") }
             case .localCandidate(let candidate):
                 object["event"] = "local_candidate"
                 object["candidate"] = candidate.sdpValue
@@ -239,8 +248,8 @@ let session = SharingSession(configuration: sessionConfiguration, driver: StdioS
 session.onPublisherEvent = { log.record($0) }
 let sharing = DispatchSemaphore(value: 0)
 session.onStateChange = { state in if state == .sharing { sharing.signal() } }
-do { try KraklRTC.prepare() } catch { fail("the WebRTC stack cannot start: \(error)", status: 3) }
-do { try session.start() } catch { fail("cannot start the session: \(error)", status: 5) }
+do { try KraklRTC.prepare() } catch { fail("the WebRTC stack cannot start: \(error)", status: ProbeExit.connectFailed) }
+do { try session.start() } catch { fail("cannot start the session: \(error)", status: ProbeExit.captureOrEncoderFailed) }
 
 // MARK: run --seconds after connecting, with a status line a second
 
@@ -268,23 +277,23 @@ let reason = session.waitUntilFinished(timeout: .seconds(30)) ?? .failure("the s
 
 // MARK: the final report
 
-/// Exit status: 0 ran to the end (or the peer closed), 2 bad answer, 3 failed to connect, 4 connection lost, 5 capture or encoder.
+/// The exit status (`ProbeExit`) and the result in words.
 @MainActor func outcome(_ reason: EndReason) -> (status: Int32, result: String) {
     let (ended, connected) = log.state.withLock { ($0.ended, $0.connected) }
     if let ended, !timeUp.load(ordering: .relaxed) { return (ended.status, ended.reason) }
     switch reason {
-    case .userStopped: return (0, "ran \(seconds) s")
-    case .joinRefused(let error): return (2, "the answer is not usable: \(error)")
-    case .connectionLost(let words), .relayRefused(_, let words): return (connected ? 4 : 3, words)
-    case .roomEnded(let words), .replaced(let words): return (0, words)
-    case .sourceUnavailable(let error): return (5, "capture set-up failed: \(error)")
-    case .sourceEnded(let words): return (5, "the source ended: \(words)")
-    case .tokenExpired(let words), .failure(let words): return (5, words)
+    case .userStopped: return (ProbeExit.ranToTheEnd, "ran \(seconds) s")
+    case .joinRefused(let error): return (ProbeExit.badUsageOrAnswer, "the answer is not usable: \(error)")
+    case .connectionLost(let words), .relayRefused(_, let words): return (connected ? ProbeExit.connectionLost : ProbeExit.connectFailed, words)
+    case .roomEnded(let words), .replaced(let words): return (ProbeExit.ranToTheEnd, words)
+    case .sourceUnavailable(let error): return (ProbeExit.captureOrEncoderFailed, "capture set-up failed: \(error)")
+    case .sourceEnded(let words): return (ProbeExit.captureOrEncoderFailed, "the source ended: \(words)")
+    case .tokenExpired(let words), .failure(let words): return (ProbeExit.captureOrEncoderFailed, words)
     }
 }
 
 let (status, result) = outcome(reason)
-if status == 2 || status == 3 { StandardStream.error("krakl-rtc-probe: \(result)\n") }
+if status == ProbeExit.badUsageOrAnswer || status == ProbeExit.connectFailed { StandardStream.error("krakl-rtc-probe: \(result)\n") }
 let totals = session.totals
 var report: [String: Any] = ["result": result, "status": Int(status), "stats": totals.rtc?.dictionary ?? [:]]
 report["events"] = log.state.withLock { $0.events }
