@@ -17,7 +17,7 @@ public final class Certificate {
     /// Generates the key (EVP_PKEY_generate over "EC"/"P-256") and the
     /// certificate (X509_sign with SHA-256; random 64-bit serial; valid from
     /// one day ago, for peers with a clock behind ours, to `validDays` ahead).
-    public init(validDays: Int = 30) throws {
+    public init(validDays: Int = 30) throws(DtlsError) {
         OpenSSLErrors.clear()
         var random = [UInt8](repeating: 0, count: 16)
         guard RAND_bytes(&random, Int32(random.count)) == 1 else {
@@ -31,7 +31,7 @@ public final class Certificate {
             EVP_PKEY_free(key)
             throw DtlsError.setup(OpenSSLErrors.describe("X509_new failed"))
         }
-        do {
+        do throws(DtlsError) {
             try Certificate.fill(x509, key: key, commonName: commonName, serial: Array(random[8..<16]), validDays: validDays)
             fingerprint = try Certificate.sha256(of: x509)
         } catch {
@@ -58,7 +58,7 @@ public final class Certificate {
     }
 
     /// The sha-256 fingerprint of a DER-encoded certificate (X509_digest).
-    static func sha256(of x509: OpaquePointer) throws -> CertificateFingerprint {
+    static func sha256(of x509: OpaquePointer) throws(DtlsError) -> CertificateFingerprint {
         var digest = [UInt8](repeating: 0, count: Int(EVP_MAX_MD_SIZE))
         var length: UInt32 = 0
         guard X509_digest(x509, EVP_sha256(), &digest, &length) == 1 else {
@@ -83,8 +83,8 @@ public final class Certificate {
         return key
     }
 
-    private static func fill(_ x509: OpaquePointer, key: OpaquePointer, commonName: String, serial: [UInt8], validDays: Int) throws {
-        func check(_ ok: Bool, _ what: String) throws {
+    private static func fill(_ x509: OpaquePointer, key: OpaquePointer, commonName: String, serial: [UInt8], validDays: Int) throws(DtlsError) {
+        func check(_ ok: Bool, _ what: String) throws(DtlsError) {
             if !ok { throw DtlsError.setup(OpenSSLErrors.describe("certificate: \(what) failed")) }
         }
         try check(X509_set_version(x509, 2) == 1, "X509_set_version")  // 2 = X.509 v3

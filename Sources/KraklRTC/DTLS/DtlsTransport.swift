@@ -96,7 +96,7 @@ public final class DtlsTransport {
     /// required, use_srtp with `profiles` in preference order) and an SSL
     /// over two memory BIOs.
     public init(role: DtlsRole, certificate: Certificate, expectedFingerprint: CertificateFingerprint,
-                mtu: Int = 1200, profiles: [SrtpProfile] = SrtpProfile.offered) throws {
+                mtu: Int = 1200, profiles: [SrtpProfile] = SrtpProfile.offered) throws(DtlsError) {
         precondition(mtu >= 256 && mtu <= 65_507, "DTLS MTU out of range")
         precondition(!profiles.isEmpty, "at least one SRTP profile")
         self.role = role

@@ -8,7 +8,7 @@ enum SrtpLibrary {
     /// A global's lazy initialiser runs once, thread-safely.
     private static let status: srtp_err_status_t = srtp_init()
 
-    static func initialise() throws {
+    static func initialise() throws(SrtpError) {
         guard status == srtp_err_status_ok else { throw SrtpError.setup("srtp_init: \(SrtpError.name(of: status))") }
     }
 }
@@ -53,7 +53,7 @@ public final class SrtpSession {
     /// are still accepted; 1024 tolerates the reordering that NACK
     /// retransmissions cause. Outbound sessions allow re-protecting a sequence
     /// number (allow_repeat_tx) so a NACKed packet can be sent again as it was.
-    public init(profile: SrtpProfile, key: [UInt8], salt: [UInt8], direction: Direction, replayWindow: Int = 1024) throws {
+    public init(profile: SrtpProfile, key: [UInt8], salt: [UInt8], direction: Direction, replayWindow: Int = 1024) throws(SrtpError) {
         try SrtpLibrary.initialise()
         guard key.count == profile.keyLength, salt.count == profile.saltLength else {
             throw SrtpError.setup("\(profile.opensslName) needs a \(profile.keyLength)-byte key and \(profile.saltLength)-byte salt, got \(key.count) and \(salt.count)")
@@ -92,12 +92,12 @@ public final class SrtpSession {
     }
 
     /// The session that protects what we send, from a DTLS-SRTP handshake's keys.
-    public convenience init(sending keys: DtlsSrtpKeys) throws {
+    public convenience init(sending keys: DtlsSrtpKeys) throws(SrtpError) {
         try self.init(profile: keys.profile, key: keys.localKey, salt: keys.localSalt, direction: .outbound)
     }
 
     /// The session that unprotects what the peer sends, from a DTLS-SRTP handshake's keys.
-    public convenience init(receiving keys: DtlsSrtpKeys) throws {
+    public convenience init(receiving keys: DtlsSrtpKeys) throws(SrtpError) {
         try self.init(profile: keys.profile, key: keys.remoteKey, salt: keys.remoteSalt, direction: .inbound)
     }
 
@@ -111,7 +111,7 @@ public final class SrtpSession {
 
     /// An RTP packet → SRTP (srtp_protect). Throws only for a packet that is
     /// not RTP or for a libsrtp failure, which on an outbound session means a bug.
-    public func protect(rtp packet: [UInt8]) throws -> [UInt8] {
+    public func protect(rtp packet: [UInt8]) throws(SrtpError) -> [UInt8] {
         precondition(direction == .outbound, "protect on an inbound SRTP session")
         if let problem = SrtpSession.rtpProblem(packet) { throw SrtpError.malformed(problem) }
         let result = try run(packet, grow: true) { session, pointer, length in srtp_protect(session, pointer, length) }
@@ -120,7 +120,7 @@ public final class SrtpSession {
     }
 
     /// An RTCP compound packet → SRTCP (srtp_protect_rtcp, adds the index and tag).
-    public func protect(rtcp packet: [UInt8]) throws -> [UInt8] {
+    public func protect(rtcp packet: [UInt8]) throws(SrtpError) -> [UInt8] {
         precondition(direction == .outbound, "protect on an inbound SRTP session")
         if let problem = SrtpSession.rtcpProblem(packet) { throw SrtpError.malformed(problem) }
         let result = try run(packet, grow: true) { session, pointer, length in srtp_protect_rtcp(session, pointer, length) }
@@ -133,14 +133,12 @@ public final class SrtpSession {
     public func unprotect(srtp packet: [UInt8]) -> [UInt8]? {
         precondition(direction == .inbound, "unprotect on an outbound SRTP session")
         if let problem = SrtpSession.rtpProblem(packet) { return drop(.malformed(problem)) }
-        do {
+        do throws(SrtpError) {
             let result = try run(packet, grow: false) { session, pointer, length in srtp_unprotect(session, pointer, length) }
             lock.lock(); counts.rtpUnprotected += 1; lock.unlock()
             return result
-        } catch let error as SrtpError {
-            return drop(error)
         } catch {
-            return drop(.library("\(error)"))
+            return drop(error)
         }
     }
 
@@ -148,14 +146,12 @@ public final class SrtpSession {
     public func unprotect(srtcp packet: [UInt8]) -> [UInt8]? {
         precondition(direction == .inbound, "unprotect on an outbound SRTP session")
         if let problem = SrtpSession.rtcpProblem(packet) { return drop(.malformed(problem)) }
-        do {
+        do throws(SrtpError) {
             let result = try run(packet, grow: false) { session, pointer, length in srtp_unprotect_rtcp(session, pointer, length) }
             lock.lock(); counts.rtcpUnprotected += 1; lock.unlock()
             return result
-        } catch let error as SrtpError {
-            return drop(error)
         } catch {
-            return drop(.library("\(error)"))
+            return drop(error)
         }
     }
 
@@ -164,7 +160,7 @@ public final class SrtpSession {
     /// Copies the packet into a buffer with room for libsrtp's trailer, runs
     /// `call` on it under the lock, and returns the bytes it left.
     private func run(_ packet: [UInt8], grow: Bool,
-                     _ call: (srtp_t, UnsafeMutableRawPointer, UnsafeMutablePointer<Int32>) -> srtp_err_status_t) throws -> [UInt8] {
+                     _ call: (srtp_t, UnsafeMutableRawPointer, UnsafeMutablePointer<Int32>) -> srtp_err_status_t) throws(SrtpError) -> [UInt8] {
         var buffer = packet
         buffer.append(contentsOf: repeatElement(0, count: grow ? SrtpSession.trailerRoom : 0))
         var length = Int32(packet.count)

@@ -118,8 +118,8 @@ public enum StunAttribute: Equatable, Sendable {
     }
 
     /// Reads one attribute's value; `type` and `value` come from the attribute header.
-    static func decode(type: UInt16, value: [UInt8], transactionID: [UInt8]) throws -> StunAttribute {
-        func need(_ n: Int, exact: Bool = true) throws {
+    static func decode(type: UInt16, value: [UInt8], transactionID: [UInt8]) throws(StunError) -> StunAttribute {
+        func need(_ n: Int, exact: Bool = true) throws(StunError) {
             if exact ? value.count != n : value.count < n {
                 throw StunError.badAttribute(type: type, "\(value.count) bytes where \(exact ? "" : "at least ")\(n) are required")
             }
@@ -187,7 +187,7 @@ public enum StunAttribute: Equatable, Sendable {
 
     private static func cookieAndID(_ transactionID: [UInt8]) -> [UInt8] { StunMessage.cookieBytes + transactionID }
 
-    private static func utf8(_ value: [UInt8], type: UInt16) throws -> String {
+    private static func utf8(_ value: [UInt8], type: UInt16) throws(StunError) -> String {
         guard let s = String(validating: value, as: UTF8.self) else {
             throw StunError.badAttribute(type: type, "value is not UTF-8")
         }
@@ -204,7 +204,7 @@ public enum StunAttribute: Equatable, Sendable {
         for (i, b) in ip.enumerated() { v.append(mask.map { b ^ $0[i] } ?? b) }
     }
 
-    private static func readAddress(_ v: [UInt8], type: UInt16, xorWith mask: [UInt8]?) throws -> TransportAddress {
+    private static func readAddress(_ v: [UInt8], type: UInt16, xorWith mask: [UInt8]?) throws(StunError) -> TransportAddress {
         guard v.count >= 4 else { throw StunError.badAttribute(type: type, "address shorter than 4 bytes") }
         let length: Int
         switch v[1] {

@@ -135,7 +135,7 @@ public struct StunMessage: Equatable, Sendable {
     /// Parses a datagram. Checks the header, the length, every attribute's bounds and that
     /// FINGERPRINT comes last; it does not check integrity or fingerprint values (call the
     /// `validate…` functions, which need the key).
-    public init(parsing datagram: [UInt8]) throws {
+    public init(parsing datagram: [UInt8]) throws(StunError) {
         let h = Self.headerSize
         guard datagram.count >= h else { throw StunError.truncated(needed: h, got: datagram.count) }
         guard datagram[0] & 0xC0 == 0 else { throw StunError.notStun("first two bits are not zero") }
@@ -179,7 +179,7 @@ public struct StunMessage: Equatable, Sendable {
     }
 
     /// Checks MESSAGE-INTEGRITY against `key` (see `shortTermKey`). Throws when it is missing or wrong.
-    public func validateIntegrity(key: [UInt8]) throws {
+    public func validateIntegrity(key: [UInt8]) throws(StunError) {
         guard let bytes = received, let at = integrityOffset else { throw StunError.missingMessageIntegrity }
         var covered = Array(bytes[0..<at])
         covered.putBE16(UInt16(at - Self.headerSize + 24), at: 2)
@@ -191,7 +191,7 @@ public struct StunMessage: Equatable, Sendable {
     }
 
     /// Checks FINGERPRINT (CRC-32 of everything before it, xor 0x5354554E). Throws when missing or wrong.
-    public func validateFingerprint() throws {
+    public func validateFingerprint() throws(StunError) {
         guard let bytes = received, let at = fingerprintOffset else { throw StunError.missingFingerprint }
         let expected = Crc32.checksum(bytes[0..<at]) ^ 0x5354_554E
         let found = bytes.be32(at: at + 4)

@@ -130,8 +130,8 @@ public struct TurnConfiguration: Sendable {
     public var maximumRto: Duration = .seconds(2)
     /// Transmissions of one request before it times out (0.25+0.5+1+2+2+2 s ≈ 8 s with the defaults).
     public var maximumTransmissions = 6
-    /// The allocation lifetime to ask for (RFC 8656 §7.2: the server may shorten it).
-    public var requestedLifetime: UInt32 = 600
+    /// The allocation lifetime to ask for (RFC 8656 §7.2: the server may shorten it); sent in whole seconds.
+    public var requestedLifetime: Duration = .seconds(600)
     /// Permissions last 300 s and channel bindings 600 s (RFC 8656 §9, §12); renewed this long before.
     public var renewalMargin: Duration = .seconds(60)
     /// 438 retries allowed in a row for one request.
@@ -299,7 +299,7 @@ public final class TurnClient {
         guard state == .allocated else { return }
         if let due = refreshAt, due <= now {
             refreshAt = nil
-            request(.refresh(lifetime: configuration.requestedLifetime), now: now)
+            request(.refresh(lifetime: requestedLifetimeSeconds), now: now)
         }
         for (ip, permission) in permissions where permission.installed && !permission.pending && permission.refreshAt <= now {
             permissions[ip]?.pending = true
@@ -504,13 +504,16 @@ public final class TurnClient {
     /// Refreshes a minute before the granted lifetime ends, or halfway through a short one.
     private func scheduleRefresh(_ response: StunMessage, now: UInt64) {
         if case .lifetime(let seconds)? = response.attribute(StunAttribute.Code.lifetime) { lifetime = seconds } else if lifetime == 0 {
-            lifetime = configuration.requestedLifetime
+            lifetime = requestedLifetimeSeconds
         }
         let total = Self.seconds(UInt64(lifetime))
         refreshAt = now + (total > 2 * configuration.renewalMargin.inNanoseconds ? total - configuration.renewalMargin.inNanoseconds : total / 2)
     }
 
     private static func seconds(_ s: UInt64) -> UInt64 { s * 1_000_000_000 }
+
+    /// `requestedLifetime` as the LIFETIME attribute carries it: whole seconds.
+    private var requestedLifetimeSeconds: UInt32 { UInt32(clamping: configuration.requestedLifetime.components.seconds) }
 
     /// The stream to the server (TURN over TCP or TLS) failed or closed, or (over UDP) the server's
     /// port is unreachable (ICMP): the allocation is lost with it.
@@ -604,7 +607,7 @@ public final class TurnClient {
         var attributes: [StunAttribute]
         switch kind {
         case .allocate:
-            attributes = [.requestedTransport(17), .lifetime(configuration.requestedLifetime)]
+            attributes = [.requestedTransport(17), .lifetime(requestedLifetimeSeconds)]
         case .refresh(let seconds):
             attributes = [.lifetime(seconds)]
         case .createPermission(let ip):

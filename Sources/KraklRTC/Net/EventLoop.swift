@@ -42,7 +42,7 @@ public final class EventLoop: @unchecked Sendable {
     private let finished = DispatchSemaphore(value: 0)
 
     /// Creates the wake-up pipe; the thread starts with `start()`.
-    public init(name: String = "krakl-net") throws {
+    public init(name: String = "krakl-net") throws(NetworkError) {
         var ends: [Int32] = [-1, -1]
         guard pipe(&ends) == 0 else { throw NetworkError.socket("pipe: \(String(cString: strerror(errno)))") }
         for fd in ends {

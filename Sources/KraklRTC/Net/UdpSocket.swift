@@ -27,7 +27,7 @@ public final class UdpSocket {
     /// With `reportsErrors` the kernel queues the ICMP errors our datagrams caused (IP_RECVERR): an
     /// unconnected socket hears of them no other way. The owner must then drain `receiveError()`
     /// whenever the socket polls ready (a queued error keeps it ready).
-    public init(bindTo ip: IPAddress, port: UInt16 = 0, reportsErrors: Bool = false) throws {
+    public init(bindTo ip: IPAddress, port: UInt16 = 0, reportsErrors: Bool = false) throws(NetworkError) {
         let family = ip.isIPv6 ? AF_INET6 : AF_INET
         let fd = socket(family, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
         guard fd >= 0 else { throw NetworkError.socket("socket(): \(String(cString: strerror(errno)))") }

@@ -1,3 +1,5 @@
+import KraklBase
+
 /// Frames encoded while ICE and DTLS are still connecting, kept so that the first picture does not
 /// wait for an encode that starts only once the transport is up.
 ///
@@ -9,16 +11,16 @@
 ///
 /// Bounds: a chain is kept at most `maximumFrames` frames and `maximumBytes` bytes (past either, it is
 /// given up and the transport's start asks for a keyframe, as without this), and a chain whose
-/// keyframe was captured more than `maximumAge` ns before the connection is stale: a screen shown that
+/// keyframe was captured more than `maximumAge` before the connection is stale: a screen shown that
 /// late is worse than a fresh keyframe. Pure state: the publisher's network thread owns it.
 public struct EarlyFrames: Sendable {
     public let maximumFrames: Int
     public let maximumBytes: Int
-    public let maximumAge: UInt64
+    public let maximumAge: Duration
     private var chain: [OutgoingVideoFrame] = []
     private var bytes = 0
 
-    public init(maximumFrames: Int = 60, maximumBytes: Int = 4 << 20, maximumAge: UInt64 = 1_000_000_000) {
+    public init(maximumFrames: Int = 60, maximumBytes: Int = 4 << 20, maximumAge: Duration = .seconds(1)) {
         self.maximumFrames = maximumFrames
         self.maximumBytes = maximumBytes
         self.maximumAge = maximumAge
@@ -54,7 +56,7 @@ public struct EarlyFrames: Sendable {
     public mutating func take(now: UInt64) -> (chain: [OutgoingVideoFrame], discarded: Int) {
         defer { clear() }
         guard let keyframe = chain.first else { return ([], 0) }
-        if keyframe.captureNs < now, now - keyframe.captureNs > maximumAge { return ([], chain.count) }
+        if keyframe.captureNs < now, now - keyframe.captureNs > maximumAge.inNanoseconds { return ([], chain.count) }
         return (chain, 0)
     }
 

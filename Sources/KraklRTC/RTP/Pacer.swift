@@ -1,3 +1,5 @@
+import KraklBase
+
 /// A leaky-bucket pacer (in the spirit of libwebrtc's): packets leave at
 /// most at `rate` bits per second with a small burst allowance, so a
 /// 100 kB keyframe spreads over ~100 ms at 2.5 Mbit/s × 2.5 instead of
@@ -33,7 +35,7 @@ public struct Pacer: Sendable {
     /// How many packets may wait (media and retransmissions together).
     public let capacity: Int
     /// How long of a burst the bucket may save up while idle.
-    public let burstNanoseconds: UInt64
+    public let burst: Duration
 
     private var media = RingQueue<Item>()
     private var retransmissions = RingQueue<Item>()
@@ -42,11 +44,11 @@ public struct Pacer: Sendable {
     private var lastUpdate: UInt64?
     public private(set) var droppedPackets = 0
 
-    public init(rate: Double, capacity: Int = 2048, burstNanoseconds: UInt64 = 5_000_000) {
+    public init(rate: Double, capacity: Int = 2048, burst: Duration = .milliseconds(5)) {
         precondition(rate > 0 && capacity > 0, "pacing needs a positive rate and capacity")
         self.rate = rate
         self.capacity = capacity
-        self.burstNanoseconds = burstNanoseconds
+        self.burst = burst
     }
 
     public var count: Int { media.count + retransmissions.count }
@@ -111,7 +113,7 @@ public struct Pacer: Sendable {
     private mutating func refill(_ now: UInt64) {
         defer { lastUpdate = now }
         guard let last = lastUpdate, now > last else { return }
-        let maximum = rate / 8 * Double(burstNanoseconds) / 1e9
+        let maximum = rate / 8 * Double(burst.inNanoseconds) / 1e9
         budget = min(maximum, budget + rate / 8 * Double(now - last) / 1e9)
     }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import KraklBase
 
 /// The range of delay a receiver may hold a frame before rendering it, as the playout-delay header
 /// extension carries it (http://www.webrtc.org/experiments/rtp-hdrext/playout-delay: two 12-bit
@@ -15,12 +16,12 @@ public struct PlayoutDelay: Sendable, Equatable {
     /// Render each frame as soon as it is decoded (no smoothing).
     public static let immediate = PlayoutDelay(uncheckedMinimum: 0, maximum: 0)
 
-    /// - Parameters: milliseconds, rounded down to 10 ms.
-    /// - Returns: nil when `minimumMilliseconds` > `maximumMilliseconds` or either is above 40 950.
-    public init?(minimumMilliseconds: Int, maximumMilliseconds: Int) {
-        guard (0...40_950).contains(minimumMilliseconds), (0...40_950).contains(maximumMilliseconds),
-              minimumMilliseconds <= maximumMilliseconds else { return nil }
-        self.init(uncheckedMinimum: UInt16(minimumMilliseconds / 10), maximum: UInt16(maximumMilliseconds / 10))
+    /// - Parameters: each rounded down to 10 ms.
+    /// - Returns: nil when `minimum` > `maximum`, either is negative or either is above 40.95 s.
+    public init?(minimum: Duration, maximum: Duration) {
+        let carried = Duration.zero ... .milliseconds(40_950)
+        guard carried.contains(minimum), carried.contains(maximum), minimum <= maximum else { return nil }
+        self.init(uncheckedMinimum: UInt16(minimum.inNanoseconds / 10_000_000), maximum: UInt16(maximum.inNanoseconds / 10_000_000))
     }
 
     private init(uncheckedMinimum: UInt16, maximum: UInt16) {
@@ -36,7 +37,7 @@ public struct PlayoutDelay: Sendable, Equatable {
         if text == "off" { return (nil, nil) }
         let parts = text.split(separator: ",", omittingEmptySubsequences: false).map { Int($0.trimmingCharacters(in: .whitespaces)) }
         guard parts.count == 2, let low = parts[0], let high = parts[1],
-              let delay = PlayoutDelay(minimumMilliseconds: low, maximumMilliseconds: high) else {
+              let delay = PlayoutDelay(minimum: .milliseconds(low), maximum: .milliseconds(high)) else {
             return (.immediate, "\"\(text.prefix(40))\" is not off or MIN,MAX milliseconds (0 <= MIN <= MAX <= 40950); using 0,0")
         }
         return (delay, nil)

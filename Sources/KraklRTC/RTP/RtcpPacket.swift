@@ -128,7 +128,7 @@ public enum RtcpPacket: Equatable, Sendable {
     }
 
     /// Reads every packet of a compound datagram. Throws on the first malformed one.
-    public static func parseCompound(_ bytes: [UInt8]) throws -> [RtcpPacket] {
+    public static func parseCompound(_ bytes: [UInt8]) throws(RtcpError) -> [RtcpPacket] {
         guard bytes.count >= 4 else { throw RtcpError.truncated("\(bytes.count) bytes, a header needs 4") }
         var packets: [RtcpPacket] = []
         var offset = 0
@@ -154,9 +154,9 @@ public enum RtcpPacket: Equatable, Sendable {
         return packets
     }
 
-    static func parseOne(_ p: [UInt8]) throws -> RtcpPacket {
+    static func parseOne(_ p: [UInt8]) throws(RtcpError) -> RtcpPacket {
         let count = p[0] & 0x1F, type = p[1]
-        func need(_ n: Int, _ what: String) throws {
+        func need(_ n: Int, _ what: String) throws(RtcpError) {
             guard p.count >= n else { throw RtcpError.truncated("\(what) needs \(n) bytes, has \(p.count)") }
         }
         switch type {
@@ -235,7 +235,7 @@ public enum RtcpPacket: Equatable, Sendable {
         }
     }
 
-    private static func sdesChunks(_ p: [UInt8], count: Int) throws -> [(ssrc: UInt32, cname: String?)] {
+    private static func sdesChunks(_ p: [UInt8], count: Int) throws(RtcpError) -> [(ssrc: UInt32, cname: String?)] {
         var chunks: [(ssrc: UInt32, cname: String?)] = []
         var at = 4
         for _ in 0..<count {

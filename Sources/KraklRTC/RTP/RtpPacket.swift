@@ -127,7 +127,7 @@ public struct RtpPacket: Equatable, Sendable {
 
     /// Reads a packet. One-byte (0xBEDE) and two-byte (0x100X) extension elements both land in
     /// `extensions`; other extension profiles are skipped.
-    public init(parsing bytes: [UInt8]) throws {
+    public init(parsing bytes: [UInt8]) throws(RtpError) {
         guard bytes.count >= 12 else { throw RtpError.truncated("\(bytes.count) bytes, a header needs 12") }
         let version = bytes[0] >> 6
         guard version == 2 else { throw RtpError.badVersion(version) }
@@ -165,7 +165,7 @@ public struct RtpPacket: Equatable, Sendable {
         payload = Array(bytes[offset..<end])
     }
 
-    private static func readElements(_ bytes: [UInt8], from start: Int, to end: Int, oneByte: Bool) throws -> [RtpHeaderExtension] {
+    private static func readElements(_ bytes: [UInt8], from start: Int, to end: Int, oneByte: Bool) throws(RtpError) -> [RtpHeaderExtension] {
         var result: [RtpHeaderExtension] = []
         var i = start
         while i < end {

@@ -25,7 +25,7 @@ public struct RtxPacketizer: Sendable {
     }
 
     /// The original sequence number and payload inside an RTX packet (the receiving side of §4).
-    public static func unwrap(_ rtx: RtpPacket) throws -> (originalSequenceNumber: UInt16, payload: [UInt8]) {
+    public static func unwrap(_ rtx: RtpPacket) throws(RtpError) -> (originalSequenceNumber: UInt16, payload: [UInt8]) {
         guard rtx.payload.count >= 2 else { throw RtpError.badPayload("RTX payload shorter than its 2-byte OSN") }
         return (rtx.payload.be16(at: 0), Array(rtx.payload.dropFirst(2)))
     }

@@ -1,3 +1,5 @@
+import KraklBase
+
 /// The session's first keyframe sent as a probe of the path, so that the first picture does not wait
 /// for a guessed start rate.
 ///
@@ -6,7 +8,7 @@
 /// most of the time to the first picture. libwebrtc's GCC probes the path at start with clusters at
 /// several times the start rate and raises its rate when the feedback shows the path carried them.
 /// Here the keyframe's own packets are the clusters: cluster k leaves at the pacing rate ×
-/// `2^(k+1)` (up to `ceiling`) for `clusterNanoseconds` of its own rate, then the next cluster
+/// `2^(k+1)` (up to `ceiling`) for `clusterDuration` of its own rate, then the next cluster
 /// doubles it, until the keyframe has left. Feedback that says the path did not carry it (overuse in
 /// the transport-wide-cc delay signal, or reported loss) ends the probe at once and the pacer goes back
 /// to the estimate's rate. The first clusters go out before any feedback can arrive (as libwebrtc's
@@ -29,7 +31,7 @@ public struct StartupProbe: Sendable, Equatable {
     public let baseRate: Double
     /// The probe never paces faster than this, bits per second.
     public let ceiling: Double
-    public let clusterNanoseconds: UInt64
+    public let clusterDuration: Duration
     /// A cluster is at least this many bytes (libwebrtc: at least 5 packets), so the feedback has
     /// several packets of each rate to look at.
     public let minimumClusterBytes: Int
@@ -42,10 +44,10 @@ public struct StartupProbe: Sendable, Equatable {
     /// - Parameters:
     ///   - baseRate: the pacing rate without the probe.
     ///   - ceiling: the fastest rate; at or below `baseRate` the probe is off.
-    public init(baseRate: Double, ceiling: Double, clusterNanoseconds: UInt64 = 15_000_000, minimumClusterBytes: Int = 6_000) {
+    public init(baseRate: Double, ceiling: Double, clusterDuration: Duration = .milliseconds(15), minimumClusterBytes: Int = 6_000) {
         self.baseRate = baseRate
         self.ceiling = ceiling
-        self.clusterNanoseconds = clusterNanoseconds
+        self.clusterDuration = clusterDuration
         self.minimumClusterBytes = minimumClusterBytes
         state = ceiling > baseRate ? .waiting : .stopped
     }
@@ -62,7 +64,7 @@ public struct StartupProbe: Sendable, Equatable {
 
     private func clusterBytes(_ cluster: Int) -> Int {
         let rate = Self.rate(cluster: cluster, base: baseRate, ceiling: ceiling)
-        return max(minimumClusterBytes, Int(rate / 8 * Double(clusterNanoseconds) / 1e9))
+        return max(minimumClusterBytes, Int(rate / 8 * Double(clusterDuration.inNanoseconds) / 1e9))
     }
 
     /// A keyframe was queued: the first one after the transport came up starts the probe.

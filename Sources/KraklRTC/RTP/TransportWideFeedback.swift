@@ -24,7 +24,7 @@ public struct TransportWideFeedback: Equatable, Sendable {
     public var referenceMicroseconds: Int64 { Int64(referenceTime) * 64_000 }
 
     /// Parses a whole RTCP packet (header included, padding already removed or left at the end).
-    public init(parsing p: [UInt8]) throws {
+    public init(parsing p: [UInt8]) throws(RtcpError) {
         guard p.count >= 20 else { throw RtcpError.truncated("transport-cc feedback needs 20 bytes, has \(p.count)") }
         senderSSRC = p.be32(at: 4)
         mediaSSRC = p.be32(at: 8)

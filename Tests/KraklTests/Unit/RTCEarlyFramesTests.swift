@@ -48,7 +48,7 @@ import Testing
     }
 
     @Test func aStaleChainIsNotSent() {
-        var early = EarlyFrames(maximumAge: Self.second)
+        var early = EarlyFrames(maximumAge: .seconds(1))
         early.add([Self.frame(1, key: true, at: 0), Self.frame(2, at: 33)])
         let stale = early.take(now: 10 * Self.second + 1_001_000_000)
         #expect(stale.chain.isEmpty, "1.001 s after its keyframe was captured")

@@ -100,7 +100,7 @@ import Testing
     }
 
     @Test func aClusterLastsItsDurationAtItsRateAndAtLeastTheMinimum() {
-        var probe = StartupProbe(baseRate: 10_000_000, ceiling: 100_000_000, clusterNanoseconds: 10_000_000, minimumClusterBytes: 30_000)
+        var probe = StartupProbe(baseRate: 10_000_000, ceiling: 100_000_000, clusterDuration: .milliseconds(10), minimumClusterBytes: 30_000)
         probe.keyframeQueued()
         // 20 Mbit/s for 10 ms is 25 kB, under the 30 kB minimum; 40 Mbit/s for 10 ms is 50 kB.
         for _ in 0..<29 { probe.sent(bytes: 1000) }

@@ -113,7 +113,7 @@ func rtcTransportFeedback(mediaSSRC: UInt32, base: UInt16, count: UInt16, feedba
     @Test func playoutDelayGoesOnKeyframesAndFirstPacketsOnlyWhenNegotiatedAndConfigured() throws {
         let all: [RtpHeaderExtensionKind: UInt8] = [.mid: 1, .absSendTime: 2, .transportWideSequence: 3, .playoutDelay: 5]
         // Negotiated and configured (0 and 1 s, to see both 12-bit halves): id 5, min 0 / max 100 × 10 ms.
-        let h = SendStreamHarness(extensions: all) { $0.playoutDelay = PlayoutDelay(minimumMilliseconds: 0, maximumMilliseconds: 1000) }
+        let h = SendStreamHarness(extensions: all) { $0.playoutDelay = PlayoutDelay(minimum: .zero, maximum: .seconds(1)) }
         h.stream.start(now: h.now)
         h.frame(bytes: 3000, keyframe: true)
         h.frame(bytes: 3000)
@@ -124,16 +124,16 @@ func rtcTransportFeedback(mediaSSRC: UInt32, base: UInt16, count: UInt16, feedba
                 "every keyframe packet, then the delta frame's first packet: \(delays)")
         #expect(packets.allSatisfy { $0.extensionData(id: 1) == Array("0".utf8) && $0.extensionData(id: 3) != nil })
         // The wire form: min in the high 12 bits.
-        let longest = try #require(PlayoutDelay(minimumMilliseconds: 40950, maximumMilliseconds: 40950))
+        let longest = try #require(PlayoutDelay(minimum: .milliseconds(40950), maximum: .milliseconds(40950)))
         #expect(RtpHeaderExtension.playoutDelay(id: 7, longest).data == [0xFF, 0xFF, 0xFF])
-        let short = try #require(PlayoutDelay(minimumMilliseconds: 20, maximumMilliseconds: 30))
+        let short = try #require(PlayoutDelay(minimum: .milliseconds(20), maximum: .milliseconds(30)))
         #expect(RtpHeaderExtension.playoutDelay(id: 7, short).data == [0x00, 0x20, 0x03])
-        #expect(PlayoutDelay(minimumMilliseconds: 50, maximumMilliseconds: 40) == nil)
-        #expect(PlayoutDelay(minimumMilliseconds: 0, maximumMilliseconds: 40960) == nil)
+        #expect(PlayoutDelay(minimum: .milliseconds(50), maximum: .milliseconds(40)) == nil)
+        #expect(PlayoutDelay(minimum: .zero, maximum: .milliseconds(40960)) == nil)
 
         // The viewer's setting.
         #expect(PlayoutDelay.setting(nil) == .immediate && PlayoutDelay.setting(" ") == .immediate && PlayoutDelay.setting("off") == nil)
-        #expect(PlayoutDelay.setting("20, 100") == PlayoutDelay(minimumMilliseconds: 20, maximumMilliseconds: 100))
+        #expect(PlayoutDelay.setting("20, 100") == PlayoutDelay(minimum: .milliseconds(20), maximum: .milliseconds(100)))
         #expect(["100,20", "5", "a,b", "1,2,3", "-10,0", ",", "0,99999"].allSatisfy { PlayoutDelay.setting($0) == .immediate })
         #expect(["100,20", "5", "a,b"].allSatisfy { PlayoutDelay.reading($0).problem != nil } && PlayoutDelay.reading("20,100").problem == nil)
 
