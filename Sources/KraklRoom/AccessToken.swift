@@ -90,9 +90,9 @@ public struct AccessToken: Equatable, Sendable, CustomStringConvertible, CustomR
 
     /// Refuses a token that has expired or is not valid yet, allowing
     /// `skew` seconds of difference between this clock and the issuer's.
-    public func checkTimes(now: Date, skew: TimeInterval = 60) throws(JoinCodeError) {
-        if expiry.addingTimeInterval(skew) < now { throw .tokenExpired(expiry: expiry, now: now, skew: skew) }
-        if let notBefore, notBefore.addingTimeInterval(-skew) > now { throw .tokenNotYetValid(notBefore: notBefore, now: now, skew: skew) }
+    public func checkTimes(now: Date, skew: Duration = .seconds(60)) throws(JoinCodeError) {
+        if expiry.addingTimeInterval(skew.inSeconds) < now { throw .tokenExpired(expiry: expiry, now: now, skew: skew) }
+        if let notBefore, notBefore.addingTimeInterval(-skew.inSeconds) > now { throw .tokenNotYetValid(notBefore: notBefore, now: now, skew: skew) }
     }
 
     /// The first 8 characters and "…": the only form of a token that may

@@ -15,12 +15,12 @@ public struct Invitation: Equatable, Sendable, CustomStringConvertible, CustomRe
     /// Reads a join code as the person gave it: parses the code and its
     /// token, refuses a token that is expired or not yet valid at `now`
     /// (allowing `skew` seconds either way), and settles the room.
-    public static func read(_ text: String, now: Date, skew: TimeInterval = 60) throws(JoinCodeError) -> Invitation {
+    public static func read(_ text: String, now: Date, skew: Duration = .seconds(60)) throws(JoinCodeError) -> Invitation {
         try Invitation(code: try JoinCode(parsing: text), now: now, skew: skew)
     }
 
     /// Judges a parsed code as `read` does.
-    public init(code: JoinCode, now: Date, skew: TimeInterval = 60) throws(JoinCodeError) {
+    public init(code: JoinCode, now: Date, skew: Duration = .seconds(60)) throws(JoinCodeError) {
         let token = try AccessToken(parsing: code.token)
         try token.checkTimes(now: now, skew: skew)
         switch (code.room, token.room) {

@@ -11,9 +11,9 @@ public enum JoinCodeError: Error, Equatable, Sendable, CustomStringConvertible {
     /// The `t` field is not a token the agent can read.
     case malformedToken(TokenProblem)
     /// `exp + skew < now`.
-    case tokenExpired(expiry: Date, now: Date, skew: TimeInterval)
+    case tokenExpired(expiry: Date, now: Date, skew: Duration)
     /// `nbf - skew > now`.
-    case tokenNotYetValid(notBefore: Date, now: Date, skew: TimeInterval)
+    case tokenNotYetValid(notBefore: Date, now: Date, skew: Duration)
     /// The token grants one room and the code names another.
     case roomMismatch(codeRoom: String, tokenRoom: String)
     /// A Janus code whose token allows any room and which names none itself.
@@ -95,10 +95,10 @@ public enum JoinCodeError: Error, Equatable, Sendable, CustomStringConvertible {
             return "the join code's token is not usable: \(problem.text); ask the conference page for a new code"
         case .tokenExpired(let expiry, let now, let skew):
             return "the join code's token expired at \(LocalTime.format(expiry)) (\(LocalTime.span(now.timeIntervalSince(expiry))) ago, "
-                + "beyond the \(Int(skew)) s of clock skew allowed): ask the conference page for a new code"
+                + "beyond the \(Int(skew.inSeconds)) s of clock skew allowed): ask the conference page for a new code"
         case .tokenNotYetValid(let notBefore, let now, let skew):
             return "the join code's token is not valid before \(LocalTime.format(notBefore)) (in \(LocalTime.span(notBefore.timeIntervalSince(now))), "
-                + "beyond the \(Int(skew)) s of clock skew allowed): check this computer's clock, or wait"
+                + "beyond the \(Int(skew.inSeconds)) s of clock skew allowed): check this computer's clock, or wait"
         case .roomMismatch(let codeRoom, let tokenRoom):
             return "room mismatch: the join code names room \(Self.quoted(codeRoom, limit: 32)) but its token is for room \(Self.quoted(tokenRoom, limit: 32)); ask for a new code"
         case .noRoom:

@@ -25,7 +25,7 @@ public enum PayloadFinding: Equatable, Sendable, CustomStringConvertible {
     public static let previewLength = 24
 
     /// Judges one payload as zbar returned it.
-    public static func classify(_ payload: [UInt8], now: Date, skew: TimeInterval = 60) -> PayloadFinding {
+    public static func classify(_ payload: [UInt8], now: Date, skew: Duration = .seconds(60)) -> PayloadFinding {
         // A trailing newline (or a space) is how many generators end text; the code format trims it too.
         let isBlank: (UInt8) -> Bool = { $0 == 0x20 || $0 == 0x09 || $0 == 0x0A || $0 == 0x0D }
         let start = payload.firstIndex { !isBlank($0) } ?? payload.endIndex

@@ -14,7 +14,7 @@ public enum ScanResult: Equatable, Sendable, CustomStringConvertible {
 
     /// Judges the payloads zbar found in one picture. Pure: same payloads
     /// and `now`, same result.
-    public static func classify(_ payloads: [[UInt8]], now: Date, skew: TimeInterval = 60) -> ScanResult {
+    public static func classify(_ payloads: [[UInt8]], now: Date, skew: Duration = .seconds(60)) -> ScanResult {
         guard !payloads.isEmpty else { return .nothing }
         var seen = Set<[UInt8]>()
         var findings: [PayloadFinding] = []

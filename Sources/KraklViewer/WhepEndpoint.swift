@@ -11,7 +11,8 @@ public final class WhepEndpoint: Sendable {
         public var maximumViewers = 4
         /// Required as a Bearer token on everything but the page itself (nil: loopback, none needed).
         public var token: ViewerAccessToken?
-        public var retryAfterSeconds = 10
+        /// What a refused viewer is told to wait before it asks again (Retry-After, whole seconds).
+        public var retryAfter: Duration = .seconds(10)
 
         public init() {}
     }
@@ -201,7 +202,7 @@ public final class WhepEndpoint: Sendable {
         }
         guard admitted else {
             return .text(503, "\(policy.maximumViewers) viewers are watching already (--max-viewers); try again later",
-                         headers: [("Retry-After", "\(policy.retryAfterSeconds)")])
+                         headers: [("Retry-After", "\(policy.retryAfter.components.seconds)")])
         }
         let peer: ViewerPeer
         do throws(ViewerPeerError) {
@@ -220,7 +221,7 @@ public final class WhepEndpoint: Sendable {
         guard let count else {
             peer.close()
             return viewers.withLock({ $0.endedReason }) != nil ? .text(410, "sharing has ended")
-                : .text(503, "the viewers' places are taken; try again later", headers: [("Retry-After", "\(policy.retryAfterSeconds)")])
+                : .text(503, "the viewers' places are taken; try again later", headers: [("Retry-After", "\(policy.retryAfter.components.seconds)")])
         }
         peer.onClosed = { [weak self] reason in self?.peerClosed(id, reason: reason) }
         onViewersChanged?(count, "viewer \(id.prefix(6)) joined")

@@ -272,21 +272,21 @@ import Testing
         try token(exp: now - 60, nbf: now - 3600).checkTimes(now: Self.now)
         try token(exp: now + 3600, nbf: now + 60).checkTimes(now: Self.now)
         let expired = try token(exp: now - 61, nbf: now - 3600)
-        Self.expect(.tokenExpired(expiry: Date(timeIntervalSince1970: Double(now - 61)), now: Self.now, skew: 60)) {
+        Self.expect(.tokenExpired(expiry: Date(timeIntervalSince1970: Double(now - 61)), now: Self.now, skew: .seconds(60))) {
             () throws(JoinCodeError) in try expired.checkTimes(now: Self.now)
         }
         let early = try token(exp: now + 7200, nbf: now + 3600)
-        Self.expect(.tokenNotYetValid(notBefore: Date(timeIntervalSince1970: Double(now + 3600)), now: Self.now, skew: 60)) {
+        Self.expect(.tokenNotYetValid(notBefore: Date(timeIntervalSince1970: Double(now + 3600)), now: Self.now, skew: .seconds(60))) {
             () throws(JoinCodeError) in try early.checkTimes(now: Self.now)
         }
         // The skew is a parameter: none allowed, one second late is expired.
-        Self.expect(.tokenExpired(expiry: Date(timeIntervalSince1970: Double(now - 1)), now: Self.now, skew: 0)) {
-            () throws(JoinCodeError) in try token(exp: now - 1, nbf: now - 10).checkTimes(now: Self.now, skew: 0)
+        Self.expect(.tokenExpired(expiry: Date(timeIntervalSince1970: Double(now - 1)), now: Self.now, skew: .zero)) {
+            () throws(JoinCodeError) in try token(exp: now - 1, nbf: now - 10).checkTimes(now: Self.now, skew: .zero)
         }
         // The messages say when (local time), how far, and the skew allowed.
-        let expiredText = JoinCodeError.tokenExpired(expiry: Date(timeIntervalSince1970: Double(now - 3725)), now: Self.now, skew: 60).description
+        let expiredText = JoinCodeError.tokenExpired(expiry: Date(timeIntervalSince1970: Double(now - 3725)), now: Self.now, skew: .seconds(60)).description
         #expect(expiredText.contains("1 h 2 min ago") && expiredText.contains("60 s of clock skew"), "\(expiredText)")
-        let earlyText = JoinCodeError.tokenNotYetValid(notBefore: Date(timeIntervalSince1970: Double(now + 90)), now: Self.now, skew: 60).description
+        let earlyText = JoinCodeError.tokenNotYetValid(notBefore: Date(timeIntervalSince1970: Double(now + 90)), now: Self.now, skew: .seconds(60)).description
         #expect(earlyText.contains("in 1 min 30 s") && earlyText.contains("60 s of clock skew") && earlyText.contains("clock"), "\(earlyText)")
         let local = DateFormatter()
         local.dateFormat = "yyyy-MM-dd HH:mm"
@@ -311,7 +311,7 @@ import Testing
         Self.expect(.noRoom) { () throws(JoinCodeError) in _ = try read("janus", codeRoom: nil, tokenRoom: nil) }
         // Time is judged at `now`: the same code, an hour and two minutes later, is expired.
         let later = Self.now.addingTimeInterval(3600 + 120)
-        #expect(throws: JoinCodeError.tokenExpired(expiry: Date(timeIntervalSince1970: 1_800_003_600), now: later, skew: 60)) {
+        #expect(throws: JoinCodeError.tokenExpired(expiry: Date(timeIntervalSince1970: 1_800_003_600), now: later, skew: .seconds(60))) {
             try Invitation.read(Self.code("k=whip;u=https://h/;t=TOKEN"), now: later)
         }
     }
