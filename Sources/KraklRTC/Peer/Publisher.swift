@@ -3,7 +3,7 @@
 // Answering API (a WHEP server's viewers), all of it:
 //
 //   let peer = try Publisher(answering: offerSDP, configuration: PublisherConfiguration(),
-//                            iceLite: true, loop: sharedLoop)   // throws SdpError (→ 400) or NetworkError
+//                            iceLite: true, loop: sharedLoop)   // throws PublisherError: .offer (→ 400) or .transport
 //   peer.answerSDP!                                // the answer to return (201), complete: no trickle from us
 //   peer.onClosed = { reason in … }                // once, network thread: consent lost, close_notify, BYE, ICE/DTLS failure
 //   peer.onKeyframeRequest = { … }; peer.onBitrate = { bps in … }   // or fanout.add(peer) (VideoFanout) instead
@@ -40,7 +40,7 @@ import Foundation
 ///
 /// As the answerer (a WHEP viewer's offer):
 /// 1. `init(answering:configuration:iceLite:loop:)` reads the offer and writes `answerSDP`
-///    (throws `SdpError` for an offer we cannot serve: say so to the peer, e.g. HTTP 400).
+///    (throws `PublisherError.offer` for an offer we cannot serve: say so to the peer, e.g. HTTP 400).
 /// 2. Set `onEvent` (or just `onClosed`), `onKeyframeRequest`, `onBitrate`, then `start()`.
 /// 3. `send(frame:…)`; frames before ICE + DTLS connect are kept from the newest keyframe on (`EarlyFrames`)
 ///    and sent first when they do; without such a keyframe, connecting asks for one.

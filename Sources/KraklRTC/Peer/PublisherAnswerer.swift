@@ -1,6 +1,21 @@
 import KraklBase
 import Foundation
 
+/// Why an answering publisher could not be made.
+public enum PublisherError: Error, CustomStringConvertible {
+    /// The remote offer is malformed or has no video section we can send: say so to the peer (HTTP 400).
+    case offer(SdpError)
+    /// Our side could not be set up: no address to bind (`NetworkError`), no certificate (`DtlsError`).
+    case transport(any Error)
+
+    public var description: String {
+        switch self {
+        case .offer(let error): return error.description
+        case .transport(let error): return "\(error)"
+        }
+    }
+}
+
 /// The answerer (a WHEP viewer's offer): our answer, and the ICE restarts the peer starts.
 extension Publisher {
     /// The answerer: reads a remote offer (e.g. a browser's or a WHEP player's recvonly offer with
@@ -12,14 +27,23 @@ extension Publisher {
     ///   - iceLite: answer as an ICE-lite server (`a=ice-lite`; answers checks, never sends any): right
     ///     for a server reached on its host candidates. False: full ICE as the controlled agent.
     ///   - loop: a network loop to share with other peers (the caller starts and stops it); nil: one of its own.
-    /// - Throws: `SdpError` when the offer is malformed or has no video section we can send, and
-    ///   `NetworkError` when no address can be bound.
+    /// - Throws: `.offer` when the offer is malformed or has no video section we can send, and
+    ///   `.transport` when no address can be bound.
     public convenience init(answering offer: String, configuration: PublisherConfiguration = PublisherConfiguration(), iceLite: Bool = true,
-                            loop: EventLoop? = nil) throws {
-        var remote = try SdpRemoteOffer(parsing: offer, codecs: configuration.codecs.map(\.codec))
+                            loop: EventLoop? = nil) throws(PublisherError) {
+        var remote: SdpRemoteOffer
+        do throws(SdpError) {
+            remote = try SdpRemoteOffer(parsing: offer, codecs: configuration.codecs.map(\.codec))
+        } catch {
+            throw .offer(error)
+        }
         if configuration.playoutDelay == nil { remote.extensions[.playoutDelay] = nil }
-        guard !(iceLite && remote.iceLite) else { throw SdpError.offerNotAnswerable("both sides are ICE-lite: one side must run full ICE (RFC 8445 §6.1.1)") }
-        try self.init(role: iceLite ? .answererLite : .answerer, configuration: configuration, loop: loop, answering: remote)
+        guard !(iceLite && remote.iceLite) else { throw .offer(.offerNotAnswerable("both sides are ICE-lite: one side must run full ICE (RFC 8445 §6.1.1)")) }
+        do {
+            try self.init(role: iceLite ? .answererLite : .answerer, configuration: configuration, loop: loop, answering: remote)
+        } catch {
+            throw .transport(error)
+        }
     }
 
     /// Our answer to `remote`, with our side's parameters as `offer` has them; `offer` becomes our side

@@ -16,7 +16,7 @@ extension Publisher {
     /// Parses the peer's answer and starts ICE; the DTLS role follows its a=setup.
     /// A second answer after `restartIce()` only renews ICE. Throws SdpError for an unusable answer.
     @discardableResult
-    public func setAnswer(_ sdp: String) throws -> SdpAnswer {
+    public func setAnswer(_ sdp: String) throws(SdpError) -> SdpAnswer {
         let parsed = try SdpAnswer(parsing: sdp, offer: offer)
         setAnswer(parsed)
         return parsed
