@@ -470,17 +470,20 @@ public final class SharingSession: @unchecked Sendable {
                           + ((servers.problems + linked.problems).isEmpty ? "" : ": " + (servers.problems + linked.problems).joined(separator: "; "))))
             return
         }
+        let parsed: SdpAnswer
         do {
-            let parsed = try publisher.setAnswer(answer.sdp)
+            parsed = try publisher.setAnswer(answer.sdp)
+        } catch {
+            post(.joinFailed(.badReply("the answer SDP is not usable: \(error)")))
+            return
+        }
+        do {
             try makePipeline(codec: parsed.codec, publisher: publisher)
             publisher.addStunServers(stun)
             publisher.addTurnServers(turn)
             // After the answer's servers, so their candidates come first: then "no more candidates".
             publisher.whenGatheringEnds { candidates.gatheringEnded() }
             if configuration.mediaStartsAtAnswer { post(.answered) }
-        } catch let error as SdpError {
-            post(.joinFailed(.badReply("the answer SDP is not usable: \(error)")))
-            return
         } catch {
             post(.failure("\(error)"))
             return

@@ -47,11 +47,14 @@ public final class RtcViewerAnswerer: ViewerPeerFactory, VideoFeed, Sendable {
         let publisher: Publisher
         do {
             publisher = try Publisher(answering: offer, configuration: configuration, iceLite: true, loop: loop)
-        } catch let error as SdpError {
-            if case .malformedLine = error { throw .malformedOffer(error.description) }
-            throw .unacceptableOffer(error.description)
         } catch {
-            throw .failure("\(error)")
+            switch error {
+            case .offer(let error):
+                if case .malformedLine = error { throw .malformedOffer(error.description) }
+                throw .unacceptableOffer(error.description)
+            case .transport(let error):
+                throw .failure("\(error)")
+            }
         }
         let peer = RtcViewerPeer(publisher, fanout: fanout)
         fanout.add(publisher)

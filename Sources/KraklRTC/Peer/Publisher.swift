@@ -3,7 +3,7 @@
 // Answering API (a WHEP server's viewers), all of it:
 //
 //   let peer = try Publisher(answering: offerSDP, configuration: PublisherConfiguration(),
-//                            iceLite: true, loop: sharedLoop)   // throws SdpError (→ 400) or NetworkError
+//                            iceLite: true, loop: sharedLoop)   // throws PublisherError: .offer (→ 400) or .transport
 //   peer.answerSDP!                                // the answer to return (201), complete: no trickle from us
 //   peer.onClosed = { reason in … }                // once, network thread: consent lost, close_notify, BYE, ICE/DTLS failure
 //   peer.onKeyframeRequest = { … }; peer.onBitrate = { bps in … }   // or fanout.add(peer) (VideoFanout) instead
@@ -16,10 +16,12 @@
 //
 // `loop`: one started EventLoop for all viewers (its owner stops it after closing them); nil gives the
 // peer a thread of its own. An ICE restart keeps DTLS and the media stream: only ICE starts over.
+//
+// The offerer's side is in PublisherOfferer.swift, the answerer's in PublisherAnswerer.swift, and what
+// the transport calls on the network thread in PublisherNetwork.swift.
 
 import KraklBase
 import Foundation
-import Glibc
 
 /// A send-only WebRTC video publisher: ICE → DTLS → SRTP → RTP with pacing,
 /// RTCP feedback (NACK, PLI/FIR, REMB, transport-wide-cc, receiver reports)
@@ -38,7 +40,7 @@ import Glibc
 ///
 /// As the answerer (a WHEP viewer's offer):
 /// 1. `init(answering:configuration:iceLite:loop:)` reads the offer and writes `answerSDP`
-///    (throws `SdpError` for an offer we cannot serve: say so to the peer, e.g. HTTP 400).
+///    (throws `PublisherError.offer` for an offer we cannot serve: say so to the peer, e.g. HTTP 400).
 /// 2. Set `onEvent` (or just `onClosed`), `onKeyframeRequest`, `onBitrate`, then `start()`.
 /// 3. `send(frame:…)`; frames before ICE + DTLS connect are kept from the newest keyframe on (`EarlyFrames`)
 ///    and sent first when they do; without such a keyframe, connecting asks for one.
@@ -46,87 +48,109 @@ import Glibc
 /// 4. `close()` as above; a shared loop passed in keeps running.
 ///
 /// `KraklRTC.prepare()` at start-up keeps the process's one-time set-up off the first join.
-/// @unchecked Sendable: signalling state is under `stateLock`, closing under `closeCondition`, the network state `LoopBound` to `loop`.
-public final class Publisher: @unchecked Sendable {
+/// Sendable, checked: what any thread changes is in `state` (Guarded), what the network thread owns in
+/// `net` and `transport` (LoopBound to `loop`); the two exceptions are marked `nonisolated(unsafe)`.
+public final class Publisher: Sendable {
     public let configuration: PublisherConfiguration
     public let role: PeerRole
-    public let certificate: Certificate
+    /// nonisolated(unsafe): `Certificate` is not Sendable (OpenSSL handles), but it is never changed once made.
+    nonisolated(unsafe) public let certificate: Certificate
     public let ssrc: UInt32
     public let rtxSSRC: UInt32
     public let cname: String
     /// Answerer only: our answer to the remote offer (send it back as is). Nil for the offerer.
-    public private(set) var answerSDP: String?
+    public let answerSDP: String?
     /// Answerer only: what we read from the remote offer.
-    public private(set) var remoteOffer: SdpRemoteOffer?
+    public let remoteOffer: SdpRemoteOffer?
 
     /// Called on the network thread; any thread may set it. The offerer starts gathering in `init`, so
     /// events that come before a handler is set (a relay failing at once, a local candidate) wait for it
     /// and are delivered in order when it is set; dropped, a relay-only failure would leave the owner
     /// waiting out the connect time-out instead of saying why.
     public var onEvent: ((PublisherEvent) -> Void)? {
-        get { stateLock.lock(); defer { stateLock.unlock() }; return eventHandler }
+        get { state.withLock { $0.eventHandler } }
         set {
-            stateLock.lock()
-            eventHandler = newValue
-            let waiting = newValue != nil && !pendingEvents.isEmpty
-            stateLock.unlock()
+            let waiting = state.withLock {
+                $0.eventHandler = newValue
+                return newValue != nil && !$0.pendingEvents.isEmpty
+            }
             if waiting { loop.post { [weak self] in self?.deliverPendingEvents() } }
         }
     }
 
     /// Network thread: to the handler, or kept for it (after any kept before, so the order holds).
-    private func emit(_ event: PublisherEvent) {
-        stateLock.lock()
-        guard let handler = eventHandler, pendingEvents.isEmpty else {
-            // Bounded: a publisher nobody listens to keeps only its first events.
-            if pendingEvents.count < 256 { pendingEvents.append(event) }
-            stateLock.unlock()
-            return
+    func emit(_ event: PublisherEvent) {
+        let handler: ((PublisherEvent) -> Void)? = state.withLock {
+            guard let handler = $0.eventHandler, $0.pendingEvents.isEmpty else {
+                // Bounded: a publisher nobody listens to keeps only its first events.
+                if $0.pendingEvents.count < 256 { $0.pendingEvents.append(event) }
+                return nil
+            }
+            return handler
         }
-        stateLock.unlock()
-        handler(event)
+        handler?(event)
     }
 
     /// Network thread: the events kept until a handler was set.
     private func deliverPendingEvents() {
-        stateLock.lock()
-        guard let handler = eventHandler else { stateLock.unlock(); return }
-        let events = pendingEvents
-        pendingEvents.removeAll()
-        stateLock.unlock()
-        for event in events { handler(event) }
+        let kept: (handler: (PublisherEvent) -> Void, events: [PublisherEvent])? = state.withLock {
+            guard let handler = $0.eventHandler else { return nil }
+            let events = $0.pendingEvents
+            $0.pendingEvents.removeAll()
+            return (handler, events)
+        }
+        guard let kept else { return }
+        for event in kept.events { kept.handler(event) }
     }
     /// Called once, on the network thread, when the peer ended the session or it failed (consent lost,
     /// DTLS close_notify, RTCP BYE, ICE or DTLS failure), with the reason in words; not after `close()`.
     /// For a server to forget the peer (it should still call `close()` to free the sockets).
-    @Locked public var onClosed: (@Sendable (String) -> Void)? = nil
+    public var onClosed: (@Sendable (String) -> Void)? {
+        get { closedHandler.wrappedValue }
+        set { closedHandler.wrappedValue = newValue }
+    }
     /// The encoder should make the next frame a keyframe (rate-limited). Network thread; must not block.
-    @Locked public var onKeyframeRequest: (@Sendable () -> Void)? = nil
+    public var onKeyframeRequest: (@Sendable () -> Void)? {
+        get { keyframeHandler.wrappedValue }
+        set { keyframeHandler.wrappedValue = newValue }
+    }
     /// The encoder's new target bitrate in bits per second. Network thread; must not block.
-    @Locked public var onBitrate: (@Sendable (Int) -> Void)? = nil
-    private var eventHandler: ((PublisherEvent) -> Void)?
-    private var pendingEvents: [PublisherEvent] = []
+    public var onBitrate: (@Sendable (Int) -> Void)? {
+        get { bitrateHandler.wrappedValue }
+        set { bitrateHandler.wrappedValue = newValue }
+    }
+    private let closedHandler = Locked<(@Sendable (String) -> Void)?>(wrappedValue: nil)
+    private let keyframeHandler = Locked<(@Sendable () -> Void)?>(wrappedValue: nil)
+    private let bitrateHandler = Locked<(@Sendable (Int) -> Void)?>(wrappedValue: nil)
 
-    private let loop: EventLoop
+    let loop: EventLoop
     /// False when the loop was passed in (shared): `close()` leaves it running.
-    private let ownsLoop: Bool
-    private let transport: PeerTransport
-    private let stateLock = NSLock()
-    /// `close()`'s progress; guarded by `closeCondition`.
-    private enum Closing { case open, closing, closed }
-    private var closing = Closing.open
-    private let closeCondition = NSCondition()
-    private var started = false
-    private var currentOffer: SdpVideoOffer
-    private let statistics = RtcStatsCell()
+    let ownsLoop: Bool
+    private let transportOnLoop: LoopBound<PeerTransport>
+    /// The network thread's (checked): sockets, ICE, DTLS, SRTP.
+    var transport: PeerTransport { transportOnLoop.value }
+    let statistics = RtcStatsCell()
 
-    // Frame queue: any thread in, network thread out.
-    private var frames: [OutgoingVideoFrame] = []
-    private var frameQueueOverflowed = false
-    private var negotiated: SdpAnswer?
+    /// `close()`'s progress.
+    enum Closing { case open, closing, closed }
+
+    /// What any thread reads or changes, under one lock: signalling, the frame queue, `close()`'s progress.
+    struct State {
+        /// nonisolated(unsafe): `onEvent`'s public type is a non-Sendable closure; set on any thread, it is called on the network thread.
+        nonisolated(unsafe) var eventHandler: ((PublisherEvent) -> Void)?
+        var pendingEvents: [PublisherEvent] = []
+        var closing = Closing.open
+        var started = false
+        var offer: SdpVideoOffer
+        var negotiated: SdpAnswer?
+        // Frame queue: any thread in, network thread out.
+        var frames: [OutgoingVideoFrame] = []
+        var frameQueueOverflowed = false
+    }
+    let state: Guarded<State>
 
     /// The network thread's: set and read in work posted to `loop`, checked there (`LoopBound`).
-    private struct NetworkState {
+    struct NetworkState {
         var stream: VideoSendStream?
         var media = false
         /// What was encoded before the transport connected, sent first when it does.
@@ -136,10 +160,11 @@ public final class Publisher: @unchecked Sendable {
         /// Called once gathering has ended, on the network thread: `whenGatheringEnds`.
         var gatheringWaiters: [@Sendable () -> Void] = []
     }
-    private let net: LoopBound<NetworkState>
+    let net: LoopBound<NetworkState>
 
-    /// Sockets, certificate, SSRCs and the loop; no network activity yet.
-    private init(role: PeerRole, configuration: PublisherConfiguration, loop: EventLoop?) throws {
+    /// Sockets, certificate, SSRCs, the offer and the loop (and for an answerer, `remote` answered);
+    /// no network activity yet.
+    init(role: PeerRole, configuration: PublisherConfiguration, loop: EventLoop?, answering remote: SdpRemoteOffer? = nil) throws {
         self.configuration = configuration
         self.role = role
         if let loop {
@@ -150,7 +175,8 @@ public final class Publisher: @unchecked Sendable {
             ownsLoop = true
         }
         net = LoopBound(NetworkState(), loop: self.loop)
-        transport = try PeerTransport(role: role, configuration: configuration, loop: self.loop, stats: statistics)
+        let transport = try PeerTransport(role: role, configuration: configuration, loop: self.loop, stats: statistics)
+        transportOnLoop = LoopBound(transport, loop: self.loop)
         certificate = transport.certificate
         var random = SystemRandomNumberGenerator()
         ssrc = UInt32.random(in: 1...UInt32.max, using: &random)
@@ -167,177 +193,60 @@ public final class Publisher: @unchecked Sendable {
         offer.candidates = transport.ice.localCandidates
         offer.trickle = !configuration.stunServers.isEmpty || !configuration.turnServers.isEmpty || configuration.trickleLater
         offer.endOfCandidates = !offer.trickle
-        currentOffer = offer
-        statistics.update { $0.targetBitrate = configuration.startBitrate }
-    }
-
-    /// The offerer: gathers host candidates (binding one UDP socket per address), makes the
-    /// session's certificate and the offer, and starts the network thread.
-    public convenience init(configuration: PublisherConfiguration = PublisherConfiguration()) throws {
-        try self.init(role: .offerer, configuration: configuration, loop: nil)
-        transport.delegate = self
-        start()
-    }
-
-    /// The answerer: reads a remote offer (e.g. a browser's or a WHEP player's recvonly offer with
-    /// audio, video and a data channel), accepts its first video section with a codec of
-    /// `configuration.codecs` (VP8 preferred, else VP9), rejects every other section (port 0, RFC 8829
-    /// §5.3.1) and writes `answerSDP`: send-only video, our candidates, `a=setup:passive` unless the
-    /// offer insists on being passive. Nothing is sent until `start()`.
-    /// - Parameters:
-    ///   - iceLite: answer as an ICE-lite server (`a=ice-lite`; answers checks, never sends any): right
-    ///     for a server reached on its host candidates. False: full ICE as the controlled agent.
-    ///   - loop: a network loop to share with other peers (the caller starts and stops it); nil: one of its own.
-    /// - Throws: `SdpError` when the offer is malformed or has no video section we can send, and
-    ///   `NetworkError` when no address can be bound.
-    public convenience init(answering offer: String, configuration: PublisherConfiguration = PublisherConfiguration(), iceLite: Bool = true,
-                            loop: EventLoop? = nil) throws {
-        var remote = try SdpRemoteOffer(parsing: offer, codecs: configuration.codecs.map(\.codec))
-        if configuration.playoutDelay == nil { remote.extensions[.playoutDelay] = nil }
-        guard !(iceLite && remote.iceLite) else { throw SdpError.offerNotAnswerable("both sides are ICE-lite: one side must run full ICE (RFC 8445 §6.1.1)") }
-        try self.init(role: iceLite ? .answererLite : .answerer, configuration: configuration, loop: loop)
-        var answer = SdpVideoAnswer(offer: remote, sessionID: currentOffer.sessionID, iceUfrag: transport.ice.local.ufrag,
-                                    icePwd: transport.ice.local.pwd, fingerprint: certificate.fingerprint, streamID: currentOffer.streamID,
-                                    trackID: currentOffer.trackID, ssrc: ssrc, rtxSSRC: remote.rtxPayloadType == nil ? nil : rtxSSRC, cname: cname)
-        answer.iceLite = iceLite
-        answer.candidates = transport.ice.localCandidates
-        if let label = configuration.label { answer.sessionName = label }
-        answerSDP = answer.sdp
+        answerSDP = remote.map { Self.answer($0, ourSide: &offer, iceLite: role == .answererLite, label: configuration.label) }
         remoteOffer = remote
-        // `offer` readers get our side's parameters in offer form (never sent).
-        currentOffer.setup = answer.setup
-        currentOffer.mid = remote.mid
-        currentOffer.trickle = false
-        updateStats {
-            $0.codec = remote.codec.sdpName
-            $0.state = "checking"
-            $0.dtlsRole = answer.setup == .active ? "client" : "server"
-        }
+        state = Guarded(State(offer: offer))
+        statistics.update { $0.targetBitrate = configuration.startBitrate }
+        if let remote { answererReady(remote) }
         transport.delegate = self
     }
 
     /// Answerer: starts ICE (answering the peer's checks) and DTLS. Set the handlers first. Idempotent.
     public func start() {
-        stateLock.lock()
-        let first = !started
-        started = true
-        stateLock.unlock()
+        let first = state.withLock {
+            let first = !$0.started
+            $0.started = true
+            return first
+        }
         guard first else { return }
         if ownsLoop { loop.start() }
         let remote = remoteOffer
         let now = MonotonicClock.nanoseconds()
         loop.post { [self] in
             transport.start()
-            if let remote {
-                net.stream = makeStream(VideoSendParameters(codec: remote.codec, payloadType: remote.payloadType,
-                                                        rtxPayloadType: remote.rtxPayloadType, extensions: remote.extensions, mid: remote.mid))
-                // Our setup answers theirs: passive (the usual answer to actpass) makes us the DTLS server.
-                let dtlsRole: DtlsRole = SdpVideoAnswer.setup(answering: remote.setup) == .active ? .client : .server
-                transport.setRemote(credentials: IceCredentials(ufrag: remote.iceUfrag, pwd: remote.icePwd), candidates: remote.candidates,
-                                    connectionAddress: remote.connectionAddress, port: remote.port, fingerprint: remote.fingerprint,
-                                    dtlsRole: dtlsRole, first: true, now: now)
-                transport.service()
-            }
+            if let remote { startAnswering(remote, now: now) }
         }
     }
 
     deinit {
         if ownsLoop {
             loop.stop(timeout: 2)
-        } else if closing == .open, loop.isRunning {
+        } else if state.withLock({ $0.closing == .open }), loop.isRunning {
             // Freed without close() on a shared loop: the loop still watches our sockets, so let go of them there.
-            let transport = transport
-            loop.post { transport.shutDown(bye: nil) }
+            let transport = transportOnLoop
+            loop.post { transport.value.shutDown(bye: nil) }
         }
     }
 
     /// The offer as it stands (after `restartIce`, the restarted one). For an answering publisher, our
     /// side's parameters in offer form (credentials, fingerprint, SSRCs); never sent.
-    public var offer: SdpVideoOffer { stateLock.lock(); defer { stateLock.unlock() }; return currentOffer }
+    public var offer: SdpVideoOffer { state.withLock { $0.offer } }
     public var offerSDP: String { offer.sdp }
 
     /// What the answer accepted (codec, extensions, feedback), once `setAnswer` succeeded (offerer only).
-    public var answer: SdpAnswer? { stateLock.lock(); defer { stateLock.unlock() }; return negotiated }
+    public var answer: SdpAnswer? { state.withLock { $0.negotiated } }
 
     /// A copy of the current numbers; any thread.
     public var stats: RtcStats { statistics.snapshot }
 
-    private func updateStats(_ change: (inout RtcStats) -> Void) { statistics.update(change) }
+    func updateStats(_ change: (inout RtcStats) -> Void) { statistics.update(change) }
 
-    private func makeStream(_ parameters: VideoSendParameters) -> VideoSendStream {
+    func makeStream(_ parameters: VideoSendParameters) -> VideoSendStream {
         let stream = VideoSendStream(configuration: configuration.video, parameters: parameters, ssrc: ssrc, rtxSSRC: rtxSSRC, cname: cname,
                                      stats: statistics, confinedTo: loop)
         stream.onKeyframeRequest = { [unowned self] in onKeyframeRequest?() }
         stream.onBitrate = { [unowned self] in onBitrate?($0) }
         return stream
-    }
-
-    // MARK: - Signalling (any thread)
-
-    /// Parses the peer's answer and starts ICE; the DTLS role follows its a=setup.
-    /// A second answer after `restartIce()` only renews ICE. Throws SdpError for an unusable answer.
-    @discardableResult
-    public func setAnswer(_ sdp: String) throws -> SdpAnswer {
-        let parsed = try SdpAnswer(parsing: sdp, offer: offer)
-        setAnswer(parsed)
-        return parsed
-    }
-
-    public func setAnswer(_ answer: SdpAnswer) {
-        precondition(role == .offerer, "setAnswer is for the offering publisher; an answering one has its remote offer already")
-        let now = MonotonicClock.nanoseconds()
-        stateLock.lock()
-        let first = negotiated == nil
-        negotiated = answer
-        let offerMid = currentOffer.mid
-        stateLock.unlock()
-        if !first { updateStats { $0.iceRestarts += 1 } }
-        if first {
-            updateStats {
-                $0.codec = answer.codec.sdpName
-                $0.state = "checking"
-                $0.dtlsRole = answer.setup == .active ? "server" : "client"
-            }
-        }
-        loop.post { [self] in
-            if first { net.stream = makeStream(VideoSendParameters(answer: answer, offerMid: offerMid)) }
-            transport.setRemote(credentials: IceCredentials(ufrag: answer.iceUfrag, pwd: answer.icePwd), candidates: answer.candidates,
-                                connectionAddress: answer.connectionAddress, port: answer.port, fingerprint: answer.fingerprint,
-                                dtlsRole: answer.setup == .active ? .server : .client, first: first, now: now)
-            transport.service()
-        }
-    }
-
-    /// STUN servers learned after the offer (e.g. from the answer's WHIP `Link` headers): their
-    /// server-reflexive candidates come as `.localCandidate` events, for the room driver to trickle.
-    public func addStunServers(_ servers: [TransportAddress]) {
-        guard !servers.isEmpty else { return }
-        loop.post { [self] in
-            transport.ice.addStunServers(servers, now: MonotonicClock.nanoseconds())
-            transport.service()
-        }
-    }
-
-    /// Calls `handler` once, on the network thread, when no candidate is being gathered any more
-    /// (every STUN request for a server-reflexive candidate and every TURN allocation answered or
-    /// given up), at once when none is: the moment to tell the room "no more candidates". Call it
-    /// after `addStunServers`/`addTurnServers`, so their gathering counts.
-    public func whenGatheringEnds(_ handler: @escaping @Sendable () -> Void) {
-        loop.post { [self] in
-            net.gatheringWaiters.append(handler)
-            transport.service()
-        }
-    }
-
-    /// TURN servers learned after the offer (a WHIP server's `Link` headers): their relay
-    /// candidates come as `.localCandidate` events, for the room driver to trickle.
-    public func addTurnServers(_ servers: [TurnServer]) {
-        guard !servers.isEmpty else { return }
-        loop.post { [self] in
-            transport.openTurnStreams(servers)
-            transport.ice.addTurnServers(servers, now: MonotonicClock.nanoseconds())
-            transport.service()
-        }
     }
 
     /// A candidate the peer trickled.
@@ -346,61 +255,6 @@ public final class Publisher: @unchecked Sendable {
             transport.ice.addRemoteCandidate(candidate, now: MonotonicClock.nanoseconds())
             transport.service()
         }
-    }
-
-    /// ICE restart (RFC 8445 §9): new credentials; returns the new offer for the peer. Media keeps
-    /// flowing on the current pair until the answer to this offer (`setAnswer`) nominates a new one.
-    /// Offerer only (an answerer restarts when the peer asks: `restartIce(remote:candidates:)`).
-    public func restartIce() -> String {
-        precondition(role == .offerer, "restartIce is for the offering publisher")
-        let credentials = IceCredentials.random()
-        stateLock.lock()
-        currentOffer.iceUfrag = credentials.ufrag
-        currentOffer.icePwd = credentials.pwd
-        currentOffer.sessionVersion += 1
-        let sdp = currentOffer.sdp
-        stateLock.unlock()
-        loop.post { [self] in
-            transport.ice.restart(credentials: credentials, now: MonotonicClock.nanoseconds())
-            transport.service()
-        }
-        return sdp
-    }
-
-    /// Answerer: the peer restarted ICE (RFC 8445 §9): `remote` and `candidates` are its new offer's
-    /// (a WHEP PATCH's sdpfrag, RFC 9725 §4.3.2). Makes our new credentials and returns them with our
-    /// candidates, for the answer fragment. Only ICE starts over: DTLS (no new handshake), SRTP and the
-    /// send stream go on, and media stays on the selected pair until the peer's new checks nominate one;
-    /// then the old generation's checks are refused.
-    ///
-    /// Returns once the network thread has the new credentials (bounded, 2 s), so checks the peer sends
-    /// as soon as it reads our answer find them in place. Nil when the peer is closed or not started.
-    public func restartIce(remote: IceCredentials, candidates: [IceCandidate]) -> (credentials: IceCredentials, candidates: [IceCandidate])? {
-        precondition(role != .offerer, "restartIce(remote:candidates:) is for an answering publisher; the offerer calls restartIce()")
-        let ready: Bool = stateLock.withLock { started }
-        guard ready, closeCondition.withLock({ closing == .open }) else { return nil }
-        let credentials = IceCredentials.random()
-        stateLock.withLock {
-            currentOffer.iceUfrag = credentials.ufrag
-            currentOffer.icePwd = credentials.pwd
-            currentOffer.sessionVersion += 1
-        }
-        let result = Guarded<[IceCandidate]?>(nil)
-        let work = { [self] in
-            guard !transport.finished else { return }
-            transport.restartIce(local: credentials, remote: remote, candidates: candidates, now: MonotonicClock.nanoseconds())
-            let candidates = transport.ice.localCandidates
-            result.withLock { $0 = candidates }
-        }
-        if loop.isLoopThread {
-            work()
-        } else {
-            let done = DispatchSemaphore(value: 0)
-            loop.post { work(); done.signal() }
-            guard done.wait(timeout: .now() + 2) == .success else { return nil }
-        }
-        guard let candidates = result.withLock({ $0 }) else { return nil }
-        return (credentials, candidates)
     }
 
     /// Sends RTCP BYE and DTLS close_notify, closes the sockets and stops the network thread (only
@@ -413,20 +267,20 @@ public final class Publisher: @unchecked Sendable {
     /// with the publisher.
     public func close() {
         let onLoop = loop.isLoopThread
-        closeCondition.lock()
-        switch closing {
+        let was = state.withLock {
+            let was = $0.closing
+            if was == .open { $0.closing = .closing }
+            return was
+        }
+        switch was {
         case .closed:
-            closeCondition.unlock()
             return
         case .closing:
             // Another thread is closing: wait for it (bounded), unless we are the thread it waits on.
-            let deadline = Date().addingTimeInterval(5)
-            while !onLoop, closing != .closed, closeCondition.wait(until: deadline) {}
-            closeCondition.unlock()
+            if !onLoop { state.wait(until: Date().addingTimeInterval(5), for: { $0.closing == .closed }, then: { _, _ in }) }
             return
         case .open:
-            closing = .closing
-            closeCondition.unlock()
+            break
         }
         if onLoop {
             shutDown()
@@ -444,10 +298,7 @@ public final class Publisher: @unchecked Sendable {
             _ = done.wait(timeout: .now() + 2)
             if ownsLoop { loop.stop(timeout: 2) }
         }
-        closeCondition.lock()
-        closing = .closed
-        closeCondition.broadcast()
-        closeCondition.unlock()
+        state.change { $0.closing = .closed }
     }
 
     /// Network thread: says goodbye to the peer and lets go of the sockets.
@@ -467,45 +318,46 @@ public final class Publisher: @unchecked Sendable {
     /// Hands one encoded frame to the network thread. When `frameQueueCapacity` frames already wait,
     /// the oldest non-key frame is dropped and a keyframe is requested.
     public func send(frame: [UInt8], keyframe: Bool, captureNanoseconds: UInt64, width: Int, height: Int) {
-        stateLock.lock()
-        frames.append(OutgoingVideoFrame(data: frame, keyframe: keyframe, captureNs: captureNanoseconds, width: width, height: height))
-        var overflow = false
-        var dropped = 0
-        if frames.count > configuration.frameQueueCapacity {
-            let victim = frames.firstIndex { !$0.keyframe } ?? 0
-            frames.remove(at: victim)
-            dropped = 1
-            overflow = true
+        let frame = OutgoingVideoFrame(data: frame, keyframe: keyframe, captureNs: captureNanoseconds, width: width, height: height)
+        let capacity = configuration.frameQueueCapacity
+        let (wakeNeeded, overflow) = state.withLock {
+            $0.frames.append(frame)
+            var overflow = false
+            if $0.frames.count > capacity {
+                let victim = $0.frames.firstIndex { !$0.keyframe } ?? 0
+                $0.frames.remove(at: victim)
+                overflow = true
+            }
+            if overflow { $0.frameQueueOverflowed = true }
+            return ($0.frames.count == 1 || overflow, overflow)
         }
-        let wakeNeeded = frames.count == 1 || overflow
-        if overflow { frameQueueOverflowed = true }
-        stateLock.unlock()
-        if dropped > 0 { updateStats { $0.framesDropped += dropped } }
+        if overflow { updateStats { $0.framesDropped += 1 } }
         if wakeNeeded { loop.post { [self] in takeFrames() } }
     }
 
     // MARK: - Network thread
 
-    private func takeQueuedFrames() -> [OutgoingVideoFrame] {
-        stateLock.lock()
-        let taken = frames
-        frames.removeAll(keepingCapacity: true)
-        stateLock.unlock()
-        return taken
+    func takeQueuedFrames() -> [OutgoingVideoFrame] {
+        state.withLock {
+            let taken = $0.frames
+            $0.frames.removeAll(keepingCapacity: true)
+            return taken
+        }
     }
 
     /// Before the transport is up, frames go to `early`; what it gives up counts as dropped.
-    private func keepEarly(_ taken: [OutgoingVideoFrame]) {
+    func keepEarly(_ taken: [OutgoingVideoFrame]) {
         let discarded = net.early.add(taken)
         if discarded > 0 { updateStats { $0.framesDropped += discarded } }
     }
 
     private func takeFrames() {
         let now = MonotonicClock.nanoseconds()
-        stateLock.lock()
-        let overflowed = frameQueueOverflowed
-        frameQueueOverflowed = false
-        stateLock.unlock()
+        let overflowed = state.withLock {
+            let overflowed = $0.frameQueueOverflowed
+            $0.frameQueueOverflowed = false
+            return overflowed
+        }
         let taken = takeQueuedFrames()
         guard net.media, let stream = net.stream else {
             if !net.mediaEnded { keepEarly(taken) } else if !taken.isEmpty { updateStats { $0.framesDropped += taken.count } }
@@ -514,73 +366,6 @@ public final class Publisher: @unchecked Sendable {
         stream.enqueue(taken, queueOverflowed: overflowed, now: now)
         transport.service()
     }
-}
-
-extension Publisher: PeerTransportDelegate {
-    func transportService(now: UInt64) {
-        if !net.gatheringWaiters.isEmpty, !transport.ice.isGathering {
-            let waiters = net.gatheringWaiters
-            net.gatheringWaiters.removeAll()
-            for waiter in waiters { waiter() }
-        }
-        net.stream?.poll(now: now, pathReady: transport.pathReady, clock: MonotonicClock.nanoseconds, unixNanoseconds: Publisher.unixNanoseconds,
-                     transmit: { [transport] plain, rtcp in transport.transmit(plain, rtcp: rtcp) })
-    }
-
-    func transportNextDeadline(now: UInt64) -> UInt64? { net.stream?.nextDeadline(now: now) }
-
-    func transportConnected(milliseconds: Double) {
-        net.media = true
-        emit(.connected(milliseconds: milliseconds))
-        // A chain encoded while connecting (from its keyframe on) goes first; without one, the
-        // receiver needs a keyframe and the stream asks the encoder for it.
-        keepEarly(takeQueuedFrames())
-        let now = MonotonicClock.nanoseconds()
-        let (chain, stale) = net.early.take(now: now)
-        if stale > 0 { updateStats { $0.framesDropped += stale } }
-        net.stream?.start(now: now, keyframeReady: !chain.isEmpty)
-        if !chain.isEmpty {
-            updateStats { $0.earlyFramesSent += chain.count }
-            net.stream?.enqueue(chain, queueOverflowed: false, now: now)
-        }
-    }
-
-    func transportReceivedRtcp(_ plain: [UInt8], now: UInt64) {
-        guard let stream = net.stream else { return }
-        if let bye = stream.handleRtcp(plain, now: now, unixNanoseconds: Publisher.unixNanoseconds) {
-            transport.end(.remoteBye(reason: bye.reason), state: "closed")
-            return
-        }
-        transport.service()
-    }
-
-    func transportEnded(_ event: PublisherEvent) {
-        net.media = false
-        net.mediaEnded = true
-        net.early.clear()
-        net.stream?.stop()
-        emit(event)
-        let reason: String
-        switch event {
-        case .remoteClosed: reason = "the peer closed the connection (DTLS close_notify)"
-        case .remoteBye(let text): reason = "the peer said goodbye (RTCP BYE\(text.map { ": \($0)" } ?? ""))"
-        case .connectionLost(let text), .failed(let text), .relayRefused(_, let text): reason = text
-        case .connected, .localCandidate: return
-        }
-        onClosed?(reason)
-    }
-
-    func transportLocalCandidate(_ candidate: IceCandidate) { emit(.localCandidate(candidate)) }
-
-    /// CLOCK_REALTIME, for RTCP's NTP timestamps.
-    static func unixNanoseconds() -> UInt64 {
-        var wall = timespec()
-        clock_gettime(CLOCK_REALTIME, &wall)
-        return UInt64(wall.tv_sec) * 1_000_000_000 + UInt64(wall.tv_nsec)
-    }
-
-    /// The peer's words without control characters (they end up in logs and terminals).
-    static func printable(_ text: String) -> String { VideoSendStream.printable(text) }
 }
 
 /// A room's publisher is the encoder's feed: frames in, keyframe requests and the estimate out.

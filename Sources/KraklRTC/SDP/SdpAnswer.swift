@@ -114,10 +114,10 @@ public struct SdpAnswer: Sendable {
 
     /// Reads an answer. Pass the offer it answers so codecs and extensions are checked against
     /// what we proposed (a payload type we did not offer is not used).
-    public init(parsing text: String, offer: SdpVideoOffer? = nil) throws {
+    public init(parsing text: String, offer: SdpVideoOffer? = nil) throws(SdpError) {
         let document = try SdpDocument(text)
-        guard let video = document.media.first(where: { $0.kind == "video" }) else { throw SdpError.noVideoSection }
-        guard video.port != 0 else { throw SdpError.videoRejected }
+        guard let video = document.media.first(where: { $0.kind == "video" }) else { throw .noVideoSection }
+        guard video.port != 0 else { throw .videoRejected }
         port = video.port
         func value(_ name: String) -> String? { video.value(name) ?? document.session.value(name) }
 
@@ -127,29 +127,36 @@ public struct SdpAnswer: Sendable {
         iceOptions = (value("ice-options") ?? "").split(separator: " ").map(String.init)
 
         // DTLS (RFC 8122 §5, RFC 8842 §5).
-        let fingerprintValues = video.values("fingerprint").isEmpty ? document.session.values("fingerprint") : video.values("fingerprint")
-        guard !fingerprintValues.isEmpty else { throw SdpError.missingFingerprint }
-        fingerprints = try fingerprintValues.map { text in
-            guard let f = CertificateFingerprint(sdp: text),
-                  let expected = SdpAnswer.digestLength[f.algorithm], expected == f.bytes.count else {
-                throw SdpError.badFingerprint(text)
-            }
-            return f
-        }
-        fingerprint = fingerprints.first { $0.algorithm == "sha-256" } ?? fingerprints[0]
+        (fingerprints, fingerprint) = try SdpFingerprints.read(video, session: document.session)
         let setupText = value("setup") ?? "active" // RFC 4145 §4: absent means active
         guard let setup = DtlsSetup(rawValue: setupText), setup == .active || setup == .passive else {
-            throw SdpError.badSetup(setupText)
+            throw .badSetup(setupText)
         }
         self.setup = setup
 
         direction = MediaDirection.allAttributes.first { video.has($0.rawValue) } ?? MediaDirection.allAttributes.first { document.session.has($0.rawValue) } ?? .sendrecv
-        guard direction.receives else { throw SdpError.notReceiving(direction) }
+        guard direction.receives else { throw .notReceiving(direction) }
         mid = video.value("mid")
         rtcpMux = video.has("rtcp-mux")
         rtcpReducedSize = video.has("rtcp-rsize")
         connectionAddress = video.connection ?? document.session.connection
 
+        let chosen = try Self.chooseCodec(video, offered: offer?.codecs)
+        codec = chosen.codec
+        payloadType = chosen.payloadType
+        parameters = chosen.parameters
+        rtxPayloadType = chosen.rtxPayloadType
+        feedback = video.feedback(for: chosen.payloadType)
+        extensions = Self.keptExtensions(video, offer: offer)
+
+        candidates = try video.values("candidate").map(SdpError.candidate)
+        endOfCandidates = video.has("end-of-candidates") || document.session.has("end-of-candidates")
+    }
+
+    /// The codec the answer accepted: the first in its format list that we offered (any we send,
+    /// without an offer to check against), with its fmtp parameters and the rtx type bound to it.
+    private static func chooseCodec(_ video: SdpMediaSection, offered: [SdpVideoOffer.Codec]?) throws(SdpError)
+        -> (codec: VideoCodec, payloadType: UInt8, parameters: [String: String], rtxPayloadType: UInt8?) {
         // Codecs: a=rtpmap gives names; formats without one are static types we never offer.
         var names: [UInt8: String] = [:]
         var fmtp: [UInt8: [String: String]] = [:]
@@ -157,14 +164,8 @@ public struct SdpAnswer: Sendable {
             names[pt] = rest.split(separator: "/").first.map { $0.uppercased() }
         }
         for (pt, rest) in video.byPayloadType("fmtp") {
-            var parameters: [String: String] = [:]
-            for pair in rest.split(separator: ";") {
-                let kv = pair.split(separator: "=", maxSplits: 1).map { String($0.trimmingSpaces) }
-                if let k = kv.first, !k.isEmpty { parameters[k.lowercased()] = kv.count > 1 ? kv[1] : "" }
-            }
-            fmtp[pt] = parameters
+            fmtp[pt] = SdpMediaSection.fmtp(rest)
         }
-        let offered = offer?.codecs
         var chosen: (VideoCodec, UInt8)?
         for pt in video.formats {
             guard let name = names[pt], let codec = VideoCodec(sdpName: name) else { continue }
@@ -175,36 +176,23 @@ public struct SdpAnswer: Sendable {
             break
         }
         guard let (codec, pt) = chosen else {
-            throw SdpError.noCommonCodec(answered: video.formats.map { p in names[p].map { "\($0)/\(p)" } ?? "\(p)" })
+            throw .noCommonCodec(answered: video.formats.map { p in names[p].map { "\($0)/\(p)" } ?? "\(p)" })
         }
-        self.codec = codec
-        payloadType = pt
-        parameters = fmtp[pt] ?? [:]
-        rtxPayloadType = video.formats.first { p in
+        let rtx = video.formats.first { p in
             names[p] == "RTX" && fmtp[p]?["apt"] == String(pt)
                 && (offered == nil || offered!.contains { $0.rtxPayloadType == p })
         }
-        var feedback = Set<RtcpFeedback>()
-        for (key, rest) in video.values("rtcp-fb").map(SdpMediaSection.splitFirstWord) where key == String(pt) || key == "*" {
-            let words = rest.split(separator: " ", omittingEmptySubsequences: true)
-            if let type = words.first { feedback.insert(RtcpFeedback(String(type), words.count > 1 ? String(words[1]) : nil)) }
-        }
-        self.feedback = feedback
+        return (codec, pt, fmtp[pt] ?? [:], rtx)
+    }
 
+    /// The header extensions the answer kept (of those we offered, when we know the offer).
+    private static func keptExtensions(_ video: SdpMediaSection, offer: SdpVideoOffer?) -> [RtpHeaderExtensionKind: UInt8] {
         var extensions: [RtpHeaderExtensionKind: UInt8] = [:]
-        for (idText, rest) in video.values("extmap").map(SdpMediaSection.splitFirstWord) {
-            // "1/recvonly uri" carries a direction after the id (RFC 8285 §8).
-            let idPart = idText.split(separator: "/").first.map(String.init) ?? idText
-            let uri = rest.split(separator: " ").first.map(String.init) ?? ""
-            guard let id = UInt8(idPart), let kind = RtpHeaderExtensionKind(rawValue: uri) else { continue }
-            guard (1...14).contains(id) else { continue } // two-byte ids need the two-byte form, which we do not send
+        for (id, kind) in video.headerExtensions {
             if let offer, !offer.extensions.contains(where: { $0.kind == kind }) { continue }
             extensions[kind] = id
         }
-        self.extensions = extensions
-
-        candidates = try video.values("candidate").map(SdpError.candidate)
-        endOfCandidates = video.has("end-of-candidates") || document.session.has("end-of-candidates")
+        return extensions
     }
 
     /// Digest lengths by SDP hash name (RFC 8122 §5, IANA hash function textual names).
@@ -226,7 +214,7 @@ struct SdpDocument {
     var session = SdpMediaSection(kind: "", port: 0, formats: [])
     var media: [SdpMediaSection] = []
 
-    init(_ text: String) throws {
+    init(_ text: String) throws(SdpError) {
         var sawVersion = false
         for (index, raw) in text.split(omittingEmptySubsequences: false, whereSeparator: \.isNewline).enumerated() {
             let line = raw
@@ -234,17 +222,17 @@ struct SdpDocument {
             let number = index + 1
             let chars = Array(line.prefix(2))
             guard chars.count == 2, chars[1] == "=", chars[0].isASCII, chars[0].isLetter else {
-                throw SdpError.malformedLine(number: number, text: String(line), reason: "SDP lines are <letter>=<value>")
+                throw .malformedLine(number: number, text: String(line), reason: "SDP lines are <letter>=<value>")
             }
             let value = String(line.dropFirst(2))
             switch chars[0] {
             case "v":
-                guard value == "0" else { throw SdpError.malformedLine(number: number, text: String(line), reason: "only v=0 exists") }
+                guard value == "0" else { throw .malformedLine(number: number, text: String(line), reason: "only v=0 exists") }
                 sawVersion = true
             case "m":
                 let f = value.split(separator: " ", omittingEmptySubsequences: true)
                 guard f.count >= 3, let portText = f[1].split(separator: "/").first, let port = UInt16(portText) else {
-                    throw SdpError.malformedLine(number: number, text: String(line), reason: "m= needs <media> <port> <proto> <fmt>...")
+                    throw .malformedLine(number: number, text: String(line), reason: "m= needs <media> <port> <proto> <fmt>...")
                 }
                 var section = SdpMediaSection(kind: String(f[0]), port: port, formats: f.dropFirst(3).compactMap { UInt8($0) })
                 section.proto = String(f[2])
@@ -263,7 +251,7 @@ struct SdpDocument {
                 break
             }
         }
-        guard sawVersion else { throw SdpError.malformedLine(number: 1, text: String(text.prefix(40)), reason: "an SDP starts with v=0") }
+        guard sawVersion else { throw .malformedLine(number: 1, text: String(text.prefix(40)), reason: "an SDP starts with v=0") }
     }
 }
 
@@ -297,19 +285,70 @@ struct SdpMediaSection {
         let parts = s.split(separator: " ", maxSplits: 1, omittingEmptySubsequences: true)
         return (parts.first.map(String.init) ?? "", parts.count > 1 ? String(parts[1].trimmingSpaces) : "")
     }
+
+    /// An a=fmtp value's `key=value;…` parameters, keys lowercased.
+    static func fmtp(_ text: String) -> [String: String] {
+        var parameters: [String: String] = [:]
+        for pair in text.split(separator: ";") {
+            let kv = pair.split(separator: "=", maxSplits: 1).map { String($0.trimmingSpaces) }
+            if let k = kv.first, !k.isEmpty { parameters[k.lowercased()] = kv.count > 1 ? kv[1] : "" }
+        }
+        return parameters
+    }
+
+    /// The a=rtcp-fb feedback listed for payload type `pt` (and for all, `*`).
+    func feedback(for pt: UInt8) -> Set<RtcpFeedback> {
+        var feedback = Set<RtcpFeedback>()
+        for (key, rest) in values("rtcp-fb").map(Self.splitFirstWord) where key == String(pt) || key == "*" {
+            let words = rest.split(separator: " ", omittingEmptySubsequences: true)
+            if let type = words.first { feedback.insert(RtcpFeedback(String(type), words.count > 1 ? String(words[1]) : nil)) }
+        }
+        return feedback
+    }
+
+    /// The a=extmap lines we can write, in order: a kind we know, on a one-byte id.
+    var headerExtensions: [(id: UInt8, kind: RtpHeaderExtensionKind)] {
+        values("extmap").map(Self.splitFirstWord).compactMap { idText, rest in
+            // "1/recvonly uri" carries a direction after the id (RFC 8285 §8).
+            let idPart = idText.split(separator: "/").first.map(String.init) ?? idText
+            let uri = rest.split(separator: " ").first.map(String.init) ?? ""
+            guard let id = UInt8(idPart), let kind = RtpHeaderExtensionKind(rawValue: uri) else { return nil }
+            guard (1...14).contains(id) else { return nil } // two-byte ids need the two-byte form, which we do not send
+            return (id, kind)
+        }
+    }
+}
+
+/// The peer's certificate fingerprints (RFC 8122 §5), from a media section or the session level, each
+/// a known hash of matching length; the one DTLS must verify is sha-256 when several are given.
+enum SdpFingerprints {
+    /// - Parameter limit: at most this many characters of a bad value are quoted in the error.
+    static func read(_ media: SdpMediaSection, session: SdpMediaSection, quoting limit: Int = .max) throws(SdpError)
+        -> (all: [CertificateFingerprint], verified: CertificateFingerprint) {
+        let values = media.values("fingerprint").isEmpty ? session.values("fingerprint") : media.values("fingerprint")
+        guard !values.isEmpty else { throw .missingFingerprint }
+        var fingerprints: [CertificateFingerprint] = []
+        for text in values {
+            guard let f = CertificateFingerprint(sdp: text), let expected = SdpAnswer.digestLength[f.algorithm], expected == f.bytes.count else {
+                throw .badFingerprint(String(text.prefix(limit)))
+            }
+            fingerprints.append(f)
+        }
+        return (fingerprints, fingerprints.first { $0.algorithm == "sha-256" } ?? fingerprints[0])
+    }
 }
 
 /// The peer's ICE credentials (RFC 8839 §5.4: ufrag 4-256 ice-chars, pwd 22-256), from a media
 /// section or the session level; the same rule for answers we read and offers we answer.
 enum SdpIceCredentials {
-    static func read(_ value: (String) -> String?) throws -> (ufrag: String, pwd: String) {
-        guard let ufrag = value("ice-ufrag") else { throw SdpError.missingIceCredentials("ice-ufrag") }
-        guard let pwd = value("ice-pwd") else { throw SdpError.missingIceCredentials("ice-pwd") }
+    static func read(_ value: (String) -> String?) throws(SdpError) -> (ufrag: String, pwd: String) {
+        guard let ufrag = value("ice-ufrag") else { throw .missingIceCredentials("ice-ufrag") }
+        guard let pwd = value("ice-pwd") else { throw .missingIceCredentials("ice-pwd") }
         guard (4...256).contains(ufrag.count), ufrag.allSatisfy(\.isIceChar) else {
-            throw SdpError.badIceCredentials("ice-ufrag \"\(ufrag.prefix(40))\" must be 4-256 characters of A-Z a-z 0-9 + /")
+            throw .badIceCredentials("ice-ufrag \"\(ufrag.prefix(40))\" must be 4-256 characters of A-Z a-z 0-9 + /")
         }
         guard (22...256).contains(pwd.count), pwd.allSatisfy(\.isIceChar) else {
-            throw SdpError.badIceCredentials("ice-pwd must be 22-256 characters of A-Z a-z 0-9 + / (it has \(pwd.count))")
+            throw .badIceCredentials("ice-pwd must be 22-256 characters of A-Z a-z 0-9 + / (it has \(pwd.count))")
         }
         return (ufrag, pwd)
     }

@@ -54,65 +54,13 @@ public struct SdpRemoteOffer: Sendable {
     ///   does not matter, since the encoder is ours.
     /// - Throws: `SdpError` for malformed SDP, missing ICE or DTLS parameters, or no video section that
     ///   receives one of `codecs` over `UDP/TLS/RTP/SAVPF` with rtcp-mux.
-    public init(parsing text: String, codecs: [VideoCodec] = [.vp8, .vp9]) throws {
+    public init(parsing text: String, codecs: [VideoCodec] = [.vp8, .vp9]) throws(SdpError) {
         let document = try SdpDocument(text)
-        guard !document.media.isEmpty else { throw SdpError.noUsableVideo("it has no m= section at all") }
-        guard document.media.count <= 64 else { throw SdpError.offerNotAnswerable("\(document.media.count) m-sections (at most 64)") }
-        var sections: [Section] = []
-        for media in document.media {
-            let mid = media.value("mid")
-            if let mid, !SdpRemoteOffer.isToken(mid) {
-                throw SdpError.offerNotAnswerable("a=mid:\(mid.prefix(40)) is not 1-32 token characters (RFC 8843 §4)")
-            }
-            let formats = media.rawFormats.filter { SdpRemoteOffer.isToken($0) }
-            let rtpmap = formats.first.flatMap { first in media.values("rtpmap").first { $0.hasPrefix(first + " ") } }
-            sections.append(Section(kind: SdpRemoteOffer.isToken(media.kind) ? media.kind : "unknown",
-                                    proto: SdpRemoteOffer.isToken(media.proto, slash: true) ? media.proto : "UDP/TLS/RTP/SAVPF",
-                                    formats: formats, mid: mid,
-                                    rtpmap: rtpmap.flatMap { SdpVideoOffer.oneLine($0) == $0 && $0.count <= 64 ? $0 : nil }))
-        }
-        let mids = sections.compactMap(\.mid)
-        guard Set(mids).count == mids.count else { throw SdpError.offerNotAnswerable("two m-sections share a mid") }
-        self.sections = sections
+        sections = try Self.sections(of: document)
         bundle = document.session.values("group").first { $0.hasPrefix("BUNDLE") }
             .map { $0.split(separator: " ").dropFirst().map(String.init) } ?? []
 
-        // The first video section that can carry our stream.
-        var reasons: [String] = []
-        var chosen: (index: Int, codec: VideoCodec, pt: UInt8)?
-        for (index, media) in document.media.enumerated() where media.kind == "video" {
-            let direction = MediaDirection.allAttributes.first { media.has($0.rawValue) }
-                ?? MediaDirection.allAttributes.first { document.session.has($0.rawValue) } ?? .sendrecv
-            guard media.port != 0 else { reasons.append("video section \(index) is disabled (port 0)"); continue }
-            guard direction.receives else { reasons.append("video section \(index) is a=\(direction.rawValue): the peer does not receive"); continue }
-            guard media.proto == "UDP/TLS/RTP/SAVPF" else { reasons.append("video section \(index) uses \(media.proto.prefix(40)), not UDP/TLS/RTP/SAVPF"); continue }
-            guard media.has("rtcp-mux") else { reasons.append("video section \(index) lacks a=rtcp-mux (RFC 8829 requires it)"); continue }
-            var names: [UInt8: VideoCodec] = [:]
-            for (pt, rest) in media.byPayloadType("rtpmap") {
-                if let name = rest.split(separator: "/").first, let codec = VideoCodec(sdpName: name.uppercased()) { names[pt] = codec }
-            }
-            var found: (VideoCodec, UInt8)?
-            for codec in codecs {
-                for pt in media.formats where names[pt] == codec {
-                    // VP9 profiles other than 0 need 4:4:4 or high bit depth input we never produce.
-                    if codec == .vp9, let fmtp = media.byPayloadType("fmtp").first(where: { $0.0 == pt })?.1,
-                       let profile = SdpRemoteOffer.fmtp(fmtp)["profile-id"], profile != "0" { continue }
-                    found = (codec, pt)
-                    break
-                }
-                if found != nil { break }
-            }
-            guard let found else {
-                reasons.append("video section \(index) offers none of \(codecs.map(\.sdpName).joined(separator: ", "))")
-                continue
-            }
-            chosen = (index, found.0, found.1)
-            break
-        }
-        guard let chosen else {
-            throw SdpError.noUsableVideo(reasons.isEmpty ? "it has no m=video section (an offer to view must ask for video, recvonly)"
-                                                         : reasons.joined(separator: "; "))
-        }
+        let chosen = try Self.chooseVideo(document, codecs: codecs)
         let video = document.media[chosen.index]
         videoIndex = chosen.index
         codec = chosen.codec
@@ -125,19 +73,11 @@ public struct SdpRemoteOffer: Sendable {
         parameters = fmtps.first { $0.0 == chosen.pt }?.1
         rtxPayloadType = video.formats.first { p in
             video.byPayloadType("rtpmap").contains { $0.0 == p && $0.1.lowercased().hasPrefix("rtx/") }
-                && fmtps.contains { $0.0 == p && SdpRemoteOffer.fmtp($0.1)["apt"] == String(chosen.pt) }
+                && fmtps.contains { $0.0 == p && SdpMediaSection.fmtp($0.1)["apt"] == String(chosen.pt) }
         }
-        var offeredFeedback = Set<RtcpFeedback>()
-        for (key, rest) in video.values("rtcp-fb").map(SdpMediaSection.splitFirstWord) where key == String(chosen.pt) || key == "*" {
-            let words = rest.split(separator: " ", omittingEmptySubsequences: true)
-            if let type = words.first { offeredFeedback.insert(RtcpFeedback(String(type), words.count > 1 ? String(words[1]) : nil)) }
-        }
+        let offeredFeedback = video.feedback(for: chosen.pt)
         var extensions: [RtpHeaderExtensionKind: UInt8] = [:]
-        for (idText, rest) in video.values("extmap").map(SdpMediaSection.splitFirstWord) {
-            let idPart = idText.split(separator: "/").first.map(String.init) ?? idText
-            let uri = rest.split(separator: " ").first.map(String.init) ?? ""
-            guard let id = UInt8(idPart), (1...14).contains(id), let kind = RtpHeaderExtensionKind(rawValue: uri) else { continue }
-            guard !extensions.values.contains(id) else { continue }
+        for (id, kind) in video.headerExtensions where !extensions.values.contains(id) {
             extensions[kind] = id
         }
         self.extensions = extensions
@@ -147,17 +87,9 @@ public struct SdpRemoteOffer: Sendable {
         // ICE (RFC 8839 §5.4) and DTLS (RFC 8122, RFC 8842), as for answers.
         (iceUfrag, icePwd) = try SdpIceCredentials.read(value)
         iceLite = document.session.has("ice-lite")
-        let fingerprintValues = video.values("fingerprint").isEmpty ? document.session.values("fingerprint") : video.values("fingerprint")
-        guard !fingerprintValues.isEmpty else { throw SdpError.missingFingerprint }
-        let fingerprints = try fingerprintValues.map { text in
-            guard let f = CertificateFingerprint(sdp: text), let expected = SdpAnswer.digestLength[f.algorithm], expected == f.bytes.count else {
-                throw SdpError.badFingerprint(String(text.prefix(200)))
-            }
-            return f
-        }
-        fingerprint = fingerprints.first { $0.algorithm == "sha-256" } ?? fingerprints[0]
+        fingerprint = try SdpFingerprints.read(video, session: document.session, quoting: 200).verified
         let setupText = value("setup") ?? "active"  // RFC 4145 §4: absent means active
-        guard let setup = DtlsSetup(rawValue: setupText), setup != .holdconn else { throw SdpError.badSetup(String(setupText.prefix(40))) }
+        guard let setup = DtlsSetup(rawValue: setupText), setup != .holdconn else { throw .badSetup(String(setupText.prefix(40))) }
         self.setup = setup
         rtcpReducedSize = video.has("rtcp-rsize")
         connectionAddress = video.connection ?? document.session.connection
@@ -165,13 +97,64 @@ public struct SdpRemoteOffer: Sendable {
         candidates = try video.values("candidate").prefix(64).map(SdpError.candidate)
     }
 
-    static func fmtp(_ text: String) -> [String: String] {
-        var parameters: [String: String] = [:]
-        for pair in text.split(separator: ";") {
-            let kv = pair.split(separator: "=", maxSplits: 1).map { String($0.trimmingSpaces) }
-            if let k = kv.first, !k.isEmpty { parameters[k.lowercased()] = kv.count > 1 ? kv[1] : "" }
+    /// Every m-section as the answer must echo it: only token characters are echoed, and mids must be
+    /// tokens and unique.
+    private static func sections(of document: SdpDocument) throws(SdpError) -> [Section] {
+        guard !document.media.isEmpty else { throw .noUsableVideo("it has no m= section at all") }
+        guard document.media.count <= 64 else { throw .offerNotAnswerable("\(document.media.count) m-sections (at most 64)") }
+        var sections: [Section] = []
+        for media in document.media {
+            let mid = media.value("mid")
+            if let mid, !SdpRemoteOffer.isToken(mid) {
+                throw .offerNotAnswerable("a=mid:\(mid.prefix(40)) is not 1-32 token characters (RFC 8843 §4)")
+            }
+            let formats = media.rawFormats.filter { SdpRemoteOffer.isToken($0) }
+            let rtpmap = formats.first.flatMap { first in media.values("rtpmap").first { $0.hasPrefix(first + " ") } }
+            sections.append(Section(kind: SdpRemoteOffer.isToken(media.kind) ? media.kind : "unknown",
+                                    proto: SdpRemoteOffer.isToken(media.proto, slash: true) ? media.proto : "UDP/TLS/RTP/SAVPF",
+                                    formats: formats, mid: mid,
+                                    rtpmap: rtpmap.flatMap { SdpVideoOffer.oneLine($0) == $0 && $0.count <= 64 ? $0 : nil }))
         }
-        return parameters
+        let mids = sections.compactMap(\.mid)
+        guard Set(mids).count == mids.count else { throw .offerNotAnswerable("two m-sections share a mid") }
+        return sections
+    }
+
+    /// The first video section that can carry our stream; when none can, the error says why each could not.
+    private static func chooseVideo(_ document: SdpDocument, codecs: [VideoCodec]) throws(SdpError) -> (index: Int, codec: VideoCodec, pt: UInt8) {
+        var reasons: [String] = []
+        for (index, media) in document.media.enumerated() where media.kind == "video" {
+            let direction = MediaDirection.allAttributes.first { media.has($0.rawValue) }
+                ?? MediaDirection.allAttributes.first { document.session.has($0.rawValue) } ?? .sendrecv
+            guard media.port != 0 else { reasons.append("video section \(index) is disabled (port 0)"); continue }
+            guard direction.receives else { reasons.append("video section \(index) is a=\(direction.rawValue): the peer does not receive"); continue }
+            guard media.proto == "UDP/TLS/RTP/SAVPF" else { reasons.append("video section \(index) uses \(media.proto.prefix(40)), not UDP/TLS/RTP/SAVPF"); continue }
+            guard media.has("rtcp-mux") else { reasons.append("video section \(index) lacks a=rtcp-mux (RFC 8829 requires it)"); continue }
+            guard let found = codec(in: media, codecs: codecs) else {
+                reasons.append("video section \(index) offers none of \(codecs.map(\.sdpName).joined(separator: ", "))")
+                continue
+            }
+            return (index, found.0, found.1)
+        }
+        throw .noUsableVideo(reasons.isEmpty ? "it has no m=video section (an offer to view must ask for video, recvonly)"
+                                             : reasons.joined(separator: "; "))
+    }
+
+    /// The first of `codecs` (ours, most preferred first) that the section offers, with its payload type.
+    private static func codec(in media: SdpMediaSection, codecs: [VideoCodec]) -> (VideoCodec, UInt8)? {
+        var names: [UInt8: VideoCodec] = [:]
+        for (pt, rest) in media.byPayloadType("rtpmap") {
+            if let name = rest.split(separator: "/").first, let codec = VideoCodec(sdpName: name.uppercased()) { names[pt] = codec }
+        }
+        for codec in codecs {
+            for pt in media.formats where names[pt] == codec {
+                // VP9 profiles other than 0 need 4:4:4 or high bit depth input we never produce.
+                if codec == .vp9, let fmtp = media.byPayloadType("fmtp").first(where: { $0.0 == pt })?.1,
+                   let profile = SdpMediaSection.fmtp(fmtp)["profile-id"], profile != "0" { continue }
+                return (codec, pt)
+            }
+        }
+        return nil
     }
 
     /// RFC 8866 token characters (plus "/" for a proto), 1-32 of them: safe to echo into our answer.
