@@ -33,7 +33,7 @@ public final class RtcViewerAnswerer: ViewerPeerFactory, VideoFeed, Sendable {
         loop.start()
     }
 
-    deinit { loop.stop(timeout: 2) }
+    deinit { loop.stop(timeout: .seconds(2)) }
 
     /// `KRAKL_VIEWER_PLAYOUT_DELAY` (`PlayoutDelay.setting`): unset is 0,0, which measured best
     /// (docs/PERFORMANCE.md, the viewer).

@@ -31,9 +31,7 @@ final class TurnStreamConnection {
 
     /// Starts connecting; `connected` or `failed` follow through the loop's writable watch.
     /// With `tls`, a TLS client handshake follows, checking the server's certificate for `name`.
-    /// Throws only `NetworkError`, but untyped: its caller in PeerTransport casts the error, and a
-    /// typed throw would make that cast a warning (PeerTransport is being reworked separately).
-    init(server: TransportAddress, tls: (context: TLSClientContext, name: String)? = nil) throws {
+    init(server: TransportAddress, tls: (context: TLSClientContext, name: String)? = nil) throws(NetworkError) {
         self.server = server
         self.tlsSetUp = tls
         let family = server.ip.isIPv6 ? AF_INET6 : AF_INET

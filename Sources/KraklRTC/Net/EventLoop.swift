@@ -130,9 +130,9 @@ public final class EventLoop: @unchecked Sendable {
     }
 
     /// Any thread except the loop's: stops the loop after the work already posted and
-    /// waits (at most `timeout` seconds) for its thread to end. Returns whether it ended.
+    /// waits (at most `timeout`) for its thread to end. Returns whether it ended.
     @discardableResult
-    public func stop(timeout: Double = 5) -> Bool {
+    public func stop(timeout: Duration = .seconds(5)) -> Bool {
         lock.lock()
         let wasRunning = running && !stopping
         stopping = true
@@ -141,7 +141,7 @@ public final class EventLoop: @unchecked Sendable {
         wake()
         // On the loop thread itself (a handler dropped the last reference): it ends after this turn.
         if isLoopThread { return false }
-        return finished.wait(timeout: .now() + timeout) == .success
+        return finished.wait(timeout: .now() + timeout.inSeconds) == .success
     }
 
     // MARK: loop thread only (each checks it: preconditionInLoop)

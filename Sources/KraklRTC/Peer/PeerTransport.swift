@@ -208,7 +208,8 @@ final class PeerTransport {
                 stream = try TurnStreamConnection(server: server.address, tls: tls)
             } catch {
                 // connect() can fail at once (refused on loopback): that relay fails now, saying why.
-                failRelaySoon(server.address, reason: (error as? NetworkError).map { if case .socket(let text) = $0 { text } else { "\($0)" } } ?? "\(error)")
+                let reason = if case .socket(let text) = error { text } else { "\(error)" }
+                failRelaySoon(server.address, reason: reason)
                 continue
             }
             let fd = stream.fd

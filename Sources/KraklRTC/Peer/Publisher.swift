@@ -220,7 +220,7 @@ public final class Publisher: Sendable {
 
     deinit {
         if ownsLoop {
-            loop.stop(timeout: 2)
+            loop.stop(timeout: .seconds(2))
         } else if state.withLock({ $0.closing == .open }), loop.isRunning {
             // Freed without close() on a shared loop: the loop still watches our sockets, so let go of them there.
             let transport = transportOnLoop
@@ -296,7 +296,7 @@ public final class Publisher: Sendable {
             }
             // The posted work runs before the loop stops, even when it comes late.
             _ = done.wait(timeout: .now() + 2)
-            if ownsLoop { loop.stop(timeout: 2) }
+            if ownsLoop { loop.stop(timeout: .seconds(2)) }
         }
         state.change { $0.closing = .closed }
     }

@@ -45,7 +45,7 @@ public final class VideoFanout: Sendable {
     public init(floorBitrate: Int = 300_000, keyframeInterval: Duration = .milliseconds(300)) {
         self.floorBitrate = floorBitrate
         self.keyframeInterval = keyframeInterval
-        state = Guarded(Peers(limiter: KeyframeRequestLimiter(interval: keyframeInterval.inNanoseconds)))
+        state = Guarded(Peers(limiter: KeyframeRequestLimiter(interval: keyframeInterval)))
     }
 
     /// The peers frames go to now.

@@ -127,7 +127,7 @@ public final class VideoSendStream {
         startupProbe = StartupProbe(baseRate: configuration.startBitrate * configuration.pacingFactor,
                                     ceiling: configuration.startupProbeCeiling)
         sentTimes = Array(repeating: nil, count: 8192)
-        keyframeLimiter = KeyframeRequestLimiter(interval: configuration.keyframeRequestInterval.inNanoseconds)
+        keyframeLimiter = KeyframeRequestLimiter(interval: configuration.keyframeRequestInterval)
         stats.update { $0.targetBitrate = estimator.target }
     }
 
@@ -525,12 +525,13 @@ public final class VideoSendStream {
 /// together need only one). Pure state; the owner passes the time and runs `takeDue` when
 /// `deferredUntil` passes.
 public struct KeyframeRequestLimiter: Sendable {
-    public let interval: UInt64
+    /// CLOCK_MONOTONIC nanoseconds, as the times passed in.
+    private let interval: UInt64
     public private(set) var last: UInt64?
     /// When the coalesced request is due; nil when none waits.
     public private(set) var deferredUntil: UInt64?
 
-    public init(interval: UInt64) { self.interval = interval }
+    public init(interval: Duration) { self.interval = interval.inNanoseconds }
 
     /// True: make the request now. False: one at `deferredUntil` covers it.
     public mutating func request(now: UInt64) -> Bool {

@@ -191,7 +191,7 @@ final class AiortcViewer {
         guard Self.prerequisites(), try InNamespace.enter(suite: "RTCAnswererTests") != nil else { return }
         let loop = try EventLoop(name: "krakl-test-viewers")
         loop.start()
-        defer { loop.stop(timeout: 2) }
+        defer { loop.stop(timeout: .seconds(2)) }
         let fanout = VideoFanout()
         let source = StampedVideoSource()
         let bitrates = LockedBox<[Int]>([])

@@ -310,6 +310,6 @@ final class IceTestWire {
         condition.unlock()
         #expect(received.map { $0[0] } == [0, 1, 2, 3, 4])
         #expect(from == a.localAddress)
-        #expect(loop.stop(timeout: 5), "the loop thread did not end")
+        #expect(loop.stop(timeout: .seconds(5)), "the loop thread did not end")
     }
 }

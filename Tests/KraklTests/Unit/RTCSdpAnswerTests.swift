@@ -228,7 +228,7 @@ import Testing
         configuration.addresses = IceAddressPolicy(allowed: [IPAddress("127.0.0.1")!], includeLoopback: true)
         let loop = try EventLoop(name: "krakl-test-rtc")
         loop.start()
-        defer { loop.stop(timeout: 2) }
+        defer { loop.stop(timeout: .seconds(2)) }
         let peers = try (0..<3).map { _ in try Publisher(answering: Self.chromiumOffer, configuration: configuration, loop: loop) }
         for peer in peers { peer.start() }
         for peer in peers { peer.close() }

@@ -341,7 +341,7 @@ func rtcTransportFeedback(mediaSSRC: UInt32, base: UInt16, count: UInt16, feedba
     }
 
     @Test func theLimiterCoalescesIntoOneRequestAtTheEndOfTheInterval() {
-        var limiter = KeyframeRequestLimiter(interval: 300)
+        var limiter = KeyframeRequestLimiter(interval: .nanoseconds(300))
         var answers: [Bool] = []
         answers.append(limiter.request(now: 1000))
         answers.append(limiter.request(now: 1100))

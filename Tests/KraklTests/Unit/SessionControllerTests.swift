@@ -85,7 +85,7 @@ import Testing
             loop.start()
         }
 
-        deinit { _ = loop.stop(timeout: 5) }
+        deinit { _ = loop.stop(timeout: .seconds(5)) }
 
         /// Runs `body` on the controller's loop and returns what it returned (bounded: 10 s).
         func onLoop<T: Sendable>(_ body: @escaping @Sendable (SessionController) -> T) throws -> T {
