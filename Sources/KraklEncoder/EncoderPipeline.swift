@@ -407,9 +407,10 @@ public final class EncoderPipeline: @unchecked Sendable {
     /// A refinement pass went out (or was dropped: then it changed nothing); the last one gets
     /// the frame that lets a receiver show it.
     private func refinementPassed(_ state: inout EncoderThreadState, at now: UInt64, bytes: Int, quantizer: Int?) {
-        if state.refinement?.passed(atNs: now, bytes: bytes, quantizer: quantizer) == true, settings.followStillFrames {
-            state.followUpAt = MonotonicClock.nanoseconds() + frameIntervalNs
-        }
+        guard state.refinement?.passed(atNs: now, bytes: bytes, quantizer: quantizer) == true else { return }
+        // The picture converged and the encoder goes quiet: the token pages the passes filled go back.
+        state.encoder?.releaseTokenPages()
+        if settings.followStillFrames { state.followUpAt = MonotonicClock.nanoseconds() + frameIntervalNs }
     }
 
     /// Waits for something to encode and takes it out of the slot; nil when stopping.
