@@ -83,7 +83,7 @@ let package = Package(
         // bench/: krakl vs ffmpeg vs GStreamer on the same content (docs/PERFORMANCE.md).
         .executableTarget(name: "KraklBench", dependencies: ["KraklBase", "KraklCore"], path: "bench",
                           exclude: ["xactivity.c", "portal_gst.py", "xroom.c", "xaside.c", "gst_janus_publisher.py", "room_watch.py",
-                                    "chromium_publisher.py", "chromium_share.html"], swiftSettings: swift5),
+                                    "chromium_publisher.py", "chromium_share.html", "smaps_parts.py", "alloc_log.c"], swiftSettings: swift5),
         .testTarget(name: "KraklTests", dependencies: ["KraklBase", "KraklCore", "KraklEncoder", "FrameStamp", "KraklRTC", "ZeroFill", "BackendKit", "KraklRoom", "KraklSession", "KraklScan", "KraklViewer"], swiftSettings: swift6),
     ]
 )

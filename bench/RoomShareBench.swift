@@ -136,7 +136,7 @@ func runRoomShareBench(seconds: Double, rounds: Int, scenes: [String], publisher
                 print("  \(scene) round \(round + 1)/\(rounds): \(publisher) (load \(loadAverage())) …")
                 let run = try roomShareSession(publisher: publisher, name: name, scene: scene, session: session, seconds: seconds, window: window,
                                                display: display, server: server, room: room, secret: secret, namespace: namespace,
-                                               venv: venv, scripts: (watchScript, gstScript, chromiumScript, codeScript, systemPython),
+                                               venv: venv, scripts: (watchScript, gstScript, chromiumScript, codeScript, systemPython, repo + "/bench/smaps_parts.py"),
                                                xroom: painterBinary, smapsPath: smapsOut.map { $0 + "-\(scene)-\(round + 1).txt" },
                                                keepAs: keepSamples.map { $0 + "/\(scene)-\(publisher)-\(round + 1)" })
                 if let failure = run.failure { print("    \(failure)") }
@@ -156,7 +156,7 @@ func runRoomShareBench(seconds: Double, rounds: Int, scenes: [String], publisher
 /// One publisher's session in the room, measured.
 func roomShareSession(publisher: String, name: String, scene: String, session: Int, seconds: Double, window: Double,
                       display: String, server: pid_t, room: Int, secret: String, namespace: BenchNamespace, venv: String,
-                      scripts: (watch: String, gst: String, chromium: String, code: String, systemPython: String),
+                      scripts: (watch: String, gst: String, chromium: String, code: String, systemPython: String, partsScript: String),
                       xroom: String, smapsPath: String?, keepAs: String?) throws -> RoomShareRun {
     var run = RoomShareRun()
     // The X server's CPU for the scene alone, right before.
@@ -234,6 +234,17 @@ func roomShareSession(publisher: String, name: String, scene: String, session: I
     }
     if publisher == "krakl", let smapsPath {
         try? smapsReport(pid: root).write(toFile: smapsPath, atomically: true, encoding: .utf8)
+        // The raw files too, for bench/smaps_parts.py (memory by part: libvpx, pictures, libraries).
+        let raw = smapsPath.hasSuffix(".txt") ? String(smapsPath.dropLast(4)) : smapsPath
+        for file in ["smaps", "status"] {
+            FileManager.default.createFile(atPath: raw + "." + file, contents: Data(readProcFile("/proc/\(root)/\(file)")))
+        }
+        // Run under bench/alloc_log.c (KRAKL_ALLOC_LOG=DIR LD_PRELOAD=…), the anonymous memory split
+        // into libvpx's buffers and the pipeline's pictures, read while the agent lives.
+        if let folder = ProcessInfo.processInfo.environment["KRAKL_ALLOC_LOG"] {
+            let parts = measure("/usr/bin/python3", [scripts.partsScript, "\(root)", "--allocations", folder])
+            try? (parts.stdout + parts.stderr).write(toFile: raw + ".parts.txt", atomically: true, encoding: .utf8)
+        }
     }
     guard let report = watcher.poll(timeout: seconds + 20, { jsonLines($0).first { $0["frames"] != nil } }) else {
         run.failure = "no report from the subscriber"
@@ -311,13 +322,10 @@ func printRoomShareTable(_ results: [(scene: String, publisher: String, runs: [R
 
 // MARK: where the memory is
 
-/// /proc/PID/smaps summed by what holds the memory: the heap, each library
-/// (all its mappings), shared memory, and anonymous mappings listed one by
-/// one when large (their size tells what they are). Read whole with read(2):
-/// Foundation's String(contentsOfFile:) stops at procfs's first 4 KB.
-func smapsReport(pid: pid_t) -> String {
-    let fd = open("/proc/\(pid)/smaps", O_RDONLY)
-    guard fd >= 0 else { return "cannot open /proc/\(pid)/smaps\n" }
+/// A procfs file whole, read with read(2) (empty when it cannot be opened).
+func readProcFile(_ path: String) -> [UInt8] {
+    let fd = open(path, O_RDONLY)
+    guard fd >= 0 else { return [] }
     defer { close(fd) }
     var bytes: [UInt8] = []
     var chunk = [UInt8](repeating: 0, count: 65536)
@@ -326,6 +334,16 @@ func smapsReport(pid: pid_t) -> String {
         if n <= 0 { break }
         bytes += chunk[0..<n]
     }
+    return bytes
+}
+
+/// /proc/PID/smaps summed by what holds the memory: the heap, each library
+/// (all its mappings), shared memory, and anonymous mappings listed one by
+/// one when large (their size tells what they are). Read whole with read(2):
+/// Foundation's String(contentsOfFile:) stops at procfs's first 4 KB.
+func smapsReport(pid: pid_t) -> String {
+    let bytes = readProcFile("/proc/\(pid)/smaps")
+    guard !bytes.isEmpty else { return "cannot read /proc/\(pid)/smaps\n" }
     struct Group { var rss = 0, privateDirty = 0, size = 0, count = 0 }
     var groups: [String: Group] = [:]
     var anonymous: [(range: String, size: Int, rss: Int)] = []

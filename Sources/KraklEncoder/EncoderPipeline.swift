@@ -232,142 +232,185 @@ public final class EncoderPipeline: @unchecked Sendable {
         var bitrate: Int?
     }
 
-    private func run() {
+    /// What the encoder thread carries from one frame to the next (its own; never shared).
+    private struct EncoderThreadState {
         var encoder: VpxEncoder?
         var output: EncodedFrameSink?
         var picture: I420Image?
         var lastEncodeNs: UInt64 = 0
-        var cap = FrameRateCap(interval: UInt64(1e9 / settings.maximumFps))
+        var cap: FrameRateCap
         var lastKeyframeNs: UInt64?
         var lastPts: Int64 = -1
-        let refreshNs = settings.refreshInterval.inNanoseconds
-        let frameInterval = UInt64(1e9 / settings.maximumFps)
-        // Refinement after settling (refreshNs 0): made with the first picture's size.
+        /// Refinement after settling (refresh interval 0): made with the first picture's size.
         var refinement: SettleRefinement?
-        func refreshAt() -> UInt64? {
-            if refreshNs > 0 { return lastEncodeNs + refreshNs }
-            return settings.refineAfterSettling ? refinement?.nextPassNs : nil
-        }
-        let keyframeNs = settings.keyframeInterval.inNanoseconds
-
-        // Damage of a frame libvpx dropped: the next frame must encode it too.
+        /// Damage of a frame libvpx dropped: the next frame must encode it too.
         var carried = DamageAccumulator()
         var followUpAt: UInt64?
         var band = RefinementBand(width: 16, height: 16)
-        // A refinement pass went out (or was dropped: then it changed nothing); the last one gets
-        // the frame that lets a receiver show it.
-        func refinementPassed(at now: UInt64, bytes: Int, quantizer: Int?) {
-            if refinement?.passed(atNs: now, bytes: bytes, quantizer: quantizer) == true, settings.followStillFrames {
-                followUpAt = MonotonicClock.nanoseconds() + frameInterval
-            }
-        }
-        loop: while true {
-            guard var work = takeWork(picture: &picture, cap: &cap, lastKeyframeNs: lastKeyframeNs,
-                                      refreshAt: refreshAt(), followUpAt: followUpAt) else { break }
-            followUpAt = nil
-            work.damage.merge(carried)
-            carried.clear()
-            let now = MonotonicClock.nanoseconds()
-            do throws(EncoderError) {
-                guard let image = picture else { continue }
-                if let size = work.newSize {
-                    encoder = try VpxEncoder(codec: settings.codec, width: size.0, height: size.1, bitrateKbps: settings.bitrateKbps,
-                                             fps: settings.maximumFps, threads: settings.threads, vp8Profile: settings.vp8Profile)
-                    if output == nil {
-                        output = try makeOutput(settings.codec, size.0, size.1)
-                        condition.lock()
-                        outputMade = true
-                        condition.unlock()
-                    }
-                    work.keyframe = true
-                }
-                guard let encoder, let output else { continue }
-                if band.grid != BlockGrid(width: image.width, height: image.height) {
-                    band = RefinementBand(width: image.width, height: image.height)
-                }
-                if let bitrate = work.bitrate { try encoder.setBitrate(kbps: bitrate) }
-                if keyframeNs > 0 && now - (lastKeyframeNs ?? 0) >= keyframeNs { work.keyframe = true }
+    }
 
-                // libvpx budgets each frame by the pts step from the previous one
-                // (it derives the frame rate from it). Real capture times would
-                // hand a refresh after an idle second a whole second's budget
-                // (measured: a 169 KB refresh at 2.5 Mbit/s) and make the budget
-                // follow capture jitter, so libvpx gets a steady clock of one
-                // frame interval per encoded frame. Containers and RTP use the
-                // capture timestamps, not this.
-                let step = Int64(90_000 / settings.maximumFps)
-                lastPts = lastPts < 0 ? 0 : lastPts + step
-                let pts = lastPts
-                let duration = UInt(step)
-                var map: [UInt8]?
-                var share = 1.0
-                if !work.damage.whole && !work.keyframe {
-                    (map, share) = work.damage.macroblockMap(width: image.width, height: image.height)
-                    // The band of rows that refines what stopped changing (the first picture is
-                    // coarse under CBR) rides along, less its blocks that already converged.
-                    band.add(to: &map!)
-                    share = Double(map!.reduce(0) { $0 + Int($1) }) / Double(map!.count)
-                }
-                let encodeStart = MonotonicClock.nanoseconds()
-                let packets = try encoder.encode(image, pts: pts, duration: duration, keyframe: work.keyframe, activeMap: map)
-                let encodeNs = MonotonicClock.nanoseconds() - encodeStart
-                let quantizer = encoder.lastQuantizer()
-                if packets.isEmpty {
-                    carried = work.damage
-                    statistics.recordDrop()
-                    if work.keyframe { keyframePending() }
-                    // A dropped pass counts as one that changed nothing, so the next is a frame
-                    // interval away rather than due again at once.
-                    if work.refresh { refinementPassed(at: now, bytes: 0, quantizer: nil) }
-                    // The frame that lets a receiver show a keyframe must come: try again.
-                    if work.followUp { followUpAt = MonotonicClock.nanoseconds() + frameInterval }
-                    continue
-                }
-                band.encoded(map: map, quantizer: quantizer)
-                if let inputDump {
-                    var bytes: [UInt8] = []
-                    image.appendPacked(to: &bytes)
-                    try inputDump.write(bytes)
-                }
-                let requestsBeforeWrite = condition.withLock { keyframeRequestCount }
-                for packet in packets {
-                    try output.write(EncodedFrame(data: packet.data, keyframe: packet.keyframe, timestampNs: work.timestampNs,
-                                                  width: image.width, height: image.height, codec: settings.codec))
-                    if packet.keyframe {
-                        lastKeyframeNs = now
-                        keyframeServed(requestsUpTo: requestsBeforeWrite)
-                        if settings.followStillFrames { followUpAt = MonotonicClock.nanoseconds() + frameInterval }
-                    }
-                    let row = EncoderStatistics.Frame(bytes: packet.data.count, keyframe: packet.keyframe, refresh: work.refresh,
-                                                      activeShare: share, encodeNs: encodeNs, timestampNs: work.timestampNs,
-                                                      quantizer: quantizer)
-                    statistics.record(row)
-                    try frameLog?.append(row)
-                }
-                lastEncodeNs = now
-                if work.followUp {
-                    // Neither a change nor a pass: the refinement stays where it was.
-                } else if work.refresh {
-                    refinementPassed(at: now, bytes: packets.reduce(0) { $0 + $1.data.count }, quantizer: quantizer)
-                } else {
-                    if refinement == nil || work.newSize != nil {
-                        refinement = SettleRefinement(frameIntervalNs: frameInterval, width: image.width, height: image.height)
-                    }
-                    refinement?.changed(atNs: now)
-                }
+    /// One frame interval at the frame-rate cap.
+    private var frameIntervalNs: UInt64 { UInt64(1e9 / settings.maximumFps) }
+
+    private func run() {
+        var state = EncoderThreadState(cap: FrameRateCap(interval: frameIntervalNs))
+        while var work = takeWork(picture: &state.picture, cap: &state.cap, lastKeyframeNs: state.lastKeyframeNs,
+                                  refreshAt: refreshAt(state), followUpAt: state.followUpAt) {
+            state.followUpAt = nil
+            work.damage.merge(state.carried)
+            state.carried.clear()
+            do throws(EncoderError) {
+                try encodeStep(&work, &state, now: MonotonicClock.nanoseconds())
             } catch {
                 fail(error)
-                break loop
+                break
             }
         }
         statistics.setEncoderCpu(threadCpuNanoseconds())
         // What was recorded before a failure is completed too (best effort: the first error is the one reported).
         do throws(EncoderError) {
-            try output?.finish()
+            try state.output?.finish()
         } catch {
             fail(error)
         }
         closeLogs()
+    }
+
+    /// When the current picture is due again unchanged: the refresh interval, or the next
+    /// refinement pass after settling.
+    private func refreshAt(_ state: EncoderThreadState) -> UInt64? {
+        let refreshNs = settings.refreshInterval.inNanoseconds
+        if refreshNs > 0 { return state.lastEncodeNs + refreshNs }
+        return settings.refineAfterSettling ? state.refinement?.nextPassNs : nil
+    }
+
+    /// One piece of work: encoded, written to the output, and the refinement moved on.
+    private func encodeStep(_ work: inout Work, _ state: inout EncoderThreadState, now: UInt64) throws(EncoderError) {
+        guard let image = state.picture, let prepared = try prepareEncoder(for: image, &work, &state, now: now) else { return }
+        let (encoder, output) = prepared
+        // libvpx budgets each frame by the pts step from the previous one
+        // (it derives the frame rate from it). Real capture times would
+        // hand a refresh after an idle second a whole second's budget
+        // (measured: a 169 KB refresh at 2.5 Mbit/s) and make the budget
+        // follow capture jitter, so libvpx gets a steady clock of one
+        // frame interval per encoded frame. Containers and RTP use the
+        // capture timestamps, not this.
+        let step = Int64(90_000 / settings.maximumFps)
+        state.lastPts = state.lastPts < 0 ? 0 : state.lastPts + step
+        let (map, share) = activeMap(for: work, image: image, band: &state.band)
+        let encodeStart = MonotonicClock.nanoseconds()
+        let packets = try encoder.encode(image, pts: state.lastPts, duration: UInt(step), keyframe: work.keyframe, activeMap: map)
+        let encodeNs = MonotonicClock.nanoseconds() - encodeStart
+        let quantizer = encoder.lastQuantizer()
+        if packets.isEmpty {
+            dropped(work, &state, now: now)
+            return
+        }
+        state.band.encoded(map: map, quantizer: quantizer)
+        if let inputDump {
+            var bytes: [UInt8] = []
+            image.appendPacked(to: &bytes)
+            try inputDump.write(bytes)
+        }
+        let written = EncodedRow(share: share, encodeNs: encodeNs, quantizer: quantizer, width: image.width, height: image.height)
+        try write(packets, of: work, as: written, to: output, &state, now: now)
+        state.lastEncodeNs = now
+        if work.followUp {
+            // Neither a change nor a pass: the refinement stays where it was.
+        } else if work.refresh {
+            refinementPassed(&state, at: now, bytes: packets.reduce(0) { $0 + $1.data.count }, quantizer: quantizer)
+        } else {
+            if state.refinement == nil || work.newSize != nil {
+                state.refinement = SettleRefinement(frameIntervalNs: frameIntervalNs, width: image.width, height: image.height)
+            }
+            state.refinement?.changed(atNs: now)
+        }
+    }
+
+    /// A new size makes the encoder (and, the first time, the output) and asks for a keyframe; then
+    /// the refinement band's size, a new bitrate and the periodic keyframe are applied. Nil before
+    /// there is an encoder and an output to encode into.
+    private func prepareEncoder(for image: I420Image, _ work: inout Work, _ state: inout EncoderThreadState,
+                                now: UInt64) throws(EncoderError) -> (VpxEncoder, EncodedFrameSink)? {
+        if let size = work.newSize {
+            state.encoder = try VpxEncoder(codec: settings.codec, width: size.0, height: size.1, bitrateKbps: settings.bitrateKbps,
+                                           fps: settings.maximumFps, threads: settings.threads, vp8Profile: settings.vp8Profile)
+            if state.output == nil {
+                state.output = try makeOutput(settings.codec, size.0, size.1)
+                condition.lock()
+                outputMade = true
+                condition.unlock()
+            }
+            work.keyframe = true
+        }
+        guard let encoder = state.encoder, let output = state.output else { return nil }
+        if state.band.grid != BlockGrid(width: image.width, height: image.height) {
+            state.band = RefinementBand(width: image.width, height: image.height)
+        }
+        if let bitrate = work.bitrate { try encoder.setBitrate(kbps: bitrate) }
+        let keyframeNs = settings.keyframeInterval.inNanoseconds
+        if keyframeNs > 0 && now - (state.lastKeyframeNs ?? 0) >= keyframeNs { work.keyframe = true }
+        return (encoder, output)
+    }
+
+    /// The blocks libvpx is to encode (nil: all of them) and their share of the picture.
+    private func activeMap(for work: Work, image: I420Image, band: inout RefinementBand) -> (map: [UInt8]?, share: Double) {
+        guard !work.damage.whole && !work.keyframe else { return (nil, 1.0) }
+        var (map, _) = work.damage.macroblockMap(width: image.width, height: image.height)
+        // The band of rows that refines what stopped changing (the first picture is
+        // coarse under CBR) rides along, less its blocks that already converged.
+        band.add(to: &map)
+        return (map, Double(map.reduce(0) { $0 + Int($1) }) / Double(map.count))
+    }
+
+    /// libvpx dropped the frame: its damage goes into the next one, and what it was for is tried again.
+    private func dropped(_ work: Work, _ state: inout EncoderThreadState, now: UInt64) {
+        state.carried = work.damage
+        statistics.recordDrop()
+        if work.keyframe { keyframePending() }
+        // A dropped pass counts as one that changed nothing, so the next is a frame
+        // interval away rather than due again at once.
+        if work.refresh { refinementPassed(&state, at: now, bytes: 0, quantizer: nil) }
+        // The frame that lets a receiver show a keyframe must come: try again.
+        if work.followUp { state.followUpAt = MonotonicClock.nanoseconds() + frameIntervalNs }
+    }
+
+    /// What an encoded picture's statistics rows share.
+    private struct EncodedRow {
+        var share: Double
+        var encodeNs: UInt64
+        var quantizer: Int?
+        var width: Int
+        var height: Int
+    }
+
+    /// Hands the packets to the output and records them; a keyframe serves the requests made before it.
+    private func write(_ packets: [(data: [UInt8], keyframe: Bool)], of work: Work, as encoded: EncodedRow, to output: EncodedFrameSink,
+                       _ state: inout EncoderThreadState, now: UInt64) throws(EncoderError) {
+        let requestsBeforeWrite = condition.withLock { keyframeRequestCount }
+        for packet in packets {
+            try output.write(EncodedFrame(data: packet.data, keyframe: packet.keyframe, timestampNs: work.timestampNs,
+                                          width: encoded.width, height: encoded.height, codec: settings.codec))
+            if packet.keyframe {
+                state.lastKeyframeNs = now
+                keyframeServed(requestsUpTo: requestsBeforeWrite)
+                if settings.followStillFrames { state.followUpAt = MonotonicClock.nanoseconds() + frameIntervalNs }
+            }
+            let row = EncoderStatistics.Frame(bytes: packet.data.count, keyframe: packet.keyframe, refresh: work.refresh,
+                                              activeShare: encoded.share, encodeNs: encoded.encodeNs, timestampNs: work.timestampNs,
+                                              quantizer: encoded.quantizer)
+            statistics.record(row)
+            try frameLog?.append(row)
+        }
+    }
+
+    /// A refinement pass went out (or was dropped: then it changed nothing); the last one gets
+    /// the frame that lets a receiver show it.
+    private func refinementPassed(_ state: inout EncoderThreadState, at now: UInt64, bytes: Int, quantizer: Int?) {
+        guard state.refinement?.passed(atNs: now, bytes: bytes, quantizer: quantizer) == true else { return }
+        // The picture converged and the encoder goes quiet: the token pages the passes filled go back.
+        state.encoder?.releaseTokenPages()
+        if settings.followStillFrames { state.followUpAt = MonotonicClock.nanoseconds() + frameIntervalNs }
     }
 
     /// Waits for something to encode and takes it out of the slot; nil when stopping.

@@ -54,14 +54,32 @@ final class VpxEncoder {
     private var context = vpx_codec_ctx_t()
     private var config = vpx_codec_enc_cfg_t()
     private var image = vpx_image_t()
+    /// libvpx's VP8 token buffer. libvpx sizes it for every macroblock at its worst (1080p: 8160 ×
+    /// 384 tokens × 16 bytes ≈ 48 MB) and fills it from its start with each frame's tokens, so what
+    /// stays resident is what the largest frame since set-up filled (a detailed 1080p keyframe:
+    /// 13 MB) though the frames after it fill a small part. libvpx has no control for it; its set-up
+    /// clears the buffer with memset, and the agent's memset (Sources/System/ZeroFill) notes where.
+    /// After a frame of `tokenReleaseBytes` or more, and when a still picture's refinement is done,
+    /// the buffer's pages are given back (MADV_DONTNEED: they read as zeros and cost nothing until
+    /// touched). This is exact because
+    /// libvpx writes a frame's tokens before it reads them and never reads another frame's
+    /// (vp8_encode_frame → vp8_tokenize_mb, then vp8_pack_bitstream over this frame's count).
+    /// Nil when not found (VP9, or a program without ZeroFill): nothing is given back.
+    private(set) var tokenBuffer: UnsafeMutableRawBufferPointer?
+    /// Times the token buffer's pages were given back.
+    private(set) var tokenReleases = 0
+    /// A frame this large filled about 2 MB of tokens or more (a 173 KB keyframe filled 13 MB); the
+    /// page faults to fill them again cost less than a millisecond a megabyte.
+    static let tokenReleaseBytes = 32 * 1024
 
     /// - Parameters:
     ///   - threads: encoder threads; 0 picks 2 for ≥ 720p on 4+ cores, else 1.
     ///     (On 2 cores, libvpx's row sync spins against the capture thread:
     ///     measured at 1080p typing, 2 threads took 14 ms a frame, 1 took 3.9.)
     ///   - vp8Profile: the VP8 bitstream version (RFC 6386 §9.1), `EncoderSettings.vp8Profile`.
+    ///   - releasesTokenPages: gives the token buffer's pages back after large frames (`tokenBuffer`).
     init(codec: VideoCodec, width: Int, height: Int, bitrateKbps: Int, fps: Double, threads: Int,
-         vp8Profile: Int = EncoderSettings.defaultVp8Profile) throws(EncoderError) {
+         vp8Profile: Int = EncoderSettings.defaultVp8Profile, releasesTokenPages: Bool = true) throws(EncoderError) {
         guard width >= 16, height >= 16, width <= 16384, height <= 16384, width % 2 == 0, height % 2 == 0 else {
             throw EncoderError("cannot encode \(width)x\(height): sizes must be even and from 16 to 16384")
         }
@@ -104,8 +122,14 @@ final class VpxEncoder {
         config.kf_mode = VPX_KF_DISABLED                 // keyframes on request only
         config.g_pass = VPX_RC_ONE_PASS
 
+        krakl_vpx_zero_fill_forget()
         let initStatus = krakl_vpx_encoder_init(&context, codec.libvpxNumber, &config)
         guard initStatus == VPX_CODEC_OK else { throw EncoderError("libvpx could not start a \(codec) encoder for \(width)x\(height): \(Self.text(initStatus))") }
+        if codec == .vp8 && releasesTokenPages {
+            // vp8_alloc_compressor_data: mb_rows × mb_cols × 24 blocks × 16 tokens of 16 bytes (TOKENEXTRA).
+            let bytes = BlockGrid(width: width, height: height).count * 24 * 16 * 16
+            tokenBuffer = krakl_vpx_zero_fill_take(bytes).map { UnsafeMutableRawBufferPointer(start: $0, count: bytes) }
+        }
 
         // Keyframe size cap, as a share of a frame's average budget: libwebrtc's
         // formula 0.5 * optimal buffer (ms) * fps / 10.
@@ -192,6 +216,18 @@ final class VpxEncoder {
             let bytes = UnsafeRawBufferPointer(start: frame.buf, count: frame.sz)
             packets.append((Array(bytes), (frame.flags & UInt32(VPX_FRAME_IS_KEY)) != 0))
         }
+        if packets.reduce(0, { $0 + $1.data.count }) >= Self.tokenReleaseBytes { releaseTokenPages() }
         return packets
+    }
+
+    /// Gives the token buffer's whole pages back (see `tokenBuffer`): after a large frame, and when
+    /// the pipeline's refinement of a still picture is done (its passes encode every block).
+    func releaseTokenPages() {
+        guard let tokenBuffer, let base = tokenBuffer.baseAddress else { return }
+        let page = Int(sysconf(Int32(_SC_PAGESIZE)))
+        let start = (Int(bitPattern: base) + page - 1) / page * page
+        let end = (Int(bitPattern: base) + tokenBuffer.count) / page * page
+        guard end > start, madvise(UnsafeMutableRawPointer(bitPattern: start), end - start, MADV_DONTNEED) == 0 else { return }
+        tokenReleases += 1
     }
 }

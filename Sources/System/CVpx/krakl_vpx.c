@@ -28,3 +28,14 @@ vpx_codec_err_t krakl_vpx_set_active_map(vpx_codec_ctx_t *ctx, unsigned char *ma
     vpx_active_map_t active = {map, rows, cols};
     return vpx_codec_control(ctx, VP8E_SET_ACTIVEMAP, &active);
 }
+
+extern void krakl_zero_fill_forget(void) __attribute__((weak));
+extern void *krakl_zero_fill_take(size_t bytes) __attribute__((weak));
+
+void krakl_vpx_zero_fill_forget(void) {
+    if (krakl_zero_fill_forget) krakl_zero_fill_forget();
+}
+
+void *krakl_vpx_zero_fill_take(size_t bytes) {
+    return krakl_zero_fill_take ? krakl_zero_fill_take(bytes) : NULL;
+}

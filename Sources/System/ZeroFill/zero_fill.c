@@ -32,6 +32,51 @@ enum { zero_fill_min = 4u << 20 };  // below this the maps lookup costs more tha
 static unsigned long fill_calls;
 static unsigned long long fill_bytes;
 
+// The fills released lately, each with the thread that made it, so a caller that
+// knows the size of a buffer a library cleared in a call of its own can find it
+// again (krakl_zero_fill_take). Guarded by a spin lock: memset must not block.
+enum { released_kept = 8 };
+static struct { uintptr_t start; size_t bytes; long thread; } released[released_kept];
+static unsigned released_next;
+static char released_lock;
+
+static void released_acquire(void) { while (__atomic_test_and_set(&released_lock, __ATOMIC_ACQUIRE)) {} }
+static void released_release(void) { __atomic_clear(&released_lock, __ATOMIC_RELEASE); }
+
+static void remember(uintptr_t start, size_t bytes) {
+    long thread = syscall(SYS_gettid);
+    released_acquire();
+    released[released_next % released_kept].start = start;
+    released[released_next % released_kept].bytes = bytes;
+    released[released_next % released_kept].thread = thread;
+    released_next++;
+    released_release();
+}
+
+void krakl_zero_fill_forget(void) {
+    long thread = syscall(SYS_gettid);
+    released_acquire();
+    for (unsigned i = 0; i < released_kept; i++) {
+        if (released[i].thread == thread) released[i].bytes = 0;
+    }
+    released_release();
+}
+
+void *krakl_zero_fill_take(size_t bytes) {
+    long thread = syscall(SYS_gettid);
+    void *found = NULL;
+    released_acquire();
+    for (unsigned k = 1; k <= released_kept && !found; k++) {
+        unsigned i = (released_next - k) % released_kept;
+        if (released[i].thread == thread && released[i].bytes == bytes && bytes > 0) {
+            found = (void *)released[i].start;
+            released[i].bytes = 0;
+        }
+    }
+    released_release();
+    return found;
+}
+
 static int hex_digit(char c) {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -102,6 +147,7 @@ void *memset(void *s, int c, size_t n) {
             __memset_chk((void *)inner_end, 0, end - inner_end, no_limit);
             __atomic_add_fetch(&fill_calls, 1, __ATOMIC_RELAXED);
             __atomic_add_fetch(&fill_bytes, n, __ATOMIC_RELAXED);
+            remember(start, n);
             return s;
         }
     }

@@ -591,6 +591,44 @@ struct EncoderPipelineTests {
             #expect(error.message.contains("sizes must be even"))
         }
     }
+
+    /// libvpx's VP8 token buffer is found through this binary's memset (ZeroFill, linked as in the
+    /// agent), its pages go back after a large frame, and that changes no byte of the bitstream: the
+    /// same pictures (noise, so every frame is large) encode the same with and without the release.
+    @Test func givingTheTokenPagesBackChangesNoByte() throws {
+        let width = 640, height = 480   // the buffer is 7 MB: over ZeroFill's 4 MB floor
+        func encodeAll(releasing: Bool) throws -> (packets: [[UInt8]], encoder: VpxEncoder) {
+            let encoder = try VpxEncoder(codec: .vp8, width: width, height: height, bitrateKbps: 20_000, fps: 30, threads: 1,
+                                         releasesTokenPages: releasing)
+            let picture = I420Image(width: width, height: height)
+            var seed: UInt32 = 12345
+            var packets: [[UInt8]] = []
+            for frame in 0..<6 {
+                // New noise in every frame (the first 6 rows keep the previous frame's).
+                for row in 6..<height {
+                    for column in 0..<width {
+                        seed = seed &* 1_103_515_245 &+ 12345
+                        picture.y[row * picture.strideY + column] = UInt8(truncatingIfNeeded: seed >> 16)
+                    }
+                }
+                packets += try encoder.encode(picture, pts: Int64(frame * 3000), duration: 3000, keyframe: frame == 0, activeMap: nil).map(\.data)
+            }
+            return (packets, encoder)
+        }
+        let released = try encodeAll(releasing: true), kept = try encodeAll(releasing: false)
+        let tokens = try #require(released.encoder.tokenBuffer, "the token buffer is found (40 × 30 blocks × 384 tokens × 16 bytes)")
+        #expect(tokens.count == 40 * 30 * 384 * 16)
+        #expect(kept.encoder.tokenBuffer == nil)
+        #expect(released.packets.allSatisfy { $0.count >= VpxEncoder.tokenReleaseBytes }, "every frame large enough to release after")
+        #expect(released.encoder.tokenReleases == released.packets.count)
+        #expect(released.packets == kept.packets, "the bitstream is the same byte for byte")
+        // Given back means not resident until libvpx writes tokens there again.
+        let page = Int(sysconf(Int32(_SC_PAGESIZE)))
+        let start = (Int(bitPattern: tokens.baseAddress!) + page - 1) / page * page
+        var resident = [UInt8](repeating: 0, count: 16)
+        #expect(mincore(UnsafeMutableRawPointer(bitPattern: start), 16 * page, &resident) == 0)
+        #expect(resident.allSatisfy { $0 & 1 == 0 }, "the buffer's first pages were given back after the last large frame")
+    }
 }
 
 @Suite("Encoder: frame-rate cap", .tags(.unit))

@@ -22,4 +22,11 @@ vpx_codec_err_t krakl_vpx_last_quantizer(vpx_codec_ctx_t *ctx, int *quantizer);
 /// 0 = keep from the previous frame; NULL turns the map off.
 vpx_codec_err_t krakl_vpx_set_active_map(vpx_codec_ctx_t *ctx, unsigned char *map, unsigned rows, unsigned cols);
 
+/// The agent's memset (Sources/System/ZeroFill) keeps note of the large zero fills it turned into
+/// page releases; these reach it when the program links it and do nothing otherwise (weak symbols:
+/// krakl-rtc-probe has no ZeroFill). `forget` before vpx_codec_enc_init, `take` after it finds the
+/// buffer of `bytes` that libvpx cleared during it (NULL when none).
+void krakl_vpx_zero_fill_forget(void);
+void *krakl_vpx_zero_fill_take(size_t bytes);
+
 #endif
