@@ -42,13 +42,13 @@ let package = Package(
         // protocol, JSON, histograms, child processes, log rate limits, the one TLS client context.
         .target(name: "KraklBase", dependencies: ["COpenSSL"], swiftSettings: swift6),
         // The host side: plugins.json, dlopen loader, source lifecycle, conformance suite.
-        .target(name: "KraklCore", dependencies: ["KraklBase", "KraklBackendABI"], swiftSettings: swift6),
+        .target(name: "KraklHost", dependencies: ["KraklBase", "KraklBackendABI"], swiftSettings: swift6),
         // libvpx (Debian libvpx-dev) with shims for its macro-only calls.
         .target(name: "CVpx", path: "Sources/System/CVpx", linkerSettings: [.linkedLibrary("vpx")]),
         // libyuv (Debian libyuv-dev): colour conversion and scaling; no .pc file.
         .systemLibrary(name: "CYuv", path: "Sources/System/CYuv"),
         // Frames -> I420 -> VP8/VP9, damage-driven; WebM/IVF recording.
-        .target(name: "KraklEncoder", dependencies: ["KraklBase", "KraklCore", "CVpx", "CYuv"], swiftSettings: swift6),
+        .target(name: "KraklEncoder", dependencies: ["KraklBase", "KraklHost", "CVpx", "CYuv"], swiftSettings: swift6),
         // OpenSSL (DTLS 1.2, certificates, HMAC) and libsrtp2 (SRTP), both from Debian.
         .systemLibrary(name: "COpenSSL", path: "Sources/System/COpenSSL", pkgConfig: "openssl"),
         .systemLibrary(name: "CSrtp", path: "Sources/System/CSrtp", pkgConfig: "libsrtp2"),
@@ -60,7 +60,7 @@ let package = Package(
         // compiled here for PNG, JPEG and PNM only), under the join-code scanner.
         .systemLibrary(name: "CZbar", path: "Sources/System/CZbar", pkgConfig: "zbar"),
         .target(name: "CStbImage", path: "Sources/System/CStbImage"),
-        .target(name: "KraklScan", dependencies: ["KraklBase", "KraklCore", "KraklBackendABI", "CYuv", "KraklRoom", "CZbar", "CStbImage"], swiftSettings: swift6),
+        .target(name: "KraklScan", dependencies: ["KraklBase", "KraklHost", "KraklBackendABI", "CYuv", "KraklRoom", "CZbar", "CStbImage"], swiftSettings: swift6),
         // The built-in viewer: a bounded HTTP/1.1 server, WHEP's rules and the viewer page, over a
         // ViewerPeerFactory protocol (the WebRTC answerer over it lives in KraklSession).
         .target(name: "KraklViewer", dependencies: ["KraklBase"], swiftSettings: swift6),
@@ -69,21 +69,21 @@ let package = Package(
         // publisher and the room driver (krakl-agent and krakl-rtc-probe are command lines over it);
         // the viewer's WebRTC answerer (RtcViewerAnswerer, KraklViewer's ViewerPeerFactory); the
         // session controller the agent's front ends share (one session at a time on their loop).
-        .target(name: "KraklSession", dependencies: ["KraklBase", "KraklCore", "KraklEncoder", "KraklRTC", "KraklRoom", "KraklViewer"], swiftSettings: swift6),
+        .target(name: "KraklSession", dependencies: ["KraklBase", "KraklHost", "KraklEncoder", "KraklRTC", "KraklRoom", "KraklViewer"], swiftSettings: swift6),
         // The agent's memset: large zero fills of private anonymous memory become
         // page releases (libvpx's 50 MB token-buffer clear at 1080p). Agent only.
         .target(name: "ZeroFill", path: "Sources/System/ZeroFill"),
         // krakl-backend-host: dlopens one backend in a child process and hands its frames to the
         // agent through a shared-memory ring (isolated mode); a C shim for memfd seals and close_range.
         .target(name: "CBackendHost", path: "Sources/System/CBackendHost"),
-        .executableTarget(name: "BackendHost", dependencies: ["KraklBase", "KraklCore", "KraklBackendABI", "CBackendHost"], swiftSettings: swift6),
-        .executableTarget(name: "Agent", dependencies: ["KraklBase", "KraklCore", "KraklEncoder", "KraklRTC", "KraklRoom", "KraklSession", "KraklScan", "KraklViewer", "ZeroFill", "CSdBus"], swiftSettings: swift6),
+        .executableTarget(name: "BackendHost", dependencies: ["KraklBase", "KraklHost", "KraklBackendABI", "CBackendHost"], swiftSettings: swift6),
+        .executableTarget(name: "Agent", dependencies: ["KraklBase", "KraklHost", "KraklEncoder", "KraklRTC", "KraklRoom", "KraklSession", "KraklScan", "KraklViewer", "ZeroFill", "CSdBus"], swiftSettings: swift6),
         // Test-only: runs the publisher against a given SDP answer (issue 6 item 8).
-        .executableTarget(name: "RTCProbe", dependencies: ["KraklBackendABI", "KraklBase", "KraklCore", "KraklEncoder", "KraklRTC", "KraklRoom", "KraklSession"], swiftSettings: swift6),
+        .executableTarget(name: "RTCProbe", dependencies: ["KraklBackendABI", "KraklBase", "KraklHost", "KraklEncoder", "KraklRTC", "KraklRoom", "KraklSession"], swiftSettings: swift6),
         // bench/: krakl vs ffmpeg vs GStreamer on the same content (docs/PERFORMANCE.md).
-        .executableTarget(name: "KraklBench", dependencies: ["KraklBase", "KraklCore"], path: "bench",
+        .executableTarget(name: "KraklBench", dependencies: ["KraklBase", "KraklHost"], path: "bench",
                           exclude: ["xactivity.c", "portal_gst.py", "xroom.c", "xaside.c", "gst_janus_publisher.py", "room_watch.py",
                                     "chromium_publisher.py", "chromium_share.html", "smaps_parts.py", "alloc_log.c"], swiftSettings: swift5),
-        .testTarget(name: "KraklTests", dependencies: ["KraklBase", "KraklCore", "KraklEncoder", "FrameStamp", "KraklRTC", "ZeroFill", "BackendKit", "KraklRoom", "KraklSession", "KraklScan", "KraklViewer"], swiftSettings: swift6),
+        .testTarget(name: "KraklTests", dependencies: ["KraklBase", "KraklHost", "KraklEncoder", "FrameStamp", "KraklRTC", "ZeroFill", "BackendKit", "KraklRoom", "KraklSession", "KraklScan", "KraklViewer"], swiftSettings: swift6),
     ]
 )

@@ -17,7 +17,7 @@
 //    picture, against zbarimg (zbar's defaults, Debian zbar-tools) on the clip's first 10 frames.
 import Foundation
 import KraklBase
-import KraklCore
+import KraklHost
 
 func runCameraScanBench(rounds: Int) throws {
     let zbarimg = which("zbarimg"), qrencode = which("qrencode")

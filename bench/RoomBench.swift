@@ -14,7 +14,7 @@
 // agent's exit; and an idle agent between sessions: threads and CPU.
 import Foundation
 import KraklBase
-import KraklCore
+import KraklHost
 
 struct RoomJoin {
     var firstFrameMs = Double.nan

@@ -42,7 +42,7 @@
 // and, for krakl, where its resident memory is (/proc/PID/smaps).
 import Foundation
 import KraklBase
-import KraklCore
+import KraklHost
 
 struct RoomShareRun {
     var cpuPublisher = Double.nan, cpuServer = Double.nan

@@ -24,7 +24,7 @@
 // the probe over the sending window, from /proc schedstat. Rounds run the
 // scenarios in rotating order, as the other benches do.
 import KraklBase
-import KraklCore
+import KraklHost
 import Foundation
 
 // MARK: scenarios

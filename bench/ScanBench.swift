@@ -15,7 +15,7 @@
 //    picture, and what that is as a share of a core at our 5 looks a second.
 import Foundation
 import KraklBase
-import KraklCore
+import KraklHost
 
 func runScanBench(rounds: Int) throws {
     let xvfb = which("Xvfb"), xsetroot = which("xsetroot"), cc = which("cc"), qrencode = which("qrencode"), zbarimg = which("zbarimg")

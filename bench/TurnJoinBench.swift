@@ -1,7 +1,7 @@
 import Foundation
 import Glibc
 import KraklBase
-import KraklCore
+import KraklHost
 
 // krakl-bench turn --joins N: the agent's join through a TURN relay, as a person runs it
 // (`krakl-agent --join @code --once`), into a WHIP room on aiortc (Tests/Fixtures/whip_server.py)

@@ -13,7 +13,7 @@
 import Foundation
 import Glibc
 import KraklBase
-import KraklCore
+import KraklHost
 
 func runTwilioRoomBench(joins: Int) throws {
     installRtcSignalCleanup()

@@ -14,7 +14,7 @@
 //     against the clean viewer's over the same seconds, its longest still picture, and the other's.
 import Foundation
 import KraklBase
-import KraklCore
+import KraklHost
 
 /// One Chromium on the viewer page, driven by Tests/Fixtures/viewer_browser.py.
 final class ViewerBenchBrowser {

@@ -17,7 +17,7 @@
 import Foundation
 import KraklBackendABI
 import KraklBase
-import KraklCore
+import KraklHost
 
 setvbuf(stdout, nil, _IOLBF, 0)
 

@@ -1,7 +1,7 @@
 import Foundation
 import KraklBackendABI
 import KraklBase
-import KraklCore
+import KraklHost
 
 /// The backend's sink inside the child: frames into the ring, events up the socket.
 final class ChildSink: FrameSink, Sendable {

@@ -2,7 +2,7 @@ import CBackendHost
 import Foundation
 import KraklBackendABI
 import KraklBase
-import KraklCore
+import KraklHost
 
 /// Damage as a list of rectangles or "all of it", merged into a bounding box past a cap.
 enum Damage {
@@ -211,7 +211,7 @@ final class FrameRingWriter: @unchecked Sendable {
     private func copyCursor(_ pointer: UnsafePointer<krakl_cursor>, into target: UnsafeMutableRawPointer, offset: Int) -> FrameMessage.Cursor {
         var cursor = krakl_cursor()
         let declared = Int(pointer.pointee.struct_size)
-        withUnsafeMutableBytes(of: &cursor) { memcpy($0.baseAddress!, pointer, min(max(declared, 0), $0.count)) }
+        _ = withUnsafeMutableBytes(of: &cursor) { memcpy($0.baseAddress!, pointer, min(max(declared, 0), $0.count)) }
         var pixelsOffset: UInt64?
         let width = Int(cursor.width), height = Int(cursor.height)
         if let pixels = cursor.pixels, width > 0, height > 0, width <= WireLimits.maximumCursorSide,

@@ -4,12 +4,12 @@
 //   krakl-backend-host LIBRARY BACKEND-NAME SLOTS WAIT-MS CREATE,START,STOP,DESTROY,LIST-BUDGETS
 //   (the agent's socket on fd 3)
 //
-// The agent spawns it (Sources/KraklCore/Isolation/IsolatedBackendSource.swift); it is not
-// meant to be run by hand. The protocol is in Sources/KraklCore/Isolation/IsolationWire.swift.
+// The agent spawns it (Sources/KraklHost/Isolation/IsolatedBackendSource.swift); it is not
+// meant to be run by hand. The protocol is in Sources/KraklHost/Isolation/IsolationWire.swift.
 import CBackendHost
 import Foundation
 import KraklBase
-import KraklCore
+import KraklHost
 
 /// The child's one exit status of its own: what started it, or what it reads, is not the agent.
 /// (A backend that crashes it ends it by its signal, which the agent reports.)

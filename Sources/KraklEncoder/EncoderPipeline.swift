@@ -1,6 +1,6 @@
 import Foundation
 import KraklBase
-import KraklCore
+import KraklHost
 
 /// Capture → I420 → libvpx → an EncodedFrameSink, driven by damage.
 ///

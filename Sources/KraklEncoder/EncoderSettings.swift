@@ -1,5 +1,5 @@
 import KraklBase
-import KraklCore
+import KraklHost
 
 /// How frames are encoded. Defaults suit a screen shared into a call.
 public struct EncoderSettings: Sendable {

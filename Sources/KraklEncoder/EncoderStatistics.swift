@@ -1,6 +1,6 @@
 import Foundation
 import KraklBase
-import KraklCore
+import KraklHost
 
 /// What the encoder did, in total and per status-line window; read from any thread.
 /// Fixed-size (running sums, an encode-time histogram): per-frame rows go to the frame log as

@@ -1,6 +1,6 @@
 import Foundation
 import KraklBase
-import KraklCore
+import KraklHost
 
 /// The encoder's output to a `VideoFeed` (a room's publisher, the viewers' fan-out): the one
 /// adapter between the encoder's `EncodedFrameSink` and the network side. It also keeps what the

@@ -2,7 +2,7 @@ import CYuv
 import Glibc
 import KraklBackendABI
 import KraklBase
-import KraklCore
+import KraklHost
 
 /// The encoder's picture size for a source size: the source itself when it
 /// fits within `maximum`, else scaled down to fit with its aspect kept;

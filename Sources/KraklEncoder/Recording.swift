@@ -1,5 +1,5 @@
 import KraklBase
-import KraklCore
+import KraklHost
 import Glibc
 
 /// Where encoded frames go: a file now, the RTP publisher later.

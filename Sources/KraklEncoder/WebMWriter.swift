@@ -1,5 +1,5 @@
 import KraklBase
-import KraklCore
+import KraklHost
 import Glibc
 
 /// Writes a WebM (Matroska) file that browsers, ffmpeg and mpv play: one

@@ -1,7 +1,7 @@
 import Foundation
 import KraklBackendABI
 import KraklBase
-import KraklCore
+import KraklHost
 internal import CYuv
 
 /// A frame consumer for scanning: it keeps one luma (Y800) picture of the

@@ -1,5 +1,5 @@
 import KraklBase
-import KraklCore
+import KraklHost
 import KraklRTC
 
 /// Why a sharing session ended. Typed, so the agent can say it in plain

@@ -1,7 +1,7 @@
 import Foundation
 import KraklBackendABI
 import KraklBase
-import KraklCore
+import KraklHost
 import KraklEncoder
 
 /// What a media path tells its owner; on the backend's capture thread or the encoder thread.

@@ -1,5 +1,5 @@
 import KraklBase
-import KraklCore
+import KraklHost
 import KraklRTC
 
 /// The life of one sharing session as a pure state machine: no I/O, no

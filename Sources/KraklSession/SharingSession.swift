@@ -1,7 +1,7 @@
 import Foundation
 import KraklBackendABI
 import KraklBase
-import KraklCore
+import KraklHost
 import KraklEncoder
 import KraklRTC
 import KraklRoom

@@ -1,6 +1,6 @@
 import Foundation
 import KraklBase
-import KraklCore
+import KraklHost
 import KraklRoom
 import KraklRTC
 import KraklViewer

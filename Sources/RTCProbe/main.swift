@@ -16,7 +16,7 @@
 import Foundation
 import KraklBackendABI
 import KraklBase
-import KraklCore
+import KraklHost
 import KraklEncoder
 import KraklRTC
 import KraklRoom

@@ -1,5 +1,5 @@
 /* Test fixture: a stand-in for krakl-backend-host that speaks the isolation protocol
- * (Sources/KraklCore/Isolation/IsolationWire.swift) and then breaks it in one chosen way, to
+ * (Sources/KraklHost/Isolation/IsolationWire.swift) and then breaks it in one chosen way, to
  * prove the agent reads everything the child sends as hostile input. The agent passes the
  * backend's name as the second argument; here it names the misbehaviour:
  *

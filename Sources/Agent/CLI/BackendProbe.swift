@@ -1,7 +1,7 @@
 import Foundation
 import Glibc
 import KraklBase
-import KraklCore
+import KraklHost
 
 /// Loads a backend library in a child process (this same executable, run with a hidden
 /// subcommand), so a library whose constructor exits, crashes or hangs takes down only the

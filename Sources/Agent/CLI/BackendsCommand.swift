@@ -1,6 +1,6 @@
 import Foundation
 import KraklBase
-import KraklCore
+import KraklHost
 
 /// `krakl-agent backends`: every registry entry and whether it loads.
 /// Loading runs only the entry symbol, never create(): a backend's create

@@ -1,6 +1,6 @@
 import Foundation
 import KraklBase
-import KraklCore
+import KraklHost
 
 /// What `krakl-agent --version` says of this build.
 ///

@@ -1,6 +1,6 @@
 import Glibc
 import KraklBase
-import KraklCore
+import KraklHost
 import KraklRoom
 import KraklScan
 import KraklSession

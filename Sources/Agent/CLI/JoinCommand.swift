@@ -1,6 +1,6 @@
 import Foundation
 import KraklBase
-import KraklCore
+import KraklHost
 import KraklRTC
 import KraklRoom
 import KraklSession

@@ -1,7 +1,7 @@
 import Foundation
 import KraklRoom
 import KraklBase
-import KraklCore
+import KraklHost
 import KraklScan
 import KraklViewer
 

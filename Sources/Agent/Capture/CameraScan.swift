@@ -1,6 +1,6 @@
 import Glibc
 import KraklBase
-import KraklCore
+import KraklHost
 
 /// `--scan --camera [NAME]`: the join code read off another device's screen with a camera. The
 /// camera is the PipeWire backend's camera mode (WirePlumber shows V4L2 and libcamera cameras as

@@ -1,7 +1,7 @@
 import Foundation
 import Glibc
 import KraklBase
-import KraklCore
+import KraklHost
 
 /// `krakl-agent open LINK` with no daemon running (the join link clicked before the person ever
 /// started one, or with the user unit not enabled): the link's code must still reach a session.

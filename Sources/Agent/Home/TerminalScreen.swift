@@ -1,6 +1,6 @@
 import Glibc
 import KraklBase
-import KraklCore
+import KraklHost
 
 /// The terminal under the home screen: raw mode (termios), the alternate screen, its size, and
 /// drawing a page of lines by rewriting only the lines that changed (cursor addressing, no full

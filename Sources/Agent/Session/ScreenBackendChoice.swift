@@ -1,6 +1,6 @@
 import Foundation
 import KraklBase
-import KraklCore
+import KraklHost
 
 /// Which backend shows "the screen" when the person named none: one choice for every entry point
 /// (`--join`, `home`, the daemon's `connect`, `--scan`, the viewer), so a room never gets a test

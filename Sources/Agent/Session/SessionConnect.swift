@@ -1,5 +1,5 @@
 import KraklBase
-import KraklCore
+import KraklHost
 import KraklRTC
 import KraklSession
 

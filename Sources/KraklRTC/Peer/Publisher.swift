@@ -67,7 +67,7 @@ public final class Publisher: Sendable {
     /// events that come before a handler is set (a relay failing at once, a local candidate) wait for it
     /// and are delivered in order when it is set; dropped, a relay-only failure would leave the owner
     /// waiting out the connect time-out instead of saying why.
-    public var onEvent: ((PublisherEvent) -> Void)? {
+    public var onEvent: (@Sendable (PublisherEvent) -> Void)? {
         get { state.withLock { $0.eventHandler } }
         set {
             let waiting = state.withLock {
@@ -136,8 +136,8 @@ public final class Publisher: Sendable {
 
     /// What any thread reads or changes, under one lock: signalling, the frame queue, `close()`'s progress.
     struct State {
-        /// nonisolated(unsafe): `onEvent`'s public type is a non-Sendable closure; set on any thread, it is called on the network thread.
-        nonisolated(unsafe) var eventHandler: ((PublisherEvent) -> Void)?
+        /// Set on any thread, called on the network thread.
+        var eventHandler: (@Sendable (PublisherEvent) -> Void)?
         var pendingEvents: [PublisherEvent] = []
         var closing = Closing.open
         var started = false

@@ -2,7 +2,7 @@ import Foundation
 import Glibc
 import KraklBackendABI
 @testable import KraklBase
-@testable import KraklCore
+@testable import KraklHost
 import KraklRoom
 import KraklRTC
 import KraklSession

@@ -1,7 +1,7 @@
 import Foundation
 import Glibc
 import KraklBase
-import KraklCore
+import KraklHost
 import Testing
 
 /// `krakl-agent daemon` and its clients, run as a person runs them: the real agent, each test with

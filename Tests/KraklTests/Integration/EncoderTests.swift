@@ -2,7 +2,7 @@ import Foundation
 import KraklBackendABI
 import Testing
 @testable import KraklBase
-@testable import KraklCore
+@testable import KraklHost
 @testable import KraklEncoder
 
 /// The encoder path through the real agent, judged by real decoders

@@ -2,7 +2,7 @@ import Foundation
 import KraklBackendABI
 import Testing
 @testable import KraklBase
-@testable import KraklCore
+@testable import KraklHost
 @testable import KraklEncoder
 
 /// Issue 13, the recording run's side: backend timestamps that would have trapped, outputs that

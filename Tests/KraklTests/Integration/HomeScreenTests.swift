@@ -1,7 +1,7 @@
 import Foundation
 import Glibc
 import KraklBase
-import KraklCore
+import KraklHost
 import Testing
 
 /// The interactive home screen (docs/home-screen.md), driven as a person would in a terminal:

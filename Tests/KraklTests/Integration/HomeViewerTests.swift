@@ -1,7 +1,7 @@
 import Foundation
 import Glibc
 import KraklBase
-import KraklCore
+import KraklHost
 import Testing
 
 /// The home screen's local preview viewer (`v`, docs/home-screen.md), driven through tmux as a

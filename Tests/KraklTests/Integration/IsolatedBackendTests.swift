@@ -2,7 +2,7 @@ import Foundation
 import KraklBackendABI
 import Testing
 @testable import KraklBase
-@testable import KraklCore
+@testable import KraklHost
 
 /// Isolated mode: a backend in krakl-backend-host, frames through the shared ring. The
 /// misbehaving fixture (Tests/Fixtures/misbehaving_backend.c) crashes, exits and hangs on

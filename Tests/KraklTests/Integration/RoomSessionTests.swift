@@ -1,7 +1,7 @@
 import Foundation
 import Glibc
 import KraklBase
-import KraklCore
+import KraklHost
 import Testing
 
 /// `krakl-agent --join` end to end against a real room: Janus VideoRoom in

@@ -1,7 +1,7 @@
 import Foundation
 import Glibc
 import KraklBase
-import KraklCore
+import KraklHost
 import Testing
 
 /// `krakl-agent --scan` (issue 12 items 1, 3, 4): the join code from a QR on

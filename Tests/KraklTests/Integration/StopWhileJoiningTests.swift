@@ -1,7 +1,7 @@
 import Foundation
 import Testing
 import KraklBase
-import KraklCore
+import KraklHost
 
 /// Ctrl-C while the agent waits on a room server that accepted the connection and never answers:
 /// the person gets the idle prompt at once (not after the driver's 10 s request time-out), and the

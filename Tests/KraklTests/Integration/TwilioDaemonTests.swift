@@ -1,7 +1,7 @@
 import Foundation
 import Glibc
 import KraklBase
-import KraklCore
+import KraklHost
 import Testing
 
 /// The daemon in Twilio rooms (the emulator, Tests/Fixtures/twilio_room.py): `connect` shares, the

@@ -1,7 +1,7 @@
 import Foundation
 import Glibc
 import KraklBase
-import KraklCore
+import KraklHost
 import Testing
 
 /// The brief's workflow through the Twilio room emulator, in the interactive home screen (tmux, an

@@ -1,7 +1,7 @@
 import Foundation
 import Glibc
 import KraklBase
-import KraklCore
+import KraklHost
 import Testing
 
 /// `krakl-agent --join` into a Twilio Video room: the agent's Twilio driver against the room

@@ -1,7 +1,7 @@
 import Foundation
 import Glibc
 import KraklBase
-import KraklCore
+import KraklHost
 import Testing
 
 /// The built-in viewer end to end (issue 14 part 4, "Viewer"): the real agent (file backend, the

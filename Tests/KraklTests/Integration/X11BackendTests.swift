@@ -2,7 +2,7 @@ import Foundation
 import KraklBackendABI
 import Testing
 @testable import KraklBase
-@testable import KraklCore
+@testable import KraklHost
 
 /// The X11 backend against a real X server (Xvfb started by the test).
 @Suite("X11 backend under Xvfb", .serialized, .tags(.integration))

@@ -2,7 +2,7 @@ import Foundation
 import KraklBackendABI
 import Testing
 @testable import KraklBase
-@testable import KraklCore
+@testable import KraklHost
 
 /// Y4M playback, judged by ffmpeg: the file is written by ffmpeg, and the
 /// frames we deliver must be byte for byte what ffmpeg decodes from it.

@@ -1,7 +1,7 @@
 import Foundation
 import KraklBackendABI
 @testable import KraklBase
-@testable import KraklCore
+@testable import KraklHost
 
 /// A frame copied out of a backend callback: tightly packed planes and
 /// damage, so tests can diff pixels after the callback returned.

@@ -3,7 +3,7 @@ import FrameStamp
 import KraklBackendABI
 import Testing
 @testable import KraklBase
-@testable import KraklCore
+@testable import KraklHost
 
 /// The file backend's reported damage must match the pixels that actually
 /// changed: every changed pixel inside a reported rectangle, and no

@@ -1,6 +1,6 @@
 import Testing
 @testable import KraklBase
-@testable import KraklCore
+@testable import KraklHost
 
 @Suite("JSON and option parsing", .tags(.unit))
 struct JSONTests {

@@ -1,5 +1,5 @@
 import KraklBase
-import KraklCore
+import KraklHost
 import Testing
 
 /// The one percentile rule every p50/p99 in the agent, the probe and the bench uses.

@@ -1,5 +1,5 @@
 import KraklBase
-import KraklCore
+import KraklHost
 import Foundation
 @testable import KraklRTC
 import Testing

@@ -1,5 +1,5 @@
 import KraklBase
-import KraklCore
+import KraklHost
 import KraklRoom
 import KraklSession
 import Testing
