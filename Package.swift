@@ -7,8 +7,6 @@ import PackageDescription
 /// a loop it belongs to, a C callback thread), and state that belongs to one event loop is
 /// `LoopBound` (it traps when touched from another thread).
 let swift6: [SwiftSetting] = [.swiftLanguageMode(.v6)]
-/// The bench program alone stays in Swift 5 mode: its top-level code and globals are a script's.
-let swift5: [SwiftSetting] = [.swiftLanguageMode(.v5)]
 
 let package = Package(
     name: "krakl-agent",
@@ -83,7 +81,7 @@ let package = Package(
         // bench/: krakl vs ffmpeg vs GStreamer on the same content (docs/PERFORMANCE.md).
         .executableTarget(name: "KraklBench", dependencies: ["KraklBase", "KraklHost"], path: "bench",
                           exclude: ["xactivity.c", "portal_gst.py", "xroom.c", "xaside.c", "gst_janus_publisher.py", "room_watch.py",
-                                    "chromium_publisher.py", "chromium_share.html", "smaps_parts.py", "alloc_log.c"], swiftSettings: swift5),
+                                    "chromium_publisher.py", "chromium_share.html", "smaps_parts.py", "alloc_log.c"], swiftSettings: swift6),
         .testTarget(name: "KraklTests", dependencies: ["KraklBase", "KraklHost", "KraklEncoder", "FrameStamp", "KraklRTC", "ZeroFill", "BackendKit", "KraklRoom", "KraklSession", "KraklScan", "KraklViewer"], swiftSettings: swift6),
     ]
 )

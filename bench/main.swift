@@ -19,80 +19,91 @@ import KraklBackendABI
 import KraklBase
 import KraklHost
 
-setvbuf(stdout, nil, _IOLBF, 0)
+StandardStream.lineBufferOutput()   // setvbuf(stdout, nil, _IOLBF, 0): KraklBase's one place that touches Glibc's stdout
 
 // MARK: options
 
-var seconds = 10.0
-var scenes = ["static", "typing", "scrolling", "video"]
-var bitrateKbps = 2500
-var width = 1920, height = 1080
-let fps = 30
-var x11Mode = false
-var pipewireMode = false
-var rtcMode = false
-var turnMode = false
-var roomMode = false
-/// `room --service twilio`: the Twilio room emulator instead of Janus.
-var roomService = "janus"
-var roomShareMode = false
-var smapsPrefix: String?
-/// roomshare: which publishers, in the order of the first round (issue 27).
-var roomSharePublisherList = ["krakl", "gst", "chromium"]
-/// roomshare: keep the subscriber's sampled frames and report in this folder.
-var keepSamplesFolder: String?
-var viewerMode = false
-var viewerLoss = true
-var scanMode = false
-var scanCamera = false
-var isolateMode = false
-var soakMode = false
-var soakMinutes = 60
-var soakIsolate = false
-var roundsGiven = false
-var joins = 10
-var joinsGiven = false
-var scenesGiven = false
-var rounds = 3
-var onlyScenarios: [String] = []
-/// rtc: extra arguments for every krakl-rtc-probe (A/B runs of a publisher setting).
-var rtcProbeArguments: [String] = []
-var words = Array(CommandLine.arguments.dropFirst())[...]
-while let word = words.popFirst() {
-    switch word {
-    case "x11": x11Mode = true
-    case "pipewire": pipewireMode = true
-    case "rtc": rtcMode = true
-    case "turn": turnMode = true
-    case "room": roomMode = true
-    case "--service": roomService = words.popFirst() ?? roomService
-    case "roomshare": roomShareMode = true
-    case "--smaps": smapsPrefix = words.popFirst()
-    case "--publishers": roomSharePublisherList = (words.popFirst() ?? "").split(separator: ",").map(String.init)
-    case "--keep-samples": keepSamplesFolder = words.popFirst()
-    case "viewer": viewerMode = true
-    case "--no-loss": viewerLoss = false
-    case "scan": scanMode = true
-    case "--camera": scanCamera = true
-    case "isolate": isolateMode = true
-    case "soak": soakMode = true
-    case "--minutes": soakMinutes = max(1, Int(words.popFirst() ?? "") ?? soakMinutes)
-    case "--isolate": soakIsolate = true
-    case "--joins": joins = max(1, Int(words.popFirst() ?? "") ?? joins); joinsGiven = true
-    case "--rounds": rounds = max(1, Int(words.popFirst() ?? "") ?? rounds); roundsGiven = true
-    case "--seconds": seconds = Double(words.popFirst() ?? "") ?? seconds
-    case "--scenes": scenes = (words.popFirst() ?? "").split(separator: ",").map(String.init); scenesGiven = true
-    case "--probe-arg": if let argument = words.popFirst() { rtcProbeArguments.append(argument) }
-    case "--only": onlyScenarios = (words.popFirst() ?? "").split(separator: "|").map(String.init) // labels hold commas
-    case "--bitrate": bitrateKbps = Int(words.popFirst() ?? "") ?? bitrateKbps
-    case "--size":
-        let parts = (words.popFirst() ?? "").split(separator: "x").compactMap { Int($0) }
-        if parts.count == 2 { (width, height) = (parts[0], parts[1]) }
-    default:
-        print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT'] [--probe-arg ARG]...|turn [--rounds N] [--seconds S (1080p media sessions; 0: connect only)] [--joins N (krakl-agent joins a WHIP room through the relay)]|room [--service janus|twilio] [--joins N]|roomshare [--rounds N] [--seconds S] [--scenes a,b] [--publishers krakl,gst,chromium] [--smaps PREFIX] [--keep-samples DIR]|viewer [--rounds N] [--seconds S] [--no-loss]|scan [--camera] [--rounds N]|soak [--minutes N] [--isolate]|isolate [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
-        exit(2)
+/// The command line, parsed once at start (`BenchOptions.parse`) and then only read, from any
+/// thread: the top-level `options` below is an immutable global of a Sendable type.
+struct BenchOptions: Sendable {
+    var seconds = 10.0
+    var scenes = ["static", "typing", "scrolling", "video"]
+    var bitrateKbps = 2500
+    var width = 1920, height = 1080
+    var x11Mode = false
+    var pipewireMode = false
+    var rtcMode = false
+    var turnMode = false
+    var roomMode = false
+    /// `room --service twilio`: the Twilio room emulator instead of Janus.
+    var roomService = "janus"
+    var roomShareMode = false
+    var smapsPrefix: String?
+    /// roomshare: which publishers, in the order of the first round (issue 27).
+    var roomSharePublisherList = ["krakl", "gst", "chromium"]
+    /// roomshare: keep the subscriber's sampled frames and report in this folder.
+    var keepSamplesFolder: String?
+    var viewerMode = false
+    var viewerLoss = true
+    var scanMode = false
+    var scanCamera = false
+    var isolateMode = false
+    var soakMode = false
+    var soakMinutes = 60
+    var soakIsolate = false
+    var roundsGiven = false
+    var joins = 10
+    var joinsGiven = false
+    var scenesGiven = false
+    var rounds = 3
+    var onlyScenarios: [String] = []
+    /// rtc: extra arguments for every krakl-rtc-probe (A/B runs of a publisher setting).
+    var rtcProbeArguments: [String] = []
+
+    /// The options `arguments` give; prints the usage and exits 2 on a word it does not know.
+    static func parse(_ arguments: ArraySlice<String>) -> BenchOptions {
+        var o = BenchOptions()
+        var words = arguments
+        while let word = words.popFirst() {
+            switch word {
+            case "x11": o.x11Mode = true
+            case "pipewire": o.pipewireMode = true
+            case "rtc": o.rtcMode = true
+            case "turn": o.turnMode = true
+            case "room": o.roomMode = true
+            case "--service": o.roomService = words.popFirst() ?? o.roomService
+            case "roomshare": o.roomShareMode = true
+            case "--smaps": o.smapsPrefix = words.popFirst()
+            case "--publishers": o.roomSharePublisherList = (words.popFirst() ?? "").split(separator: ",").map(String.init)
+            case "--keep-samples": o.keepSamplesFolder = words.popFirst()
+            case "viewer": o.viewerMode = true
+            case "--no-loss": o.viewerLoss = false
+            case "scan": o.scanMode = true
+            case "--camera": o.scanCamera = true
+            case "isolate": o.isolateMode = true
+            case "soak": o.soakMode = true
+            case "--minutes": o.soakMinutes = max(1, Int(words.popFirst() ?? "") ?? o.soakMinutes)
+            case "--isolate": o.soakIsolate = true
+            case "--joins": o.joins = max(1, Int(words.popFirst() ?? "") ?? o.joins); o.joinsGiven = true
+            case "--rounds": o.rounds = max(1, Int(words.popFirst() ?? "") ?? o.rounds); o.roundsGiven = true
+            case "--seconds": o.seconds = Double(words.popFirst() ?? "") ?? o.seconds
+            case "--scenes": o.scenes = (words.popFirst() ?? "").split(separator: ",").map(String.init); o.scenesGiven = true
+            case "--probe-arg": if let argument = words.popFirst() { o.rtcProbeArguments.append(argument) }
+            case "--only": o.onlyScenarios = (words.popFirst() ?? "").split(separator: "|").map(String.init) // labels hold commas
+            case "--bitrate": o.bitrateKbps = Int(words.popFirst() ?? "") ?? o.bitrateKbps
+            case "--size":
+                let parts = (words.popFirst() ?? "").split(separator: "x").compactMap { Int($0) }
+                if parts.count == 2 { (o.width, o.height) = (parts[0], parts[1]) }
+            default:
+                print("usage: krakl-bench [x11|pipewire|rtc [--rounds N] [--only 'TEXT|TEXT'] [--probe-arg ARG]...|turn [--rounds N] [--seconds S (1080p media sessions; 0: connect only)] [--joins N (krakl-agent joins a WHIP room through the relay)]|room [--service janus|twilio] [--joins N]|roomshare [--rounds N] [--seconds S] [--scenes a,b] [--publishers krakl,gst,chromium] [--smaps PREFIX] [--keep-samples DIR]|viewer [--rounds N] [--seconds S] [--no-loss]|scan [--camera] [--rounds N]|soak [--minutes N] [--isolate]|isolate [--rounds N]] [--seconds S] [--scenes a,b] [--bitrate KBPS] [--size WxH]")
+                exit(2)
+            }
+        }
+        return o
     }
 }
+let options = BenchOptions.parse(CommandLine.arguments.dropFirst())
+let fps = 30
 
 let buildDir = URL(fileURLWithPath: (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0])
     .deletingLastPathComponent().path
@@ -102,7 +113,7 @@ let work = NSTemporaryDirectory() + "krakl-bench-\(getpid())"
 try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
 // Every mode ends with exit(), which skips a top-level defer: clean up at exit.
 atexit { try? FileManager.default.removeItem(atPath: work) }
-let frameCount = Int(seconds * Double(fps))
+let frameCount = Int(options.seconds * Double(fps))
 try "{\"version\": 1, \"default\": \"x11\", \"backends\": {\"x11\": {\"library\": \"\(buildDir)/libBackendX11.so\"}}}"
     .write(toFile: work + "/plugins-x11.json", atomically: true, encoding: .utf8)
 try "{\"version\": 1, \"default\": \"file\", \"backends\": {\"file\": {\"library\": \"\(backendLibrary)\"}}}"
@@ -168,13 +179,13 @@ func measure(_ program: String, _ arguments: [String]) -> Measured {
 func bitrate(_ file: String) -> Double {
     let probe = measure(ffprobe, ["-v", "error", "-select_streams", "v:0", "-show_entries", "packet=size", "-of", "csv=p=0", file])
     let bytes = probe.stdout.split(separator: "\n").compactMap { Int($0) }.reduce(0, +)
-    return Double(bytes) * 8 / seconds / 1000
+    return Double(bytes) * 8 / options.seconds / 1000
 }
 
 /// PSNR and SSIM (Y, dB / ratio) of `recording` against raw `reference` frames, frame by frame.
 func quality(_ recording: String, reference: String, pixelFormat: String) -> (psnr: Double, ssim: Double) {
     let filter = "[0:v]format=yuv420p,setpts=N/(30*TB)[a];[1:v]format=yuv420p,setpts=N/(30*TB)[b];[a]split[a1][a2];[b]split[b1][b2];[a1][b1]psnr;[a2][b2]ssim"
-    let run = measure(ffmpeg, ["-v", "info", "-i", recording, "-f", "rawvideo", "-pix_fmt", pixelFormat, "-s", "\(width)x\(height)",
+    let run = measure(ffmpeg, ["-v", "info", "-i", recording, "-f", "rawvideo", "-pix_fmt", pixelFormat, "-s", "\(options.width)x\(options.height)",
                                "-i", reference, "-lavfi", filter, "-f", "null", "-"])
     func number(after key: String, on marker: String) -> Double {
         guard let line = run.stderr.split(separator: "\n").last(where: { $0.contains(marker) }),
@@ -185,46 +196,46 @@ func quality(_ recording: String, reference: String, pixelFormat: String) -> (ps
     return (number(after: "average:", on: "PSNR y:"), number(after: "All:", on: "SSIM Y:"))
 }
 
-if x11Mode {
-    try runX11Bench(seconds: seconds, rounds: rounds)
+if options.x11Mode {
+    try runX11Bench(seconds: options.seconds, rounds: options.rounds)
     exit(0)
 }
-if isolateMode {
-    try runIsolateBench(seconds: seconds, rounds: roundsGiven ? rounds : 2)
+if options.isolateMode {
+    try runIsolateBench(seconds: options.seconds, rounds: options.roundsGiven ? options.rounds : 2)
     exit(0)
 }
-if soakMode {
-    try runSoakBench(minutes: soakMinutes, isolate: soakIsolate)
+if options.soakMode {
+    try runSoakBench(minutes: options.soakMinutes, isolate: options.soakIsolate)
     exit(0)
 }
-if scanMode {
-    if scanCamera { try runCameraScanBench(rounds: roundsGiven ? rounds : 10) } else { try runScanBench(rounds: roundsGiven ? rounds : 10) }
+if options.scanMode {
+    if options.scanCamera { try runCameraScanBench(rounds: options.roundsGiven ? options.rounds : 10) } else { try runScanBench(rounds: options.roundsGiven ? options.rounds : 10) }
     exit(0)
 }
-if roomShareMode {
-    try runRoomShareBench(seconds: seconds == 10 ? 20 : seconds, rounds: rounds, scenes: scenesGiven ? scenes : ["static", "typing", "scrolling"],
-                          publishers: roomSharePublisherList, smapsOut: smapsPrefix, keepSamples: keepSamplesFolder)
+if options.roomShareMode {
+    try runRoomShareBench(seconds: options.seconds == 10 ? 20 : options.seconds, rounds: options.rounds, scenes: options.scenesGiven ? options.scenes : ["static", "typing", "scrolling"],
+                          publishers: options.roomSharePublisherList, smapsOut: options.smapsPrefix, keepSamples: options.keepSamplesFolder)
     exit(0)
 }
-if roomMode {
-    if roomService == "twilio" { try runTwilioRoomBench(joins: joins) } else { try runRoomBench(joins: joins) }
+if options.roomMode {
+    if options.roomService == "twilio" { try runTwilioRoomBench(joins: options.joins) } else { try runRoomBench(joins: options.joins) }
     exit(0)
 }
-if viewerMode {
-    try runViewerBench(seconds: seconds, rounds: roundsGiven ? rounds : 5, loss: viewerLoss)
+if options.viewerMode {
+    try runViewerBench(seconds: options.seconds, rounds: options.roundsGiven ? options.rounds : 5, loss: options.viewerLoss)
     exit(0)
 }
-if turnMode {
+if options.turnMode {
     // --joins N: the agent's whole join through a relay (candidates trickled to the room), not the probe's connect.
-    if joinsGiven { try runTurnJoinBench(joins: joins) } else { try runTurnBench(rounds: rounds, mediaSeconds: seconds) }
+    if options.joinsGiven { try runTurnJoinBench(joins: options.joins) } else { try runTurnBench(rounds: options.rounds, mediaSeconds: options.seconds) }
     exit(0)
 }
-if rtcMode {
-    try runRtcBench(seconds: seconds, rounds: rounds, only: onlyScenarios, probeArguments: rtcProbeArguments)
+if options.rtcMode {
+    try runRtcBench(seconds: options.seconds, rounds: options.rounds, only: options.onlyScenarios, probeArguments: options.rtcProbeArguments)
     exit(0)
 }
-if pipewireMode {
-    try runPipeWireBench(seconds: seconds, rounds: rounds, scenes: scenesGiven ? scenes : ["static", "terminal", "scrolling"])
+if options.pipewireMode {
+    try runPipeWireBench(seconds: options.seconds, rounds: options.rounds, scenes: options.scenesGiven ? options.scenes : ["static", "terminal", "scrolling"])
     exit(0)
 }
 
@@ -245,7 +256,7 @@ final class RawStreamWriter: FrameSink, @unchecked Sendable {
 
     init(path: String, limit: Int) {
         file = fopen(path, "wb")!
-        frameBytes = width * height * 4
+        frameBytes = options.width * options.height * 4
         latest = [UInt8](repeating: 0, count: frameBytes)
         self.limit = limit
     }
@@ -259,7 +270,7 @@ final class RawStreamWriter: FrameSink, @unchecked Sendable {
         while written < min(tick, limit) { writeLatest() }   // unchanged ticks repeat the picture
         let stride = info.strides[0]
         latest.withUnsafeMutableBufferPointer { out in
-            for row in 0..<height { memcpy(out.baseAddress! + row * width * 4, info.planes[0]! + row * stride, width * 4) }
+            for row in 0..<options.height { memcpy(out.baseAddress! + row * options.width * 4, info.planes[0]! + row * stride, options.width * 4) }
         }
         if written < limit { writeLatest() }
         if written >= limit { done.signal() }
@@ -280,15 +291,15 @@ final class RawStreamWriter: FrameSink, @unchecked Sendable {
 
 func makeRawStream(scene: String, path: String) throws {
     let library = try BackendLibrary.load(path: backendLibrary, backend: "file")
-    var options = JSONObject()
-    options["scene"] = .string(scene)
-    options["width"] = .number("\(width)")
-    options["height"] = .number("\(height)")
-    options["fps"] = .number("\(fps)")
+    var backendOptions = JSONObject()
+    backendOptions["scene"] = .string(scene)
+    backendOptions["width"] = .number("\(options.width)")
+    backendOptions["height"] = .number("\(options.height)")
+    backendOptions["fps"] = .number("\(fps)")
     let writer = RawStreamWriter(path: path, limit: frameCount)
-    let source = try BackendSource(library: library, backendName: "file", options: options, sink: writer, logger: { _, _, _ in })
+    let source = try BackendSource(library: library, backendName: "file", options: backendOptions, sink: writer, logger: { _, _, _ in })
     try source.start()
-    _ = writer.done.wait(timeout: .now() + seconds + 2)
+    _ = writer.done.wait(timeout: .now() + options.seconds + 2)
     try source.stop()
     try source.destroy()
     writer.finish()
@@ -304,18 +315,18 @@ struct Row {
 }
 var rows: [Row] = []
 
-print("krakl-bench: \(scenes.joined(separator: ", ")) at \(width)x\(height), \(fps) fps, \(bitrateKbps) kbit/s, \(Int(seconds)) s of content each")
-for scene in scenes {
-    let options = ["--option", "scene=\(scene)", "--option", "width=\(width)", "--option", "height=\(height)", "--option", "fps=\(fps)"]
+print("krakl-bench: \(options.scenes.joined(separator: ", ")) at \(options.width)x\(options.height), \(fps) fps, \(options.bitrateKbps) kbit/s, \(Int(options.seconds)) s of content each")
+for scene in options.scenes {
+    let sceneOptions = ["--option", "scene=\(scene)", "--option", "width=\(options.width)", "--option", "height=\(options.height)", "--option", "fps=\(fps)"]
     // krakl, measured run (no dumps, so nothing extra on its threads).
     let stats = work + "/stats.json", recording = work + "/krakl.webm"
     print("  \(scene): krakl-agent …")
-    let run = measure(agent, ["--plugins", work + "/plugins.json", "-q"] + options + ["--seconds", "\(seconds)", "--bitrate", "\(bitrateKbps)",
+    let run = measure(agent, ["--plugins", work + "/plugins.json", "-q"] + sceneOptions + ["--seconds", "\(options.seconds)", "--bitrate", "\(options.bitrateKbps)",
                               "--record", recording, "--stats-json", stats])
     _ = run
     let json = (try? JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: stats)))) as? [String: Any] ?? [:]
     var row = Row(scene: scene, encoder: "krakl (encoder path)")
-    let contentMinutes = seconds / 60
+    let contentMinutes = options.seconds / 60
     row.cpuPerMinute = (json["encoder_cpu_seconds"] as? Double ?? .nan) / contentMinutes
     row.latencyP50 = json["encode_ms_p50"] as? Double ?? .nan
     row.latencyP99 = json["encode_ms_p99"] as? Double ?? .nan
@@ -325,7 +336,7 @@ for scene in scenes {
                       run.cpuSeconds / contentMinutes)
     // Quality run: same scene, dumping the encoder's input to compare against.
     let input = work + "/krakl-input.yuv", qualityRecording = work + "/krakl-q.webm"
-    _ = measure(agent, ["--plugins", work + "/plugins.json", "-q"] + options + ["--seconds", "\(seconds)", "--bitrate", "\(bitrateKbps)",
+    _ = measure(agent, ["--plugins", work + "/plugins.json", "-q"] + sceneOptions + ["--seconds", "\(options.seconds)", "--bitrate", "\(options.bitrateKbps)",
                         "--record", qualityRecording, "--dump-input", input])
     (row.psnr, row.ssim) = quality(qualityRecording, reference: input, pixelFormat: "yuv420p")
     try? FileManager.default.removeItem(atPath: input)
@@ -334,12 +345,12 @@ for scene in scenes {
     print("  \(scene): writing the constant-rate raw stream …")
     let raw = work + "/\(scene).bgrx"
     try makeRawStream(scene: scene, path: raw)
-    let rawInput = ["-f", "rawvideo", "-pix_fmt", "bgr0", "-s", "\(width)x\(height)", "-r", "\(fps)", "-i", raw]
+    let rawInput = ["-f", "rawvideo", "-pix_fmt", "bgr0", "-s", "\(options.width)x\(options.height)", "-r", "\(fps)", "-i", raw]
 
     print("  \(scene): ffmpeg …")
     let ffOut = work + "/ffmpeg.webm"
     let ff = measure(ffmpeg, ["-y", "-loglevel", "info", "-benchmark_all"] + rawInput + ["-c:v", "libvpx", "-deadline", "realtime", "-cpu-used", "6",
-                     "-b:v", "\(bitrateKbps)k", "-minrate", "\(bitrateKbps)k", "-maxrate", "\(bitrateKbps)k", "-lag-in-frames", "0", ffOut])
+                     "-b:v", "\(options.bitrateKbps)k", "-minrate", "\(options.bitrateKbps)k", "-maxrate", "\(options.bitrateKbps)k", "-lag-in-frames", "0", ffOut])
     var ffRow = Row(scene: scene, encoder: "ffmpeg -c:v libvpx")
     ffRow.cpuPerMinute = ff.cpuSeconds / contentMinutes
     // -benchmark_all logs two encode_video lines a frame (send, receive): sum each pair.
@@ -359,9 +370,9 @@ for scene in scenes {
 
     print("  \(scene): gst-launch-1.0 …")
     let gstOut = work + "/gst.webm"
-    let g = measure(gst, ["-q", "filesrc", "location=\(raw)", "!", "rawvideoparse", "width=\(width)", "height=\(height)", "format=bgrx",
+    let g = measure(gst, ["-q", "filesrc", "location=\(raw)", "!", "rawvideoparse", "width=\(options.width)", "height=\(options.height)", "format=bgrx",
                           "framerate=\(fps)/1", "!", "videoconvert", "!", "vp8enc", "deadline=1", "cpu-used=6", "end-usage=cbr",
-                          "target-bitrate=\(bitrateKbps * 1000)", "lag-in-frames=0", "!", "webmmux", "!", "filesink", "location=\(gstOut)"])
+                          "target-bitrate=\(options.bitrateKbps * 1000)", "lag-in-frames=0", "!", "webmmux", "!", "filesink", "location=\(gstOut)"])
     var gRow = Row(scene: scene, encoder: "gst vp8enc deadline=1")
     gRow.cpuPerMinute = g.cpuSeconds / contentMinutes
     gRow.kbps = bitrate(gstOut)
@@ -380,7 +391,7 @@ for r in rows {
     print("| \(r.scene) | \(r.encoder) | \(cell(r.cpuPerMinute, "%.2f")) | \(cell(r.latencyP50, "%.1f")) / \(cell(r.latencyP99, "%.1f")) | \(cell(r.kbps, "%.0f")) | \(cell(r.psnr, "%.2f")) | \(cell(r.ssim, "%.4f")) | \(cell(r.rssMB, "%.1f")) | \(r.note) |")
 }
 print("")
-for scene in scenes {
+for scene in options.scenes {
     guard let k = rows.first(where: { $0.scene == scene && $0.encoder.hasPrefix("krakl") }),
           let f = rows.first(where: { $0.scene == scene && $0.encoder.hasPrefix("ffmpeg") }),
           let g = rows.first(where: { $0.scene == scene && $0.encoder.hasPrefix("gst") }) else { continue }
