@@ -237,7 +237,7 @@ func roomShareSession(publisher: String, name: String, scene: String, session: I
         // The raw files too, for bench/smaps_parts.py (memory by part: libvpx, pictures, libraries).
         let raw = smapsPath.hasSuffix(".txt") ? String(smapsPath.dropLast(4)) : smapsPath
         for file in ["smaps", "status"] {
-            FileManager.default.createFile(atPath: raw + "." + file, contents: Data(readProcFile("/proc/\(root)/\(file)")))
+            _ = FileManager.default.createFile(atPath: raw + "." + file, contents: Data(readProcFile("/proc/\(root)/\(file)")))
         }
         // Run under bench/alloc_log.c (KRAKL_ALLOC_LOG=DIR LD_PRELOAD=…), the anonymous memory split
         // into libvpx's buffers and the pipeline's pictures, read while the agent lives.

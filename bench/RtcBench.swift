@@ -26,6 +26,7 @@
 import KraklBase
 import KraklHost
 import Foundation
+import Synchronization
 
 // MARK: scenarios
 
@@ -73,19 +74,15 @@ struct RtcRun {
 // MARK: cleanup on every path (also Ctrl-C)
 
 /// Children and namespaces alive right now, for the SIGINT/SIGTERM handler.
-final class RtcLive: @unchecked Sendable {
+final class RtcLive: Sendable {
     static let shared = RtcLive()
-    private let lock = NSLock()
-    private var pids: Set<pid_t> = []
-    private var namespaces: Set<String> = []
-    func add(pid: pid_t) { lock.lock(); pids.insert(pid); lock.unlock() }
-    func remove(pid: pid_t) { lock.lock(); pids.remove(pid); lock.unlock() }
-    func add(namespace: String) { lock.lock(); namespaces.insert(namespace); lock.unlock() }
-    func remove(namespace: String) { lock.lock(); namespaces.remove(namespace); lock.unlock() }
+    private let live = Mutex<(pids: Set<pid_t>, namespaces: Set<String>)>(([], []))
+    func add(pid: pid_t) { live.withLock { _ = $0.pids.insert(pid) } }
+    func remove(pid: pid_t) { live.withLock { _ = $0.pids.remove(pid) } }
+    func add(namespace: String) { live.withLock { _ = $0.namespaces.insert(namespace) } }
+    func remove(namespace: String) { live.withLock { _ = $0.namespaces.remove(namespace) } }
     func tearDown() {
-        lock.lock()
-        let (p, n) = (pids, namespaces)
-        lock.unlock()
+        let (p, n) = live.withLock { ($0.pids, $0.namespaces) }
         for pid in p { kill(pid, SIGKILL); var s: Int32 = 0; waitpid(pid, &s, 0) }
         for name in n {
             let pid = launch(BenchNamespace.ip, ["netns", "del", name])
@@ -95,20 +92,24 @@ final class RtcLive: @unchecked Sendable {
     }
 }
 
-nonisolated(unsafe) var rtcSignalSources: [DispatchSourceSignal] = []
+/// The installed handlers' sources, kept alive for the whole run.
+let rtcSignalSources = Mutex<[DispatchSourceSignal]>([])
 
 func installRtcSignalCleanup() {
     for sig in [SIGINT, SIGTERM] {
         signal(sig, SIG_IGN)
-        let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
-        source.setEventHandler {
-            print("krakl-bench rtc: interrupted; killing the sessions and deleting their namespaces")
-            RtcLive.shared.tearDown()
-            try? FileManager.default.removeItem(atPath: work)
-            exit(130)
+        // Made inside the lock: a DispatchSourceSignal is not Sendable, so it goes into the list it is made for.
+        rtcSignalSources.withLock { sources in
+            let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
+            source.setEventHandler {
+                print("krakl-bench rtc: interrupted; killing the sessions and deleting their namespaces")
+                RtcLive.shared.tearDown()
+                try? FileManager.default.removeItem(atPath: work)
+                exit(130)
+            }
+            source.resume()
+            sources.append(source)
         }
-        source.resume()
-        rtcSignalSources.append(source)
     }
     signal(SIGPIPE, SIG_IGN) // a child that died must not take the bench with it when we write its stdin
 }

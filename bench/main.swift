@@ -18,6 +18,7 @@ import Foundation
 import KraklBackendABI
 import KraklBase
 import KraklHost
+import Synchronization
 
 StandardStream.lineBufferOutput()   // setvbuf(stdout, nil, _IOLBF, 0): KraklBase's one place that touches Glibc's stdout
 
@@ -244,48 +245,57 @@ func percentile(_ values: [Double], _ p: Double) -> Double { values.sorted().nea
 // MARK: the constant-rate raw stream for ffmpeg and GStreamer
 
 /// Keeps the newest frame and writes one frame per 1/30 s tick of capture
-/// time: what a capturer without damage delivers.
-final class RawStreamWriter: FrameSink, @unchecked Sendable {
-    let file: UnsafeMutablePointer<FILE>
-    let frameBytes: Int
-    var latest: [UInt8]
-    var written = 0
-    var start: UInt64?
+/// time: what a capturer without damage delivers. Frames come on the backend's
+/// capture thread and finish() on the caller's, so the stream is behind a Mutex.
+final class RawStreamWriter: FrameSink {
+    private struct Stream {
+        let file: UnsafeMutablePointer<FILE>
+        let frameBytes: Int
+        var latest: [UInt8]
+        var written = 0
+        var start: UInt64?
+
+        mutating func writeLatest() {
+            fwrite(latest, 1, frameBytes, file)
+            written += 1
+        }
+    }
+    private let stream: Mutex<Stream>
     let limit: Int
     let done = DispatchSemaphore(value: 0)
 
     init(path: String, limit: Int) {
-        file = fopen(path, "wb")!
-        frameBytes = options.width * options.height * 4
-        latest = [UInt8](repeating: 0, count: frameBytes)
+        let frameBytes = options.width * options.height * 4
+        stream = Mutex(Stream(file: fopen(path, "wb")!, frameBytes: frameBytes, latest: [UInt8](repeating: 0, count: frameBytes)))
         self.limit = limit
     }
 
     func frame(_ pointer: UnsafePointer<krakl_frame>) {
         let info = FrameInfo(pointer)
-        let stamp = info.raw.timestamp_ns
-        let first = start ?? stamp
-        start = first
-        let tick = Int((Double(stamp - first) / 1e9 * Double(fps)).rounded())
-        while written < min(tick, limit) { writeLatest() }   // unchanged ticks repeat the picture
-        let stride = info.strides[0]
-        latest.withUnsafeMutableBufferPointer { out in
-            for row in 0..<options.height { memcpy(out.baseAddress! + row * options.width * 4, info.planes[0]! + row * stride, options.width * 4) }
+        let (width, height, limit) = (options.width, options.height, limit)
+        let reachedLimit = stream.withLock { stream in
+            let stamp = info.raw.timestamp_ns
+            let first = stream.start ?? stamp
+            stream.start = first
+            let tick = Int((Double(stamp - first) / 1e9 * Double(fps)).rounded())
+            while stream.written < min(tick, limit) { stream.writeLatest() }   // unchanged ticks repeat the picture
+            let stride = info.strides[0]
+            stream.latest.withUnsafeMutableBufferPointer { out in
+                for row in 0..<height { memcpy(out.baseAddress! + row * width * 4, info.planes[0]! + row * stride, width * 4) }
+            }
+            if stream.written < limit { stream.writeLatest() }
+            return stream.written >= limit
         }
-        if written < limit { writeLatest() }
-        if written >= limit { done.signal() }
-    }
-
-    func writeLatest() {
-        fwrite(latest, 1, frameBytes, file)
-        written += 1
+        if reachedLimit { done.signal() }
     }
 
     func event(_ event: SourceEvent) {}
 
     func finish() {
-        while written < limit { writeLatest() }
-        fclose(file)
+        stream.withLock { stream in
+            while stream.written < limit { stream.writeLatest() }
+            fclose(stream.file)
+        }
     }
 }
 
