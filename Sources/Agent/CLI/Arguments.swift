@@ -92,13 +92,29 @@ struct Arguments {
     }
 
     init(_ words: [String], environment: [String: String] = ProcessInfo.processInfo.environment) throws(HostError) {
+        var positional: [String] = []
+        var given = Given()
+        // A flag that ends the reading (--help, --version) leaves the rest unread.
+        guard try readFlags(words, positional: &positional, given: &given) else { return }
+        // A malformed $KRAKL_TWILIO_URL is a usage error now, not a silent fall-back to Twilio's endpoint.
+        if twilioURL == nil, let text = environment["KRAKL_TWILIO_URL"], !text.isEmpty {
+            do throws(JoinCodeError) { twilioURL = try JoinCode.signalingURL(text) } catch {
+                throw .usage("KRAKL_TWILIO_URL=\(text.prefix(200)): \(Self.urlProblem(error))")
+            }
+        }
+        try readCommand(positional, environment: environment)
+        if command == .help { return }
+        try checkAcrossFlags(given, positional: positional)
+    }
+
+    /// The flags, each through its entry in the flag table, and the other words in order; false
+    /// when a flag ended the reading.
+    private mutating func readFlags(_ words: [String], positional: inout [String], given: inout Given) throws(HostError) -> Bool {
         var rest = words[...]
         func value(for flag: String) throws(HostError) -> String {
             guard let next = rest.popFirst() else { throw .usage("\(flag) needs a value") }
             return next
         }
-        var positional: [String] = []
-        var given = Given()
         while let word = rest.popFirst() {
             // --flag=value is the same as --flag value.
             var name = word
@@ -128,14 +144,13 @@ struct Arguments {
             } catch {
                 throw .usage("\(name) \(text): \(error)")
             }
-            if flag.ends { return }
+            if flag.ends { return false }
         }
-        // A malformed $KRAKL_TWILIO_URL is a usage error now, not a silent fall-back to Twilio's endpoint.
-        if twilioURL == nil, let text = environment["KRAKL_TWILIO_URL"], !text.isEmpty {
-            do throws(JoinCodeError) { twilioURL = try JoinCode.signalingURL(text) } catch {
-                throw .usage("KRAKL_TWILIO_URL=\(text.prefix(200)): \(Self.urlProblem(error))")
-            }
-        }
+        return true
+    }
+
+    /// The command the first positional word names (none: run, or join with a code from the flags or $KRAKL_JOIN).
+    private mutating func readCommand(_ positional: [String], environment: [String: String]) throws(HostError) {
         switch positional.first {
         case nil, "run":
             command = .run
@@ -156,7 +171,7 @@ struct Arguments {
         case "conformance":
             guard positional.count >= 2 else { throw .usage("conformance needs the path of a backend library (.so)") }
             command = .conformance(positional[1])
-        case "help": command = .help; return
+        case "help": command = .help
         case "daemon": command = .daemon
         case "home": command = .home
         case "status": command = .control(.status)
@@ -169,6 +184,11 @@ struct Arguments {
             command = .control(.connect(.code(.link(positional[1]))))
         default: throw .usage("unknown command \(positional[0]) (commands: \(Self.commands.joined(separator: ", ")))")
         }
+    }
+
+    /// What no single flag can judge: flags that contradict each other or the command, the viewer's
+    /// address, and words left over.
+    private mutating func checkAcrossFlags(_ given: Given, positional: [String]) throws(HostError) {
         if preview && camera == nil { throw .usage("--preview shows a camera's picture while it is scanned: give it with --camera") }
         if preview && command != .scan && command != .home {
             throw .usage("--preview is for a scan this process runs (--scan --camera, home), not one through the daemon")
