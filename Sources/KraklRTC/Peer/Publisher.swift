@@ -49,7 +49,7 @@ import Foundation
 ///
 /// `KraklRTC.prepare()` at start-up keeps the process's one-time set-up off the first join.
 /// Sendable, checked: what any thread changes is in `state` (Guarded), what the network thread owns in
-/// `net` and `transport` (LoopBound to `loop`); the two exceptions are marked `nonisolated(unsafe)`.
+/// `net` and `transport` (LoopBound to `loop`); the one exception, `certificate`, is marked `nonisolated(unsafe)`.
 public final class Publisher: Sendable {
     public let configuration: PublisherConfiguration
     public let role: PeerRole
