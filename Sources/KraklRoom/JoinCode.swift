@@ -74,10 +74,9 @@ public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomRefl
     /// newline) is ignored; everything else must follow the format.
     /// Unknown fields are ignored, so later versions can add optional ones.
     public init(parsing input: String) throws(JoinCodeError) {
-        func fail(_ problem: JoinCodeError.CodeProblem) -> JoinCodeError { .malformedCode(problem) }
         let text = input.trimmingCharacters(in: .whitespacesAndNewlines)
-        guard !text.isEmpty else { throw fail(.empty) }
-        guard text.utf8.count <= Self.maximumLength else { throw fail(.tooLong(bytes: text.utf8.count)) }
+        guard !text.isEmpty else { throw .malformedCode(.empty) }
+        guard text.utf8.count <= Self.maximumLength else { throw .malformedCode(.tooLong(bytes: text.utf8.count)) }
         let firstOdd = text.unicodeScalars.firstIndex { !Self.isCodeCharacter($0.value) }
         // Case-insensitive like any URI scheme; some QR apps upper-case it. Judged before the
         // characters: text that is no code at all ("hello world") is told so, not where its space is.
@@ -88,19 +87,19 @@ public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomRefl
                 urlIsDefault = true
                 return
             }
-            throw fail(.notAJoinCode)
+            throw .malformedCode(.notAJoinCode)
         }
         if let bad = firstOdd {
-            throw fail(.notPrintableASCII(position: text.unicodeScalars.distance(from: text.unicodeScalars.startIndex, to: bad) + 1))
+            throw .malformedCode(.notPrintableASCII(position: text.unicodeScalars.distance(from: text.unicodeScalars.startIndex, to: bad) + 1))
         }
         let (version, single, ice) = try Self.readFields(text.dropFirst(Self.prefix.count))
 
         func required(_ name: String) throws(JoinCodeError) -> String {
-            guard let raw = single[name], !raw.isEmpty else { throw fail(.missingField(name)) }
+            guard let raw = single[name], !raw.isEmpty else { throw .malformedCode(.missingField(name)) }
             return try Self.decode(raw, field: name)
         }
         let kind = try required("k")
-        guard let service = Service(rawValue: kind.lowercased()) else { throw fail(.unknownService(JoinCodeError.clip(kind))) }
+        guard let service = Service(rawValue: kind.lowercased()) else { throw .malformedCode(.unknownService(JoinCodeError.clip(kind))) }
         // A Twilio code may leave out its signalling URL (Twilio's own is the default); others may not.
         let defaulted = service == .twilio && (single["u"] ?? "").isEmpty
         let url = if defaulted { Self.twilioDefaultURL }
@@ -110,12 +109,12 @@ public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomRefl
         var room: String?
         if let raw = single["r"] {
             let value = try Self.decode(raw, field: "r")
-            if let reason = Self.roomProblem(value) { throw fail(.badRoom(reason)) }
+            if let reason = Self.roomProblem(value) { throw .malformedCode(.badRoom(reason)) }
             room = value
         }
         var acrossOrigins = false
         if let raw = single["xo"] {
-            guard raw == "0" || raw == "1" else { throw fail(.badFlag("xo")) }
+            guard raw == "0" || raw == "1" else { throw .malformedCode(.badFlag("xo")) }
             acrossOrigins = raw == "1"
         }
         var servers: [IceServer] = []
@@ -138,25 +137,24 @@ public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomRefl
     /// once), and the `ice` fields in order. Empty fields (a trailing ';') are harmless and skipped;
     /// unknown ones are ignored.
     private static func readFields(_ body: Substring) throws(JoinCodeError) -> (version: Int, single: [String: Substring], ice: [Substring]) {
-        func fail(_ problem: JoinCodeError.CodeProblem) -> JoinCodeError { .malformedCode(problem) }
         let fields = body.split(separator: ";")
-        guard let first = fields.first, first.hasPrefix("v=") else { throw fail(.versionNotFirst) }
+        guard let first = fields.first, first.hasPrefix("v=") else { throw .malformedCode(.versionNotFirst) }
         let versionText = first.dropFirst(2)
         guard (1...9).contains(versionText.count), versionText.allSatisfy(\.isASCIIDigit), let version = Int(versionText), version >= 1 else {
-            throw fail(.badVersion)
+            throw .malformedCode(.badVersion)
         }
         guard version == Self.currentVersion else { throw .unsupportedVersion(version) }
 
         var single: [String: Substring] = ["v": versionText]
         var ice: [Substring] = []
         for field in fields.dropFirst() {
-            guard let equals = field.firstIndex(of: "=") else { throw fail(.fieldWithoutValue(JoinCodeError.clip(String(field)))) }
+            guard let equals = field.firstIndex(of: "=") else { throw .malformedCode(.fieldWithoutValue(JoinCodeError.clip(String(field)))) }
             let name = String(field[..<equals]), value = field[field.index(after: equals)...]
             switch name {
             case "ice":
                 ice.append(value)
             case "v", "k", "u", "t", "r", "xo":
-                guard single[name] == nil else { throw fail(.duplicateField(name)) }
+                guard single[name] == nil else { throw .malformedCode(.duplicateField(name)) }
                 single[name] = value
             default:
                 continue
