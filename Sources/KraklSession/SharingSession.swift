@@ -45,6 +45,9 @@ public struct SharingConfiguration: Sendable {
         // What it also did, raising the quality of what stopped changing, a few passes after the
         // screen settles still do (then nothing until the next change).
         encoder.refreshForReceiversThatAsk()
+        // Rooms are SFUs (Janus, Twilio, a WHIP server): a PLI is for a subscriber that may have joined
+        // while a keyframe was already leaving, so it is answered rather than taken as a crossing.
+        publisher.keyframeRequestSender = .anSfu
     }
 }
 

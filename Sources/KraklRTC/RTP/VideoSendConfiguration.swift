@@ -18,6 +18,8 @@ public struct VideoSendConfiguration: Sendable {
     public var historyCapacity = 2048
     /// Keyframe requests reach the encoder at most this often.
     public var keyframeRequestInterval: Duration = .milliseconds(300)
+    /// Who sends the PLIs and FIRs: the receiver itself, or an SFU on behalf of its subscribers.
+    public var keyframeRequestSender = KeyframeRequestSender.theReceiver
     /// A NACK asking for more packets than this gets a keyframe instead of retransmissions.
     public var nackBurstLimit = 64
     /// How many copies of a NACKed packet go out (each its own RTX packet). Two: a receiver that asks for a
@@ -57,4 +59,21 @@ public struct VideoSendConfiguration: Sendable {
     public var playoutDelay: PlayoutDelay?
 
     public init() {}
+}
+
+/// Whose keyframe requests a stream gets, which decides whether a request that arrives while a keyframe
+/// is on its way is answered.
+public enum KeyframeRequestSender: Sendable, Equatable {
+    /// The one receiver: a request that arrives while a keyframe is in the pacer, or within an RTT
+    /// (+50 ms) after it left, most likely crossed it and is dropped. Otherwise a congested link
+    /// answers every PLI with another large keyframe and stays congested.
+    case theReceiver
+    /// An SFU (a room): it asks for a subscriber that has just joined, and that subscriber gets only
+    /// the packets sent after it joined, so a keyframe already leaving may not reach it. Every request
+    /// is answered, at most once per `keyframeRequestInterval`; the SFU repairs its own uplink with
+    /// NACKs and throttles its subscribers' requests itself. Measured with Janus (docs/PERFORMANCE.md,
+    /// "The static screen's slow first frame"): a subscriber that joined while the first keyframe was
+    /// leaving got its PLI dropped and, on a still screen, saw its first picture ≈ 1.3 s after the
+    /// start instead of ≈ 0.25 s.
+    case anSfu
 }

@@ -91,6 +91,7 @@ public final class VideoSendStream {
     private var sentTimes: [(sequence: UInt16, sendNs: UInt64, size: Int)?]
     private var keyframeLimiter: KeyframeRequestLimiter
     private var lastFirSequence: UInt8?
+    private let keyframeRequestSender: KeyframeRequestSender
     /// The last packet of the newest keyframe while it waits in the pacer, and when such a packet last left.
     private var keyframeTailSequence: UInt16?
     private var lastKeyframeSentNs: UInt64?
@@ -128,6 +129,7 @@ public final class VideoSendStream {
                                     ceiling: configuration.startupProbeCeiling)
         sentTimes = Array(repeating: nil, count: 8192)
         keyframeLimiter = KeyframeRequestLimiter(interval: configuration.keyframeRequestInterval)
+        keyframeRequestSender = configuration.keyframeRequestSender
         stats.update { $0.targetBitrate = estimator.target }
     }
 
@@ -313,10 +315,13 @@ public final class VideoSendStream {
 
     // MARK: Keyframes
 
-    /// A PLI, FIR or outage-sized NACK. Ignored while a keyframe is still in the pacer or less than an
-    /// RTT (+50 ms) has passed since one left: the request most likely crossed it on the way. Without
-    /// this, a congested link answers every PLI with another large keyframe and stays congested.
+    /// A PLI, FIR or outage-sized NACK. From the receiver itself, ignored while a keyframe is still in
+    /// the pacer or less than an RTT (+50 ms) has passed since one left (`KeyframeRequestSender`).
     private func receiverWantsKeyframe(now: UInt64) {
+        if keyframeRequestSender == .anSfu {
+            requestKeyframe(now: now)
+            return
+        }
         if keyframeTailSequence != nil {
             stats.update { $0.keyframeRequestsSuppressed += 1 }
             return

@@ -72,7 +72,7 @@ final class PipeWireStack {
         process.currentDirectoryURL = URL(fileURLWithPath: folder)
         var sink = FileHandle.nullDevice
         if let output {
-            FileManager.default.createFile(atPath: output, contents: nil)
+            _ = FileManager.default.createFile(atPath: output, contents: nil)
             sink = try #require(FileHandle(forWritingAtPath: output), "cannot write \(output)")
         }
         process.standardOutput = sink

@@ -285,6 +285,31 @@ func rtcTransportFeedback(mediaSSRC: UInt32, base: UInt16, count: UInt16, feedba
         #expect(h.stats.snapshot.keyframeRequestsSuppressed == 1)
     }
 
+    @Test func anSfusPliWhileTheKeyframeIsLeavingIsAnswered() {
+        // The same slow keyframe, but the requests come from an SFU: the PLI is for a subscriber that
+        // joined after the keyframe began to leave, which the keyframe in the pacer does not reach whole.
+        let h = SendStreamHarness {
+            $0.startBitrate = 150_000; $0.minimumBitrate = 150_000; $0.startupProbeCeiling = 0
+            $0.keyframeRequestSender = .anSfu
+        }
+        h.stream.start(now: h.now)
+        h.stream.enqueue([OutgoingVideoFrame(data: [UInt8](repeating: 1, count: 60_000), keyframe: true, captureNs: h.now, width: 64, height: 64)],
+                         queueOverflowed: false, now: h.now)
+        h.advance(ms: 1)
+        #expect(h.rtp.count > 0, "part of the keyframe has left")
+        h.advance(ms: 400)
+        h.rtcp([RtcpWriter.pictureLossIndication(senderSSRC: 7, mediaSSRC: SendStreamHarness.ssrc)])
+        #expect(h.keyframeRequests == 2)
+        #expect(h.stats.snapshot.keyframeRequestsSuppressed == 0)
+        // Still at most one request per interval: two more right away coalesce into one at its end.
+        h.advance(ms: 10)
+        h.rtcp([RtcpWriter.pictureLossIndication(senderSSRC: 7, mediaSSRC: SendStreamHarness.ssrc)])
+        h.rtcp([RtcpWriter.pictureLossIndication(senderSSRC: 7, mediaSSRC: SendStreamHarness.ssrc)])
+        #expect(h.keyframeRequests == 2)
+        h.advance(ms: 300)
+        #expect(h.keyframeRequests == 3)
+    }
+
     @Test func firWithARepeatedSequenceNumberIsOneRequest() {
         let h = SendStreamHarness()
         h.stream.start(now: h.now)
