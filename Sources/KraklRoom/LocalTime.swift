@@ -16,17 +16,23 @@ enum LocalTime {
         let day = String(cFormat: "%04d-%02d-%02d %02d:%02d:%02d", Int(parts.tm_year) + 1900, Int(parts.tm_mon) + 1, Int(parts.tm_mday),
                          Int(parts.tm_hour), Int(parts.tm_min), Int(parts.tm_sec))
         let abbreviation = parts.tm_zone.map { String(cString: $0) } ?? ""
-        return day + " " + zoneName(abbreviation: abbreviation, offset: parts.tm_gmtoff)
+        return day + " " + zoneName(abbreviation: abbreviation, offset: parts.tm_gmtoff, zone: localZoneName)
     }
 
-    /// ICU's short specific zone name in English: the US abbreviations where the offset is theirs,
-    /// "UTC" for UTC, otherwise the offset from GMT.
-    static func zoneName(abbreviation: String, offset: Int) -> String {
+    /// ICU's short specific zone name in English for the zone named `zone` (a tz database name):
+    /// the US abbreviations where the offset is theirs, "UTC" for UTC, otherwise the offset from GMT.
+    static func zoneName(abbreviation: String, offset: Int, zone: String) -> String {
         let american = ["EST": -5, "EDT": -4, "CST": -6, "CDT": -5, "MST": -7, "MDT": -6, "PST": -8, "PDT": -7,
-                        "AKST": -9, "AKDT": -8, "HST": -10, "HDT": -9]
-        if let hours = american[abbreviation], hours * 3600 == offset { return abbreviation }
+                        "AKST": -9, "AKDT": -8, "HST": -10, "HDT": -9, "AST": -4, "ADT": -3]
+        // Yukon and Mexico's Pacific coast say MST in the C library's data but are not US time in ICU's.
+        let notUS = ["America/Dawson", "America/Whitehorse", "Canada/Yukon", "America/Hermosillo", "America/Mazatlan", "Mexico/BajaSur"]
+        if let hours = american[abbreviation], hours * 3600 == offset, !notUS.contains(zone) {
+            // The Aleutians' Hawaii-Aleutian time is HAST/HADT in ICU; Honolulu's is HST.
+            if abbreviation.hasPrefix("H"), ["America/Adak", "US/Aleutian"].contains(zone) { return "HA" + abbreviation.dropFirst() }
+            return abbreviation
+        }
         // ICU calls the zone named "UTC" GMT, and Etc/UTC (Debian's default) UTC.
-        if abbreviation == "UTC" && offset == 0 { return localZoneName == "UTC" ? "GMT" : "UTC" }
+        if abbreviation == "UTC" && offset == 0 { return zone == "UTC" ? "GMT" : "UTC" }
         guard offset != 0 else { return "GMT" }
         let size = abs(offset) / 60
         let hours = "GMT" + (offset < 0 ? "-" : "+") + "\(size / 60)"

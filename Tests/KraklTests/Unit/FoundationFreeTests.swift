@@ -98,16 +98,24 @@ struct FoundationFreeTests {
         let formatter = DateFormatter()
         formatter.locale = Locale(identifier: "en_US_POSIX")
         formatter.dateFormat = "yyyy-MM-dd HH:mm:ss zzz"
+        formatter.timeZone = .current   // as LocalTime set it (left unset, TZ=UTC prints "UTC", set "GMT")
         for seconds in stride(from: 1_700_000_000.0, to: 1_760_000_000.0, by: 5_000_000.0) {
             let date = Date(timeIntervalSince1970: seconds)
             #expect(LocalTime.format(date) == formatter.string(from: date))
         }
-        #expect(LocalTime.zoneName(abbreviation: "CET", offset: 3600) == "GMT+1")
-        #expect(LocalTime.zoneName(abbreviation: "IST", offset: 19_800) == "GMT+5:30")
-        #expect(LocalTime.zoneName(abbreviation: "EDT", offset: -14_400) == "EDT")
-        #expect(LocalTime.zoneName(abbreviation: "CST", offset: 28_800) == "GMT+8")
-        #expect(LocalTime.zoneName(abbreviation: "BST", offset: 3600) == "GMT+1")
-        #expect(LocalTime.zoneName(abbreviation: "GMT", offset: 0) == "GMT")
+        // What DateFormatter printed with the process's zone set to each (TZ=... runs of the loop above).
+        #expect(LocalTime.zoneName(abbreviation: "CET", offset: 3600, zone: "Europe/Berlin") == "GMT+1")
+        #expect(LocalTime.zoneName(abbreviation: "IST", offset: 19_800, zone: "Asia/Kolkata") == "GMT+5:30")
+        #expect(LocalTime.zoneName(abbreviation: "EDT", offset: -14_400, zone: "America/New_York") == "EDT")
+        #expect(LocalTime.zoneName(abbreviation: "CST", offset: 28_800, zone: "Asia/Shanghai") == "GMT+8")
+        #expect(LocalTime.zoneName(abbreviation: "BST", offset: 3600, zone: "Europe/London") == "GMT+1")
+        #expect(LocalTime.zoneName(abbreviation: "GMT", offset: 0, zone: "Europe/London") == "GMT")
+        #expect(LocalTime.zoneName(abbreviation: "UTC", offset: 0, zone: "Etc/UTC") == "UTC")
+        #expect(LocalTime.zoneName(abbreviation: "UTC", offset: 0, zone: "UTC") == "GMT")
+        #expect(LocalTime.zoneName(abbreviation: "HST", offset: -36_000, zone: "America/Adak") == "HAST")
+        #expect(LocalTime.zoneName(abbreviation: "HST", offset: -36_000, zone: "Pacific/Honolulu") == "HST")
+        #expect(LocalTime.zoneName(abbreviation: "AST", offset: -14_400, zone: "America/Halifax") == "AST")
+        #expect(LocalTime.zoneName(abbreviation: "MST", offset: -25_200, zone: "America/Whitehorse") == "GMT-7")
     }
 
     @Test func conditionWaitsUntilItsDeadline() {
