@@ -52,7 +52,7 @@ let package = Package(
         .systemLibrary(name: "CSrtp", path: "Sources/System/CSrtp", pkgConfig: "libsrtp2"),
         // The send-only WebRTC stack: SDP, ICE/STUN, DTLS-SRTP, RTP/RTCP, pacing, bandwidth estimate.
         .target(name: "KraklRTC", dependencies: ["KraklBase", "COpenSSL", "CSrtp"], swiftSettings: swift6),
-        // Rooms: join codes and tokens, the WHIP and Janus VideoRoom drivers (HTTP via FoundationNetworking).
+        // Rooms: join codes and tokens, the WHIP and Janus VideoRoom drivers (HTTP on its own HTTPConnection).
         .target(name: "KraklRoom", dependencies: ["KraklBase", "COpenSSL"], swiftSettings: swift6),
         // QR scanning: libzbar (Debian libzbar-dev) and stb_image (Debian libstb-dev, header-only,
         // compiled here for PNG, JPEG and PNM only), under the join-code scanner.

@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import KraklBackendABI
 import KraklBase
 import KraklHost
@@ -98,7 +99,7 @@ final class ChildHost: Sendable {
     /// The control thread: one command at a time, in order.
     func runCommands() {
         while true {
-            // Waits in hours (NSCondition traps on .distantFuture), as long as it takes.
+            // Waits an hour at a time, as long as it takes.
             guard let (kind, text) = commands.wait(until: Date(timeIntervalSinceNow: 3600), for: { !$0.isEmpty }, then: { queue, done in
                 done ? queue.removeFirst() : nil
             }) else { continue }

@@ -1,5 +1,6 @@
 import CBackendHost
-import Foundation
+import FoundationEssentials
+import Glibc
 import KraklBackendABI
 import KraklBase
 import KraklHost
@@ -41,7 +42,7 @@ final class FrameRingWriter: @unchecked Sendable {
     let socket: WireSocket
     let slotCount: Int
     let waitMilliseconds: Int
-    private let condition = NSCondition()
+    private let condition = Condition()
     private var layout: SlotLayout?
     private var generation: UInt32 = 0
     private var mapping: UnsafeMutableRawPointer?

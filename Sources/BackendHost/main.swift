@@ -7,7 +7,8 @@
 // The agent spawns it (Sources/KraklHost/Isolation/IsolatedBackendSource.swift); it is not
 // meant to be run by hand. The protocol is in Sources/KraklHost/Isolation/IsolationWire.swift.
 import CBackendHost
-import Foundation
+import FoundationEssentials
+import Glibc
 import KraklBase
 import KraklHost
 
@@ -37,5 +38,5 @@ var budgets = CallBudgets()
 let host = ChildHost(socket: WireSocket(fd: 3), backend: words[2], slots: slots, waitMilliseconds: waitMilliseconds, budgets: budgets)
 // The control thread exists before the library loads: a constructor that hangs is then
 // still ended by the agent closing the socket (the main thread reads it from the start).
-Thread.detachNewThread { host.load(path: words[1]); host.runCommands() }
+startThread { host.load(path: words[1]); host.runCommands() }
 host.readSocket()

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import Glibc
 
 /// One way the agent starts its child processes (a conformance group, a backend probe,

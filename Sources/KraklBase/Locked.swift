@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import Synchronization
 
 /// A property read and written under a lock of its own: the handlers that one thread sets and
@@ -24,7 +25,7 @@ public final class Locked<Value: Sendable>: Sendable {
 /// with the compiler checking it (no `@unchecked` on the owner). Sendable when the value is: what
 /// leaves `withLock` must itself be safe to share.
 public final class Guarded<Value> {
-    private let condition = NSCondition()
+    private let condition = Condition()
     private var value: Value
 
     public init(_ value: Value) { self.value = value }

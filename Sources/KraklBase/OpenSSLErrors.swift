@@ -16,7 +16,7 @@ public enum OpenSSLErrors {
             let code = ERR_get_error()
             if code == 0 { break }
             ERR_error_string_n(code, &buffer, buffer.count)
-            messages.append(String(cString: buffer))
+            messages.append(String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
         }
         return messages.isEmpty ? nil : messages.joined(separator: "; ")
     }

@@ -1,4 +1,6 @@
-import Foundation
+import Dispatch
+import FoundationEssentials
+import Glibc
 import KraklBase
 import KraklHost
 
@@ -30,7 +32,7 @@ public final class EncoderPipeline: @unchecked Sendable {
     private let makeOutput: OutputFactory
     private let onFailure: (EncoderError) -> Void
     private let converter = FrameConverter()
-    private let condition = NSCondition()
+    private let condition = Condition()
     private let finished = DispatchSemaphore(value: 0)
     // The slot, guarded by `condition`.
     private var staging: I420Image?
@@ -87,12 +89,10 @@ public final class EncoderPipeline: @unchecked Sendable {
         defer { condition.unlock() }
         guard !started else { return }
         started = true
-        let thread = Thread { [self] in
+        startThread(name: "krakl-encoder") { [self] in
             self.run()
             self.finished.signal()
         }
-        thread.name = "krakl-encoder"
-        thread.start()
     }
 
     /// Capture thread: takes a checked frame (borrowed for this call only).

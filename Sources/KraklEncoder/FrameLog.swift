@@ -1,4 +1,6 @@
-import Foundation
+import FoundationEssentials
+import KraklBase
+import Glibc
 
 /// `--frame-log FILE`: one CSV row per encoded frame, written as the frame is encoded (the
 /// file is opened, and its header written, before capture starts, so a bad path fails the run
@@ -21,7 +23,7 @@ public final class FrameLog {
         let start = self.start ?? f.timestampNs
         self.start = start
         let ms = f.timestampNs > start ? Double(f.timestampNs - start) / 1e6 : 0
-        try file.write(String(format: "%.1f,%d,%d,%d,%.4f,%.3f,%d\n", ms, f.bytes, f.keyframe ? 1 : 0, f.refresh ? 1 : 0,
+        try file.write(String(cFormat: "%.1f,%d,%d,%d,%.4f,%.3f,%d\n", ms, f.bytes, f.keyframe ? 1 : 0, f.refresh ? 1 : 0,
                               f.activeShare, Double(f.encodeNs) / 1e6, f.quantizer ?? -1))
         // Row by row into the file (one write a frame, at most --max-fps a second): a reader
         // tailing it sees each frame, and a run cut short keeps its rows.

@@ -1,4 +1,6 @@
-import Foundation
+import FoundationEssentials
+import KraklBase
+import Glibc
 
 /// Turns a backend's capture timestamps into presentation times the outputs can trust: always
 /// increasing, close to CLOCK_MONOTONIC, and equal to the backend's own timestamps for as long
@@ -81,5 +83,5 @@ struct PresentationClock {
     }
 
     private func distance(_ a: UInt64, _ b: UInt64) -> UInt64 { a > b ? a - b : b - a }
-    private func seconds(_ ns: UInt64) -> String { String(format: "%.3f", Double(ns) / 1e9) }
+    private func seconds(_ ns: UInt64) -> String { String(cFormat: "%.3f", Double(ns) / 1e9) }
 }

@@ -1,4 +1,6 @@
-import Foundation
+import FoundationEssentials
+import KraklBase
+import Glibc
 
 /// A room access token: a JWT shaped like a Twilio Video access token
 /// (header `{"typ":"JWT","alg":"HS256","cty":"twilio-fpa;v=1"}`, claims
@@ -49,7 +51,9 @@ public struct AccessToken: Equatable, Sendable, CustomStringConvertible, CustomR
             decoded.append(data)
         }
 
-        guard let header = (try? JSONSerialization.jsonObject(with: decoded[0])) as? [String: Any] else { throw fail(.headerNotJSON) }
+        guard let headerText = String(validating: decoded[0], as: UTF8.self), let header = JSONText.parse(headerText) as? [String: Any] else {
+            throw fail(.headerNotJSON)
+        }
         let typ = header["typ"] as? String, cty = header["cty"] as? String
         guard typ?.uppercased() == "JWT" else { throw fail(.wrongType(typ.map { JoinCodeError.clip($0, limit: 32) })) }
         guard cty == Self.contentType else { throw fail(.wrongContentType(cty.map { JoinCodeError.clip($0, limit: 32) })) }
@@ -68,7 +72,7 @@ public struct AccessToken: Equatable, Sendable, CustomStringConvertible, CustomR
             throw fail(.claimsNotJSON)
         }
 
-        guard let identity = claims.grants?.identity, !identity.trimmingCharacters(in: .whitespaces).isEmpty else { throw fail(.noIdentity) }
+        guard let identity = claims.grants?.identity, !identity.trimmingSpaces().isEmpty else { throw fail(.noIdentity) }
         if let reason = Self.identityProblem(identity) { throw fail(.badIdentity(reason)) }
         guard let exp = claims.exp else { throw fail(.noExpiry) }
         guard let video = claims.grants?.video else { throw fail(.noVideoGrant) }

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 
 /// Base64url without padding (RFC 4648 §5, as JWS compact serialization
 /// uses it, RFC 7515 §2).

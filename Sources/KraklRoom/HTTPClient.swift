@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import KraklBase
 
 /// One HTTP exchange as the room drivers see it: a request with a
@@ -33,12 +34,12 @@ public struct HTTPResponse: Sendable {
 
     /// The first value of a header field (case-insensitive name).
     public func header(_ name: String) -> String? {
-        headers.first { $0.name.caseInsensitiveCompare(name) == .orderedSame }?.value
+        headers.first { $0.name.equalsIgnoringCase(name) }?.value
     }
 
     /// Every value of a header field, in order; a field sent as one comma-joined line is returned as that line.
     public func headerValues(_ name: String) -> [String] {
-        headers.filter { $0.name.caseInsensitiveCompare(name) == .orderedSame }.map(\.value)
+        headers.filter { $0.name.equalsIgnoringCase(name) }.map(\.value)
     }
 
     /// The body's first line, shortened: what a server's error page says, for a one-line message.
@@ -266,15 +267,15 @@ struct HTTPResponseParser {
 
     private func framingFor(_ head: (status: Int, headers: [(name: String, value: String)])) throws(Problem) -> Framing {
         if method == "HEAD" || head.status == 204 || head.status == 304 { return .none }
-        func field(_ name: String) -> String? { head.headers.last { $0.name.caseInsensitiveCompare(name) == .orderedSame }?.value }
+        func field(_ name: String) -> String? { head.headers.last { $0.name.equalsIgnoringCase(name) }?.value }
         if let coding = field("Transfer-Encoding") {
-            guard coding.lowercased().split(separator: ",").last?.trimmingCharacters(in: .whitespaces) == "chunked" else {
+            guard coding.lowercased().split(separator: ",").last?.trimmingSpaces() == "chunked" else {
                 throw Problem(description: "unsupported Transfer-Encoding \(coding.prefix(40))")
             }
             return .chunked
         }
         if let length = field("Content-Length") {
-            guard let n = Int(length.trimmingCharacters(in: .whitespaces)), n >= 0 else {
+            guard let n = Int(length.trimmingSpaces()), n >= 0 else {
                 throw Problem(description: "bad Content-Length \(length.prefix(20))")
             }
             guard n <= maximumBody else { throw Problem(description: "the reply body is \(n) bytes, more than the \(maximumBody) read") }
@@ -309,7 +310,7 @@ struct HTTPResponseParser {
                     return false
                 }
                 let sizeText = String(decoding: buffer[0..<lineEnd], as: UTF8.self).split(separator: ";").first ?? ""
-                guard let size = Int(sizeText.trimmingCharacters(in: .whitespaces), radix: 16), size >= 0 else {
+                guard let size = Int(sizeText.trimmingSpaces(), radix: 16), size >= 0 else {
                     throw Problem(description: "a bad chunk size \(sizeText.prefix(20))")
                 }
                 guard body.count + size <= maximumBody else { throw Problem(description: "the reply body is over \(maximumBody) bytes") }
@@ -345,7 +346,7 @@ struct HTTPResponseParser {
             }
             let name = String(line[..<colon])
             guard !name.contains(where: { $0 == " " || $0 == "\t" }) else { throw Problem(description: "a malformed header name in the reply") }
-            headers.append((name: name, value: line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)))
+            headers.append((name: name, value: line[line.index(after: colon)...].trimmingSpaces()))
         }
         return (status, headers)
     }

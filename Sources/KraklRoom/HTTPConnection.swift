@@ -1,5 +1,5 @@
 import COpenSSL
-import Foundation
+import FoundationEssentials
 import Glibc
 import KraklBase
 import Synchronization
@@ -42,7 +42,7 @@ final class HTTPConnection: Sendable {
     /// from here on, so a request can be cut short while it connects (a silent proxy, a slow handshake).
     init(timeout: Double, what: String) throws(RoomError) {
         deadline = MonotonicClock.nanoseconds() + UInt64(max(timeout, 0.001) * 1e9)
-        timeoutText = timeout == timeout.rounded() ? "\(Int(timeout)) s" : String(format: "%.1f s", timeout)
+        timeoutText = timeout == timeout.rounded() ? "\(Int(timeout)) s" : String(cFormat: "%.1f s", timeout)
         var ends: [Int32] = [-1, -1]
         guard pipe(&ends) == 0 else { throw .unreachable("\(what): pipe: \(String(cString: strerror(errno)))") }
         for end in ends {
@@ -194,7 +194,7 @@ final class HTTPConnection: Sendable {
                 byte = try read(maximum: 1, what: step)
             } catch {
                 if case .unreachable(let message) = error, !message.hasSuffix("(leaving)") {
-                    throw failed(message.replacingOccurrences(of: "no reply within", with: "no answer to CONNECT within"))
+                    throw failed(message.replacing("no reply within", with: "no answer to CONNECT within"))
                 }
                 throw error
             }

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import Glibc
 import KraklBase
 
@@ -21,7 +21,7 @@ public struct HTTPProxy: Sendable, Equatable, CustomStringConvertible {
     /// Reads a proxy setting's value the way curl does: a URL, or a bare `host[:port]` taken as
     /// `http://`; port 1080 when none is given. `variable` names the setting in errors.
     public static func parse(_ text: String, variable: String) throws(RoomError) -> HTTPProxy {
-        let trimmed = text.trimmingCharacters(in: .whitespaces)
+        let trimmed = text.trimmingSpaces()
         // Never echo the value: it may hold a password.
         func bad(_ why: String) -> RoomError { .proxyFailed(proxy: "proxy in \(variable)", message: why) }
         let full = trimmed.contains("://") ? trimmed : "http://" + trimmed
@@ -79,7 +79,7 @@ public struct ProxySettings: Sendable, Equatable {
     /// otherwise go out directly from a network that only allows the proxy, and fail obscurely).
     public static func from(environment: [String: String]) throws(RoomError) -> ProxySettings {
         func value(_ names: String...) -> (name: String, value: String)? {
-            for name in names { if let v = environment[name], !v.trimmingCharacters(in: .whitespaces).isEmpty { return (name, v) } }
+            for name in names { if let v = environment[name], !v.trimmingSpaces().isEmpty { return (name, v) } }
             return nil
         }
         func proxy(_ found: (name: String, value: String)?) throws(RoomError) -> HTTPProxy? {

@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// A join code that has been read and judged usable: its token has the
 /// right shape and is valid now, and the room to join is settled. What the
@@ -52,9 +53,9 @@ public struct Invitation: Equatable, Sendable, CustomStringConvertible, CustomRe
     public var summary: String { summary(now: Date()) }
 
     /// `summary` with the expiry's distance measured from `now`.
-    public func summary(now: Date, timeZone: TimeZone = .current) -> String {
+    public func summary(now: Date) -> String {
         let left = token.expiry.timeIntervalSince(now)
-        let expiry = LocalTime.format(token.expiry, timeZone: timeZone)
+        let expiry = LocalTime.format(token.expiry)
             + (left >= 0 ? " (in \(LocalTime.span(left)))" : " (\(LocalTime.span(left)) ago)")
         var lines = [
             ("service", code.service.displayName),

@@ -1,4 +1,6 @@
-import Foundation
+import Dispatch
+import FoundationEssentials
+import Glibc
 import KraklBase
 
 /// Publishes into a Janus VideoRoom through Janus's HTTP API (checked
@@ -236,7 +238,7 @@ public final class JanusDriver: RoomDriver, Sendable {
             state.transactions += 1
             return state.transactions
         }
-        return String(format: "krakl-%llu-%08x", n, UInt32.random(in: 0...UInt32.max))
+        return String(cFormat: "krakl-%llu-%08x", n, UInt32.random(in: 0...UInt32.max))
     }
 
     private func url(_ path: [String]) -> URL {
@@ -341,15 +343,13 @@ public final class JanusDriver: RoomDriver, Sendable {
     private func startPolling(session sessionID: UInt64) {
         let finished = DispatchSemaphore(value: 0)
         state.withLock { $0.pollFinished = finished }
-        let thread = Thread { [self] in
+        startThread(name: "krakl-janus-poll") { [self] in
             // First thing: a leave from an onEvent handler runs on this thread and must know it.
             state.withLock { $0.pollThread = pthread_self() }
             poll(session: sessionID)
             state.withLock { $0.pollThread = nil }
             finished.signal()
         }
-        thread.name = "krakl-janus-poll"
-        thread.start()
     }
 
     private func pollURL(session sessionID: UInt64, request: UInt64) -> URL {
@@ -357,12 +357,26 @@ public final class JanusDriver: RoomDriver, Sendable {
         var query = "maxev=10&rid=\(request)"
         // Everything but unreserved characters escaped: libmicrohttpd reads a
         // bare "+" in a query as a space, and Janus's signed tokens are base64.
-        if let token { query += "&token=" + (token.addingPercentEncoding(withAllowedCharacters: Self.unreserved) ?? "") }
+        if let token { query += "&token=" + Self.percentEncoded(token) }
         parts?.percentEncodedQuery = query
         return parts?.url ?? url(["\(sessionID)"])
     }
 
-    private static let unreserved = CharacterSet(charactersIn: "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+    /// Every byte of the UTF-8 but RFC 3986's unreserved characters as %XX (uppercase hex).
+    static func percentEncoded(_ text: String) -> String {
+        let hex = Array("0123456789ABCDEF".utf8)
+        var bytes: [UInt8] = []
+        for byte in text.utf8 {
+            switch byte {
+            case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
+                 UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "_"), UInt8(ascii: "~"):
+                bytes.append(byte)
+            default:
+                bytes += [UInt8(ascii: "%"), hex[Int(byte >> 4)], hex[Int(byte & 15)]]
+            }
+        }
+        return String(decoding: bytes, as: UTF8.self)
+    }
 
     private var stopping: Bool { state.withLock { $0.stopPolling } }
 
@@ -480,6 +494,6 @@ public final class JanusDriver: RoomDriver, Sendable {
     }
 
     private static func seconds(_ value: Double) -> String {
-        value == value.rounded() ? String(Int(value)) : String(format: "%.1f", value)
+        value == value.rounded() ? String(Int(value)) : String(cFormat: "%.1f", value)
     }
 }

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 
 /// Janus's error codes (janus 1.1.2 apierror.h and janus_videoroom.c) as
 /// `RoomError`s, keeping the server's own words for the person.

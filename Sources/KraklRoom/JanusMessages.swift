@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 
 // The parts of Janus's HTTP API (Janus 1.1.x, docs: janus.c and
 // plugins/janus_videoroom.c) that a VideoRoom publisher speaks, as Codable

@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import KraklBase
 
 /// A join code: what a conference page shows as a QR code so the agent can
@@ -74,7 +75,7 @@ public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomRefl
     /// newline) is ignored; everything else must follow the format.
     /// Unknown fields are ignored, so later versions can add optional ones.
     public init(parsing input: String) throws(JoinCodeError) {
-        let text = input.trimmingCharacters(in: .whitespacesAndNewlines)
+        let text = input.trimmingWhitespace()
         guard !text.isEmpty else { throw .malformedCode(.empty) }
         guard text.utf8.count <= Self.maximumLength else { throw .malformedCode(.tooLong(bytes: text.utf8.count)) }
         let firstOdd = text.unicodeScalars.firstIndex { !Self.isCodeCharacter($0.value) }
@@ -170,9 +171,9 @@ public struct JoinCode: Equatable, Sendable, CustomStringConvertible, CustomRefl
     /// code's own (`%3B`); any other text is the code as it is. Text that does not decode is left
     /// as it is too, and refused by the parser in its own words.
     public static func text(ofLink link: String) -> String {
-        let text = link.trimmingCharacters(in: .whitespacesAndNewlines)
+        let text = link.trimmingWhitespace()
         guard text.lowercased().hasPrefix(prefix + "v%3d") else { return text }
-        return text.removingPercentEncoding ?? text
+        return (try? decode(Substring(text), field: "link")) ?? text
     }
 
     /// Twilio's global signaling endpoint (twilio-video.js's default).

@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// Why a join code or its token cannot be used. Each case is a distinct
 /// situation the agent maps to its own exit status; `description` is one

@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import KraklBase
 
 /// How long the WHIP driver waits.
@@ -146,7 +147,7 @@ public final class WhipDriver: RoomDriver, Sendable {
 
     /// A 2xx reply to the POST: resource, entity tag, ICE servers and answer.
     private func accept(_ response: HTTPResponse, offer: String) throws(RoomError) -> RoomAnswer {
-        guard let location = response.header("Location"), !location.trimmingCharacters(in: .whitespaces).isEmpty else {
+        guard let location = response.header("Location"), !location.trimmingSpaces().isEmpty else {
             throw .badReply("POST \(response.url.redactedForLog): \(response.status) without a Location header (no resource to end the session with)")
         }
         guard let resourceURL = WhipHttpRules.resolve(location, against: response.url) else {
@@ -174,7 +175,7 @@ public final class WhipDriver: RoomDriver, Sendable {
     /// An SDP starts with `v=0` and has an m-section; the Content-Type is not trusted either way
     /// (servers label answers `text/plain` or `application/octet-stream`).
     static func looksLikeSdp(_ text: String) -> Bool {
-        let lines = text.split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespaces) }
+        let lines = text.split(whereSeparator: \.isNewline).map { $0.trimmingSpaces() }
         return lines.first == "v=0" && lines.contains { $0.hasPrefix("m=") }
     }
 

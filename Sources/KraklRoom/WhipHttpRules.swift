@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+@preconcurrency import Glibc
 import KraklBase
 
 /// The HTTP rules a WHIP client applies between requests, as pure
@@ -23,7 +24,7 @@ public enum WhipHttpRules {
     /// empty reference, which §5.4 resolves to the base, is refused here: a
     /// server that sends an empty Location has not told us where its resource is).
     public static func resolve(_ location: String, against base: URL) -> URL? {
-        let trimmed = location.trimmingCharacters(in: .whitespaces)
+        let trimmed = location.trimmingSpaces()
         guard !trimmed.isEmpty, let url = URL(string: trimmed, relativeTo: base)?.absoluteURL,
               let scheme = url.scheme?.lowercased(), scheme == "http" || scheme == "https", url.host?.isEmpty == false
         else { return nil }
@@ -52,16 +53,45 @@ public enum WhipHttpRules {
     /// Seconds a `Retry-After` value asks for (RFC 9110 §10.2.3: delay-seconds or an HTTP-date),
     /// not below 0; nil when it is neither.
     public static func retryAfterSeconds(_ value: String, now: Date = Date()) -> Double? {
-        let text = value.trimmingCharacters(in: .whitespaces)
+        let text = value.trimmingSpaces()
         if !text.isEmpty, text.allSatisfy(\.isASCIIDigit) { return Double(text.prefix(9)) ?? nil }
-        for format in ["EEE, dd MMM yyyy HH:mm:ss zzz", "EEEE, dd-MMM-yy HH:mm:ss zzz", "EEE MMM d HH:mm:ss yyyy"] {
-            let formatter = DateFormatter()
-            formatter.locale = Locale(identifier: "en_US_POSIX")
-            formatter.timeZone = TimeZone(identifier: "GMT")
-            formatter.dateFormat = format
-            if let date = formatter.date(from: text) { return max(0, date.timeIntervalSince(now)) }
+        guard let date = httpDate(text, now: now) else { return nil }
+        return max(0, date.timeIntervalSince(now))
+    }
+
+    /// An HTTP-date in any of its three forms (RFC 9110 §5.6.7): "Sun, 06 Nov 1994 08:49:37 GMT",
+    /// "Sunday, 06-Nov-94 08:49:37 GMT" (the year within 80 years before and 20 after `now`, as
+    /// DateFormatter took "yy") and "Sun Nov  6 08:49:37 1994"; times are GMT.
+    static func httpDate(_ text: String, now: Date) -> Date? {
+        let words = text.split(whereSeparator: { $0 == " " || $0 == "," || $0 == "-" }).map { $0.lowercased() }
+        let days = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"]
+        let months = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
+        guard words.count >= 5, days.contains(where: { words[0].hasPrefix($0) }) else { return nil }
+        let day: String, month: String, year: String, time: String
+        if words.count == 6, words[5] == "gmt" || words[5] == "utc" {
+            (day, month, year, time) = (words[1], words[2], words[3], words[4])
+        } else if words.count == 5 {
+            (month, day, time, year) = (words[1], words[2], words[3], words[4])
+        } else {
+            return nil
         }
-        return nil
+        let clock = time.split(separator: ":", omittingEmptySubsequences: false)
+        guard let monthIndex = months.firstIndex(of: month), let dayNumber = Int32(day), (1...31).contains(dayNumber),
+              var yearNumber = Int32(year), year.count == 2 || year.count == 4, clock.count == 3,
+              let hour = Int32(clock[0]), let minute = Int32(clock[1]), let second = Int32(clock[2]),
+              (0...23).contains(hour), (0...59).contains(minute), (0...60).contains(second) else { return nil }
+        if year.count == 2 {
+            var seconds = time_t(now.timeIntervalSince1970.rounded(.down))
+            var today = tm()
+            gmtime_r(&seconds, &today)
+            let earliest = today.tm_year + 1900 - 80
+            yearNumber += earliest - earliest % 100
+            if yearNumber < earliest { yearNumber += 100 }
+        }
+        var parts = tm()
+        (parts.tm_year, parts.tm_mon, parts.tm_mday) = (yearNumber - 1900, Int32(monthIndex), dayNumber)
+        (parts.tm_hour, parts.tm_min, parts.tm_sec) = (hour, minute, second)
+        return Date(timeIntervalSince1970: TimeInterval(timegm(&parts)))
     }
 
     /// The error a refused or failed request means, judged by status class (servers disagree on

@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import KraklRoom
 
 /// What one QR payload turned out to be. Nothing here ever opens, runs or

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import KraklRoom
 
 /// What the QR codes of one picture add up to.

@@ -1,4 +1,6 @@
-import Foundation
+import FoundationEssentials
+import KraklBase
+import Glibc
 
 // The session controller's snapshot: what the daemon's `status` replies with and its watch lines
 // carry (docs/daemon.md, the control protocol), and what the home screen and `--join` lines show.
@@ -69,8 +71,8 @@ public struct ControlStatus: Codable, Equatable, Sendable {
     /// (the last RTT would read as "connected, rtt 3 ms" for the ~10 s ICE takes to call the
     /// connection lost); "-" before any.
     public var rttWords: String {
-        if let silent = silentSeconds, silent > Self.silenceWorthSaying { return String(format: "no reply from the room for %.0f s", silent) }
+        if let silent = silentSeconds, silent > Self.silenceWorthSaying { return String(cFormat: "no reply from the room for %.0f s", silent) }
         guard let rttMs else { return "-" }
-        return String(format: "%.0f ms", rttMs) + (silentSeconds.map { String(format: " (%.1f s ago)", $0) } ?? "")
+        return String(cFormat: "%.0f ms", rttMs) + (silentSeconds.map { String(cFormat: " (%.1f s ago)", $0) } ?? "")
     }
 }

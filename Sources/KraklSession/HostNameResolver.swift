@@ -1,4 +1,5 @@
-import Foundation
+import Dispatch
+import FoundationEssentials
 import KraklBase
 import Glibc
 import KraklRTC
@@ -22,7 +23,7 @@ public enum HostNameResolver {
         }
 
         private static func format(_ seconds: Double) -> String {
-            seconds == seconds.rounded() ? "\(Int(seconds))" : String(format: "%.1f", seconds)
+            seconds == seconds.rounded() ? "\(Int(seconds))" : String(cFormat: "%.1f", seconds)
         }
     }
 
@@ -45,13 +46,11 @@ public enum HostNameResolver {
         private let result = Guarded<Result<[IPAddress], Failure>?>(nil)
 
         init(name: String) {
-            let thread = Thread { [self] in
+            startThread(name: "krakl-resolve") { [self] in
                 let answer = HostNameResolver.lookUp(name)
                 result.withLock { $0 = answer }
                 done.signal()
             }
-            thread.name = "krakl-resolve"
-            thread.start()
         }
 
         func wait(until deadline: DispatchTime) -> Result<[IPAddress], Failure>? {

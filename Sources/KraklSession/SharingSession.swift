@@ -1,4 +1,6 @@
-import Foundation
+import Dispatch
+import FoundationEssentials
+import Glibc
 import KraklBackendABI
 import KraklBase
 import KraklHost
@@ -87,7 +89,7 @@ public struct SharingTimings: Sendable {
     public var summary: String {
         var parts: [String] = []
         func add(_ name: String, _ from: Double?, _ to: Double?) {
-            if let from, let to { parts.append(String(format: "%@ %.0f ms", name, to - from)) }
+            if let from, let to { parts.append(String(cFormat: "%@ %.0f ms", name, to - from)) }
         }
         add("source", started, sourceReady)
         add("room server", sourceReady, answered)
@@ -139,7 +141,7 @@ public final class SharingSession: @unchecked Sendable {
 
     /// The control loop while a session runs (made by `start`, stopped when it is over).
     private var loop: EventLoop?
-    private let loopLock = NSLock()
+    private let loopLock = Lock()
     /// Blocking steps, in order. Plain dispatch work, no timers or sources: its worker threads
     /// retire after 5 s idle.
     private let work = DispatchQueue(label: "krakl-session-work")
@@ -176,7 +178,7 @@ public final class SharingSession: @unchecked Sendable {
     // Owned parts: made and used by the steps on the work queue (each checks it runs there), torn
     // down by the leave (on the work queue, or beside a create() that holds it), read for status;
     // every access under `lock`.
-    private let lock = NSLock()
+    private let lock = Lock()
     private var source: (any CaptureSource)?
     private var selection: BackendSelection?
     /// Source → encoder → publisher (made with the source; its encoder when the room has answered).
@@ -195,7 +197,7 @@ public final class SharingSession: @unchecked Sendable {
     private var timings = SharingTimings()
     /// `lifecycle.state` as last published, for readers on other threads.
     private var currentState: SharingLifecycle.State = .idle
-    private let finished = NSCondition()
+    private let finished = Condition()
 
     public init(configuration: SharingConfiguration, driver: RoomDriver, identity: String, room: String?,
                 logger: @escaping BackendLogger) {

@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import KraklBase
 
 /// One HTTP/1.1 request as the viewer's server received it (RFC 9112),
@@ -21,13 +22,13 @@ public struct HTTPRequest: Sendable {
 
     /// The first field of that name (names are case-insensitive), trimmed.
     public func header(_ name: String) -> String? {
-        headers.first { $0.name.caseInsensitiveCompare(name) == .orderedSame }?.value
+        headers.first { $0.name.equalsIgnoringCase(name) }?.value
     }
 
     /// The media type of Content-Type, lower-cased, without parameters ("application/sdp").
     public var mediaType: String? {
         header("Content-Type").map { $0.split(separator: ";", maxSplits: 1).first.map(String.init) ?? "" }
-            .map { $0.trimmingCharacters(in: .whitespaces).lowercased() }
+            .map { $0.trimmingSpaces().lowercased() }
     }
 }
 
@@ -49,13 +50,13 @@ public struct HTTPResponse: Sendable {
     }
 
     public func header(_ name: String) -> String? {
-        headers.first { $0.name.caseInsensitiveCompare(name) == .orderedSame }?.value
+        headers.first { $0.name.equalsIgnoringCase(name) }?.value
     }
 
     /// The bytes on the wire; `includeBody` false for HEAD (Content-Length still the body's).
     public func serialized(includeBody: Bool = true) -> [UInt8] {
         var head = "HTTP/1.1 \(status) \(HTTPResponse.reason(status))\r\n"
-        for (name, value) in headers where name.caseInsensitiveCompare("Content-Length") != .orderedSame {
+        for (name, value) in headers where !name.equalsIgnoringCase("Content-Length") {
             head += "\(name): \(value)\r\n"
         }
         // 204 and 304 carry no body and no length (RFC 9110 §8.6).

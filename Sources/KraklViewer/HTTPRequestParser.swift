@@ -1,4 +1,6 @@
-import Foundation
+import FoundationEssentials
+import KraklBase
+import Glibc
 
 /// Reads one request from the bytes a connection has received so far,
 /// within the server's bounds (RFC 9112 §2–§6, the parts a WHEP client and
@@ -94,16 +96,16 @@ struct HTTPRequestParser {
             guard !name.isEmpty, name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "-_.!#$%&'*+^`|~".contains($0)) }) else {
                 return .failure(Refusal(status: 400, reason: "malformed header field name"))
             }
-            let value = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
+            let value = line[line.index(after: colon)...].trimmingSpaces()
             guard !value.unicodeScalars.contains(where: { $0.value < 0x20 && $0 != "\t" || $0.value == 0x7F }) else {
                 return .failure(Refusal(status: 400, reason: "control characters in a header field"))
             }
             headers.append((name, value))
         }
-        if headers.contains(where: { $0.name.caseInsensitiveCompare("Transfer-Encoding") == .orderedSame }) {
+        if headers.contains(where: { $0.name.equalsIgnoringCase("Transfer-Encoding") }) {
             return .failure(Refusal(status: 501, reason: "Transfer-Encoding is not accepted; send a Content-Length"))
         }
-        let lengths = Set(headers.filter { $0.name.caseInsensitiveCompare("Content-Length") == .orderedSame }.map(\.value))
+        let lengths = Set(headers.filter { $0.name.equalsIgnoringCase("Content-Length") }.map(\.value))
         var length = 0
         if let only = lengths.first {
             // Digits only, at most 9 of them: no sign, no list, no overflow.

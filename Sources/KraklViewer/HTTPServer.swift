@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import Glibc
 import KraklBase
 
@@ -134,12 +134,10 @@ public final class HTTPServer: Sendable {
     /// Starts serving on the server's own thread.
     public func start() {
         serving.withLock { $0.running = true }
-        let thread = Thread { [self] in
+        startThread(name: "krakl-viewer-http") { [self] in
             serve()
             serving.change { $0.running = false }
         }
-        thread.name = "krakl-viewer-http"
-        thread.start()
     }
 
     /// Any thread but the server's: stops accepting, closes every connection, and waits for the thread to end.

@@ -1,4 +1,6 @@
-import Foundation
+import FoundationEssentials
+import KraklBase
+import Glibc
 
 /// The secret a viewer must show on a non-loopback address (a screen is
 /// private): 192 random bits, base64url. It is printed once, in the viewer's
@@ -12,8 +14,8 @@ public struct ViewerAccessToken: Sendable, CustomStringConvertible, CustomReflec
     public init() {
         var generator = SystemRandomNumberGenerator()
         let bytes = (0..<24).map { _ in UInt8.random(in: 0...255, using: &generator) }
-        value = Data(bytes).base64EncodedString().replacingOccurrences(of: "+", with: "-")
-            .replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
+        value = Data(bytes).base64EncodedString().replacing("+", with: "-")
+            .replacing("/", with: "_").replacing("=", with: "")
     }
 
     /// A given token (tests); at least 22 base64url characters (128 bits).
@@ -32,8 +34,8 @@ public struct ViewerAccessToken: Sendable, CustomStringConvertible, CustomReflec
     public func accepts(authorization: String?) -> Bool {
         guard let authorization else { return false }
         let parts = authorization.split(separator: " ", maxSplits: 1, omittingEmptySubsequences: true)
-        guard parts.count == 2, parts[0].caseInsensitiveCompare("Bearer") == .orderedSame else { return false }
-        return Self.constantTimeEqual(Array(parts[1].trimmingCharacters(in: .whitespaces).utf8), Array(value.utf8))
+        guard parts.count == 2, parts[0].equalsIgnoringCase("Bearer") else { return false }
+        return Self.constantTimeEqual(Array(parts[1].trimmingSpaces().utf8), Array(value.utf8))
     }
 
     static func constantTimeEqual(_ a: [UInt8], _ b: [UInt8]) -> Bool {

@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import KraklBase
 
 /// The viewer's rules, one per request: WHEP (draft-ietf-wish-whep, with
@@ -160,7 +161,7 @@ public final class WhepEndpoint: Sendable {
         if policy.token != nil {
             allowed = "*"
         } else {
-            guard let url = URL(string: origin), let host = url.host, host == "localhost" || (ListenAddress(host.trimmingCharacters(in: CharacterSet(charactersIn: "[]")), defaultPort: 0)?.isLoopback ?? false) else { return [] }
+            guard let url = URL(string: origin), let host = url.host, host == "localhost" || (ListenAddress(host.trimming(where: { $0 == "[" || $0 == "]" }), defaultPort: 0)?.isLoopback ?? false) else { return [] }
             allowed = origin
         }
         var headers: [(name: String, value: String)] = [
@@ -177,10 +178,10 @@ public final class WhepEndpoint: Sendable {
     private func status() -> HTTPResponse {
         let (count, ended, idle) = viewers.withLock { ($0.resources.count, $0.endedReason, $0.idleNote) }
         var object: [String: Any] = ["sharing": ended == nil && idle == nil, "viewers": count, "maximumViewers": policy.maximumViewers]
-        object["ended"] = ended ?? NSNull()
-        object["idle"] = idle ?? NSNull()
-        let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])) ?? Data("{}".utf8)
-        return HTTPResponse(status: 200, headers: [("Content-Type", "application/json")], body: [UInt8](data))
+        object["ended"] = ended ?? JSONNull()
+        object["idle"] = idle ?? JSONNull()
+        let text = (try? JSONText.serialize(object, options: [.sortedKeys])) ?? "{}"
+        return HTTPResponse(status: 200, headers: [("Content-Type", "application/json")], body: Array(text.utf8))
     }
 
     // MARK: - WHEP
@@ -324,13 +325,13 @@ public final class WhepEndpoint: Sendable {
 
     static func randomHex(_ bytes: Int) -> String {
         var generator = SystemRandomNumberGenerator()
-        return (0..<bytes).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &generator)) }.joined()
+        return (0..<bytes).map { _ in String(cFormat: "%02x", UInt8.random(in: 0...255, using: &generator)) }.joined()
     }
 
     /// The value of the first `a=NAME:` line of an SDP text.
     static func attribute(_ name: String, in sdp: String) -> String? {
         for line in sdp.split(whereSeparator: { $0 == "\r\n" || $0 == "\n" || $0 == "\r" }) where line.hasPrefix("a=\(name):") {
-            return String(line.dropFirst(name.count + 3)).trimmingCharacters(in: .whitespaces)
+            return String(line.dropFirst(name.count + 3)).trimmingSpaces()
         }
         return nil
     }

@@ -13,7 +13,9 @@
 // Exit status: 0 ran to the end (or the peer closed), 2 bad usage or
 // answer, 3 failed to connect (ICE, DTLS: e.g. a wrong fingerprint),
 // 4 connection lost (consent expired), 5 capture or encoder failure.
-import Foundation
+import Dispatch
+import FoundationEssentials
+import Glibc
 import KraklBackendABI
 import KraklBase
 import KraklHost
@@ -51,8 +53,8 @@ func fail(_ message: String, status: Int32) -> Never {
 
 /// One JSON line to stdout (the report) or stderr (events), flushed at once for the reader.
 func emit(_ object: [String: Any], toError: Bool = false) {
-    guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else { return }
-    let line = String(decoding: data, as: UTF8.self) + "\n"
+    guard let text = try? JSONText.serialize(object, options: [.sortedKeys]) else { return }
+    let line = text + "\n"
     if toError {
         StandardStream.error(line)
     } else {
@@ -98,7 +100,7 @@ do {
         case "--stun":
             let text = value(flag)
             guard let colon = text.lastIndex(of: ":"), let port = UInt16(text[text.index(after: colon)...]),
-                  let ip = IPAddress(String(text[..<colon]).trimmingCharacters(in: CharacterSet(charactersIn: "[]"))) else {
+                  let ip = IPAddress(String(text[..<colon]).trimming(where: { $0 == "[" || $0 == "]" })) else {
                 fail("--stun \(text) is not IP:PORT", status: ProbeExit.badUsageOrAnswer)
             }
             configuration.stunServers.append(TransportAddress(ip: ip, port: port))
@@ -107,7 +109,7 @@ do {
             let text = value(flag)
             let parts = text.split(separator: ",", maxSplits: 2, omittingEmptySubsequences: false).map(String.init)
             guard parts.count == 3, let colon = parts[0].lastIndex(of: ":"), let port = UInt16(parts[0][parts[0].index(after: colon)...]),
-                  let ip = IPAddress(String(parts[0][..<colon]).trimmingCharacters(in: CharacterSet(charactersIn: "[]"))) else {
+                  let ip = IPAddress(String(parts[0][..<colon]).trimming(where: { $0 == "[" || $0 == "]" })) else {
                 fail("--turn wants IP:PORT,USER,PASSWORD", status: ProbeExit.badUsageOrAnswer)
             }
             configuration.turnServers.append(TurnServer(address: TransportAddress(ip: ip, port: port), username: parts[1], password: parts[2]))
@@ -175,7 +177,7 @@ final class StdioSignalling: RoomDriver, Sendable {
         }
         var text = ""
         while let line = readLine(strippingNewline: true) {
-            if line.trimmingCharacters(in: .whitespaces).isEmpty { if text.isEmpty { continue } else { break } }
+            if line.trimmingSpaces().isEmpty { if text.isEmpty { continue } else { break } }
             text += line + "\r\n"
         }
         return RoomAnswer(sdp: text)

@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import KraklBase
 import KraklHost
 
@@ -13,7 +14,7 @@ func listBackends(_ registry: PluginRegistry) {
         ?? registry.defaultBackend) + ")")
     let width = registry.backends.map(\.name.count).max() ?? 4
     for entry in registry.backends {
-        let name = entry.name.padding(toLength: width, withPad: " ", startingAt: 0)
+        let name = entry.name.padded(to: width)
         let description = BackendText.sanitized(entry.description)
         let outcome = access(entry.library, F_OK) == 0
             ? BackendProbe.probe(path: entry.library)
@@ -34,5 +35,5 @@ func listBackends(_ registry: PluginRegistry) {
 func printSources(_ sources: [(name: String, description: String)], heading: String) {
     print(heading)
     let width = sources.map(\.name.count).max() ?? 0
-    for source in sources { print("  \(source.name.padding(toLength: width, withPad: " ", startingAt: 0))  \(source.description)") }
+    for source in sources { print("  \(source.name.padded(to: width))  \(source.description)") }
 }

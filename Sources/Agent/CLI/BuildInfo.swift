@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import KraklBase
 import KraklHost
 
@@ -51,9 +52,9 @@ enum GitCheckout {
     /// .git is a folder, or (a worktree, a submodule) a file "gitdir: PATH".
     private static func gitDirectory(_ checkout: URL) -> URL? {
         let git = checkout.appendingPathComponent(".git")
-        var isFolder: ObjCBool = false
+        var isFolder = false
         guard FileManager.default.fileExists(atPath: git.path, isDirectory: &isFolder) else { return nil }
-        if isFolder.boolValue { return git }
+        if isFolder { return git }
         guard let line = read(git)?.split(separator: "\n").first, line.hasPrefix("gitdir: ") else { return nil }
         let path = String(line.dropFirst("gitdir: ".count))
         return path.hasPrefix("/") ? URL(fileURLWithPath: path) : checkout.appendingPathComponent(path).standardized
@@ -62,15 +63,15 @@ enum GitCheckout {
     /// HEAD: a commit itself (detached), or "ref: refs/heads/NAME" resolved through the loose ref
     /// or packed-refs (in the common folder for a worktree).
     private static func head(_ gitFolder: URL) -> String? {
-        guard let text = read(gitFolder.appendingPathComponent("HEAD"))?.trimmingCharacters(in: .whitespacesAndNewlines) else { return nil }
+        guard let text = read(gitFolder.appendingPathComponent("HEAD"))?.trimmingWhitespace() else { return nil }
         guard text.hasPrefix("ref: ") else { return isCommit(text) ? text : nil }
         let ref = String(text.dropFirst("ref: ".count))
         guard !ref.contains(".."), ref.hasPrefix("refs/") else { return nil }
         let common = read(gitFolder.appendingPathComponent("commondir"))
-            .map { $0.trimmingCharacters(in: .whitespacesAndNewlines) }
+            .map { $0.trimmingWhitespace() }
             .map { $0.hasPrefix("/") ? URL(fileURLWithPath: $0) : gitFolder.appendingPathComponent($0).standardized } ?? gitFolder
         for folder in [gitFolder, common] {
-            if let loose = read(folder.appendingPathComponent(ref))?.trimmingCharacters(in: .whitespacesAndNewlines), isCommit(loose) { return loose }
+            if let loose = read(folder.appendingPathComponent(ref))?.trimmingWhitespace(), isCommit(loose) { return loose }
             for line in (read(folder.appendingPathComponent("packed-refs")) ?? "").split(separator: "\n") {
                 let parts = line.split(separator: " ")
                 if parts.count == 2, parts[1] == ref, isCommit(String(parts[0])) { return String(parts[0]) }
@@ -86,8 +87,6 @@ enum GitCheckout {
     /// A small file's text, at most `limit` bytes of it (packed-refs of a big repository is the
     /// largest read here: 4 MB at most); nil when it cannot be opened.
     static func read(_ url: URL, limit: Int = 4 << 20) -> String? {
-        guard let handle = FileHandle(forReadingAtPath: url.path) else { return nil }
-        defer { try? handle.close() }
-        return String(decoding: (try? handle.read(upToCount: limit)) ?? Data(), as: UTF8.self)
+        readFilePrefix(url.path, limit: limit).map { String(decoding: $0, as: UTF8.self) }
     }
 }

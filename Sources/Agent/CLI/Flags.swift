@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import KraklBase
 import KraklHost
 import KraklEncoder
@@ -54,7 +55,7 @@ struct Flag: Sendable {
         let indent = String(repeating: " ", count: 26)
         var lines: [String]
         if head.count <= 24, let first = help.first {
-            lines = [head.padding(toLength: 26, withPad: " ", startingAt: 0) + first] + help.dropFirst().map { indent + $0 }
+            lines = [head.padded(to: 26) + first] + help.dropFirst().map { indent + $0 }
         } else {
             lines = [head] + help.map { indent + $0 }
         }

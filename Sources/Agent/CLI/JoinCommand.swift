@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import KraklBase
 import KraklHost
 import KraklRTC
@@ -31,12 +32,10 @@ enum JoinCodeSource: Equatable {
         case .file(let path):
             // A join code is at most 4 KB; a bigger file is read up to 1 MiB, so the refusal names its
             // real size (a cut at 4 KB + 64 made every long file "4160 bytes").
-            guard let handle = FileHandle(forReadingAtPath: path) else {
+            guard let bytes = readFilePrefix(path, limit: 1 << 20) else {
                 throw .usage("--join @\(path): cannot read that file")
             }
-            defer { try? handle.close() }
-            let data = (try? handle.read(upToCount: 1 << 20)) ?? Data()
-            return String(decoding: data, as: UTF8.self)
+            return String(decoding: bytes, as: UTF8.self)
         case .standardInput:
             return StandardInputLine.read(limit: JoinCode.maximumLength + 64)
         }

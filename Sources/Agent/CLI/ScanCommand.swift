@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import KraklRoom
 import KraklBase
 import KraklHost
@@ -235,10 +236,10 @@ struct ScanWatch {
         case .found(let invitation):
             let end = MonotonicClock.milliseconds()
             if let firstPictureAt, camera {
-                host.say(String(format: "found a join code after %.1f s (%.2f s after the camera's first picture)",
+                host.say(String(cFormat: "found a join code after %.1f s (%.2f s after the camera's first picture)",
                                 (end - started) / 1000, (end - firstPictureAt) / 1000))
             } else {
-                host.say(String(format: "found a join code after %.1f s", (end - started) / 1000))
+                host.say(String(cFormat: "found a join code after %.1f s", (end - started) / 1000))
             }
             return invitation
         case .conflicting(let list):
@@ -257,9 +258,9 @@ struct ScanWatch {
         nextProgress = now + 1000
         if camera {
             let view = capture.sourceDescription ?? "the camera (no picture yet)"
-            host.progress(String(format: "looking at %@… %.0f s, %d pictures looked at", view, (now - started) / 1000, capture.progress.frames))
+            host.progress(String(cFormat: "looking at %@… %.0f s, %d pictures looked at", view, (now - started) / 1000, capture.progress.frames))
         } else {
-            host.progress(String(format: "scanning the screen for a join code… %.0f s, %d frames looked at", (now - started) / 1000, capture.progress.frames))
+            host.progress(String(cFormat: "scanning the screen for a join code… %.0f s, %d frames looked at", (now - started) / 1000, capture.progress.frames))
         }
     }
 }

@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import KraklBackendABI
 import KraklBase
 import KraklHost
@@ -65,7 +66,7 @@ func checkRecordingPath(_ path: String) throws(HostError) {
         if access(path, W_OK) != 0 { throw .outputFailed(path: path, reason: String(cString: strerror(errno))) }
         return
     }
-    let folder = (path as NSString).deletingLastPathComponent
+    let folder = folderPart(of: path)
     if access(folder.isEmpty ? "." : folder, W_OK) != 0 {
         throw .outputFailed(path: path, reason: "its folder \(folder.isEmpty ? "." : folder): \(String(cString: strerror(errno)))")
     }
@@ -199,7 +200,7 @@ struct CaptureOutputs {
     /// nothing was captured. Its thread is left where it is; the process ends now (an isolated
     /// backend's child ends with the agent), with the outputs opened so far completed.
     func endWhileCreating(signal number: Int32, after seconds: Double, backend: String) -> Never {
-        print(String(format: "krakl-agent: stopped: %@ while backend %@ was still starting (its create() had not returned after %.1f s); nothing was captured",
+        print(String(cFormat: "krakl-agent: stopped: %@ while backend %@ was still starting (its create() had not returned after %.1f s); nothing was captured",
                      signalReason(number), backend, seconds))
         completeEncoderOutputs(path, frameLog: frameLog)
         var failure = path.encoderError?.hostError
@@ -264,23 +265,23 @@ func watchUntilEnded(_ arguments: Arguments, path run: MediaPath, viewer: Viewer
 
 /// The summary after a run (what was captured, delivered and encoded); returns the encoder's numbers.
 func printRunSummary(_ summary: CaptureStatistics.Snapshot, path run: MediaPath, record: String?) -> EncoderStatistics.Summary? {
-    print(String(format: "summary: %d frames in %.1f s (%.1f fps), %@, damage %.1f%% of the frame on average",
+    print(String(cFormat: "summary: %d frames in %.1f s (%.1f fps), %@, damage %.1f%% of the frame on average",
                  summary.frames, summary.seconds, summary.fps, summary.lastSize.isEmpty ? "no frames" : summary.lastSize,
                  summary.damageShareMean * 100))
-    print(String(format: "delivery latency (capture timestamp to host): p50 %.3f ms, p99 %.3f ms, max %.3f ms",
+    print(String(cFormat: "delivery latency (capture timestamp to host): p50 %.3f ms, p99 %.3f ms, max %.3f ms",
                  summary.latencyMs.p50, summary.latencyMs.p99, summary.latencyMs.max))
     if summary.invalidFrames > 0 { print("dropped \(summary.invalidFrames) invalid frames from the backend") }
     guard let pipeline = run.pipeline else { return nil }
     let e = pipeline.statistics.summary()
-    print(String(format: "encoded: %d frames (%d keyframes, %d refreshes), %.0f kbit/s, encode p50 %.2f ms p99 %.2f ms, active blocks %.1f%%, %d captured frames merged into later ones, %d dropped by rate control",
+    print(String(cFormat: "encoded: %d frames (%d keyframes, %d refreshes), %.0f kbit/s, encode p50 %.2f ms p99 %.2f ms, active blocks %.1f%%, %d captured frames merged into later ones, %d dropped by rate control",
                  e.frames, e.keyframes, e.refreshFrames, e.bitrateKbps, e.encodeMs.p50, e.encodeMs.p99, e.activeShareMean * 100, e.skippedFrames, e.droppedFrames))
     if e.correctedTimestamps > 0 { print("corrected \(e.correctedTimestamps) backend timestamps (stepped back, jumped or stood still)") }
     if e.coalescedKeyframeRequests > 0 { print("merged \(e.coalescedKeyframeRequests) keyframe requests into earlier ones (at most one keyframe per \(pipeline.settings.keyframeRequestSpacing.inSeconds) s)") }
     if let record {
         let written = pipeline.outputStarted ? record : "none (no frame was encoded)"
-        print(String(format: "encoder path CPU: %.2f s (conversion on the capture thread + encoder thread); recording: %@", e.cpuSeconds, written))
+        print(String(cFormat: "encoder path CPU: %.2f s (conversion on the capture thread + encoder thread); recording: %@", e.cpuSeconds, written))
     } else {
-        print(String(format: "encoder path CPU: %.2f s (conversion on the capture thread + encoder thread); shared to the built-in viewer", e.cpuSeconds))
+        print(String(cFormat: "encoder path CPU: %.2f s (conversion on the capture thread + encoder thread); shared to the built-in viewer", e.cpuSeconds))
     }
     return e
 }
@@ -349,7 +350,7 @@ func makeSourceUntilSignalled(_ selection: BackendSelection, sink: FrameSink, lo
     // not always reach the system thread, which `top -H` and the tests read).
     final class Body { let run: () -> Void; init(_ run: @escaping () -> Void) { self.run = run } }
     let body = Unmanaged.passRetained(Body {
-        Thread.current.name = "krakl-create"   // for `top -H`, gdb and the tests: the thread inside create()
+        nameCurrentThread("krakl-create")   // for `top -H`, gdb and the tests: the thread inside create()
         let result: Result<any CaptureSource, HostError>
         do throws(HostError) { result = .success(try selection.makeSource(sink: sink, logger: logger)) } catch { result = .failure(error) }
         outcome.withLock { $0 = result }
@@ -377,12 +378,12 @@ func makeSourceUntilSignalled(_ selection: BackendSelection, sink: FrameSink, lo
 }
 
 func statusLine(_ shot: CaptureStatistics.Snapshot, total: Int) -> String {
-    String(format: "%6d frames | %5.1f fps | damage %5.1f%% | latency p50 %.2f ms p99 %.2f ms | %@",
+    String(cFormat: "%6d frames | %5.1f fps | damage %5.1f%% | latency p50 %.2f ms p99 %.2f ms | %@",
            total, shot.fps, shot.damageShareMean * 100, shot.latencyMs.p50, shot.latencyMs.p99, shot.lastSize)
 }
 
 func encoderStatus(_ e: EncoderStatistics.Summary) -> String {
-    String(format: "enc %5.0f kbit/s p50 %.1f ms | active %4.1f%%", e.bitrateKbps, e.encodeMs.p50, e.activeShareMean * 100)
+    String(cFormat: "enc %5.0f kbit/s p50 %.1f ms | active %4.1f%%", e.bitrateKbps, e.encodeMs.p50, e.activeShareMean * 100)
 }
 
 /// The run's numbers for scripts (bench/, tests) to read, into the file opened before capture.
@@ -416,8 +417,8 @@ func writeStatistics(_ file: OutputFile, capture: CaptureStatistics.Snapshot, en
     let zeroFill = krakl_zero_fill_read_stats()
     object["zero_fill_released_bytes"] = zeroFill.bytes
     object["process_cpu_seconds"] = Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
-    let data = (try? JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys])) ?? Data("{}".utf8)
-    try file.write([UInt8](data))
+    let text = (try? JSONText.serialize(object, options: [.prettyPrinted, .sortedKeys])) ?? "{}"
+    try file.write(Array(text.utf8))
     try file.close()
 }
 

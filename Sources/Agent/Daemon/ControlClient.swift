@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import Glibc
 import KraklBase
 import KraklHost
@@ -44,7 +44,7 @@ func runControlClient(_ command: ControlCommand, json: Bool) -> Int32 {
                   + "prefer connect @FILE or connect -\n")
         }
         do throws(HostError) {
-            let text = try source.read().trimmingCharacters(in: .whitespacesAndNewlines)
+            let text = try source.read().trimmingWhitespace()
             guard !text.isEmpty else { throw HostError.usage("connect: no join code given (the input was empty)") }
             // A link (`open`) is judged here as the daemon judges a code, so that one which is no join
             // code is refused with the code's own words and status even when no daemon runs.
@@ -155,7 +155,7 @@ enum ControlText {
     static func status(_ status: ControlStatus?) -> String {
         guard let status else { return "krakl-agent: the daemon sent no status" }
         if status.state == "scanning" {
-            return String(format: "krakl-agent: scanning for a join code for %.0f s (daemon pid \(status.pid))", status.stateSeconds ?? 0)
+            return String(cFormat: "krakl-agent: scanning for a join code for %.0f s (daemon pid \(status.pid))", status.stateSeconds ?? 0)
         }
         var text = status.state == "idle" ? "krakl-agent: idle (daemon pid \(status.pid))" : "krakl-agent: \(sharing(status))"
         if status.state == "idle", let end = status.lastEnd { text += "; last session: \(end.message)" }
@@ -167,11 +167,11 @@ enum ControlText {
         guard let status else { return "sharing" }
         var text = "\(status.state) in \(status.room.map { "room \($0)" } ?? "the room") as \"\(status.identity ?? "?")\""
         text += " (\(status.service ?? "?")\(status.roomDetails.map { ": \($0)" } ?? "")\(status.backend.map { ", backend \($0)" } ?? ""))"
-        if let seconds = status.sharingSeconds { text += String(format: " for %.0f s", seconds) }
+        if let seconds = status.sharingSeconds { text += String(cFormat: " for %.0f s", seconds) }
         if let connection = status.connection { text += " | \(connection)" + (status.path.map { " \($0)" } ?? "") }
         if status.rttMs != nil || status.silentSeconds != nil { text += " | rtt \(status.rttWords)" }
-        if let loss = status.lossPercent { text += String(format: " | loss %.1f %%", loss) }
-        if let kbps = status.kbps, let fps = status.fps { text += String(format: " | %.0f kbit/s | %.1f fps", kbps, fps) }
+        if let loss = status.lossPercent { text += String(cFormat: " | loss %.1f %%", loss) }
+        if let kbps = status.kbps, let fps = status.fps { text += String(cFormat: " | %.0f kbit/s | %.1f fps", kbps, fps) }
         return text
     }
 

@@ -1,4 +1,5 @@
-import Foundation
+import Dispatch
+import FoundationEssentials
 import Glibc
 import KraklBase
 import KraklHost
@@ -54,7 +55,7 @@ struct DaemonPlace {
         if flock(lockFD, LOCK_EX | LOCK_NB) != 0 {
             var text = [UInt8](repeating: 0, count: 32)
             let n = read(lockFD, &text, text.count)
-            let pid = String(decoding: text.prefix(max(0, n)), as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+            let pid = String(decoding: text.prefix(max(0, n)), as: UTF8.self).trimmingWhitespace()
             close(lockFD)
             throw .alreadyRunning("another krakl-agent daemon\(pid.isEmpty ? "" : " (pid \(pid))") is already running for this user "
                                   + "on \(socketPath): use `krakl-agent status`, or `krakl-agent stop` and then end it")
@@ -451,7 +452,7 @@ final class ControlDaemon: Sendable {
     private func scanSaid(_ line: String) {
         guard onLoop.scanner != nil else { return }
         // The client's Ctrl-C leaves the daemon scanning: its stop is `krakl-agent stop`.
-        let message = ControlReply(ok: true, event: "scanning", message: line.replacingOccurrences(of: "Ctrl-C stops", with: "krakl-agent stop stops"))
+        let message = ControlReply(ok: true, event: "scanning", message: line.replacing("Ctrl-C stops", with: "krakl-agent stop stops"))
         for connection in onLoop.pendingScans { reply(connection, message) }
         broadcast(message)
     }

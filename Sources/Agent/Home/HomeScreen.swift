@@ -1,4 +1,5 @@
-import Foundation
+import Dispatch
+import FoundationEssentials
 import Glibc
 import KraklBase
 import KraklHost
@@ -192,14 +193,14 @@ final class HomeScreen: Sendable {
 
     private func submitCode(_ text: String) {
         onLoop.input = .keys
-        let trimmed = text.trimmingCharacters(in: .whitespaces)
+        let trimmed = text.trimmingSpaces()
         guard !trimmed.isEmpty else { onLoop.notice = nil; return }
         connect(code: trimmed, qr: nil)
     }
 
     private func submitPicture(_ text: String) {
         onLoop.input = .keys
-        var path = text.trimmingCharacters(in: .whitespaces)
+        var path = text.trimmingSpaces()
         guard !path.isEmpty else { onLoop.notice = nil; return }
         if path.hasPrefix("~/"), let home = ProcessInfo.processInfo.environment["HOME"] { path = home + path.dropFirst() }
         if !path.hasPrefix("/") { path = FileManager.default.currentDirectoryPath + "/" + path }
@@ -417,10 +418,10 @@ final class HomeScreen: Sendable {
         lines.append(terminal.value.fit("Identity:  \(now.identity ?? "-")"))
         lines.append(terminal.value.fit("Backend:   \(now.backend ?? "-")" + (now.source.map { ", \($0)" } ?? "")))
         let size = now.width.flatMap { w in now.height.map { "\(w)x\($0)" } } ?? "-"
-        lines.append(terminal.value.fit("Picture:   \(size), \(now.fps.map { String(format: "%.1f", $0) } ?? "-") fps"))
-        lines.append(terminal.value.fit("Bitrate:   \(now.kbps.map { String(format: "%.0f kbit/s", $0) } ?? "-")"))
+        lines.append(terminal.value.fit("Picture:   \(size), \(now.fps.map { String(cFormat: "%.1f", $0) } ?? "-") fps"))
+        lines.append(terminal.value.fit("Bitrate:   \(now.kbps.map { String(cFormat: "%.0f kbit/s", $0) } ?? "-")"))
         lines.append(terminal.value.fit("RTT:       \(now.rttWords)"
-                                + "      Loss: \(now.lossPercent.map { String(format: "%.1f %%", $0) } ?? "-")"
+                                + "      Loss: \(now.lossPercent.map { String(cFormat: "%.1f %%", $0) } ?? "-")"
                                 + "      Connection: \(now.connection ?? "-")"))
         lines.append(terminal.value.fit("Path:      \(now.path.map(Self.pathWords) ?? "-")"))
         lines.append(terminal.value.fit("Shared:    \(now.sharingSeconds.map(Self.clock) ?? "not yet")"))
@@ -440,7 +441,7 @@ final class HomeScreen: Sendable {
     /// 75.3 → "0:01:15".
     private static func clock(_ seconds: Double) -> String {
         let whole = Int(seconds)
-        return String(format: "%d:%02d:%02d", whole / 3600, whole / 60 % 60, whole % 60)
+        return String(cFormat: "%d:%02d:%02d", whole / 3600, whole / 60 % 60, whole % 60)
     }
 }
 

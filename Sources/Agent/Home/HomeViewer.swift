@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import Glibc
 import KraklBase
 import KraklHost
@@ -47,7 +47,7 @@ final class HomeViewer: Sendable {
 
     /// The URL to open on this machine: for 0.0.0.0 or ::, loopback stands in for "any address".
     var localURL: String {
-        server.url.replacingOccurrences(of: "://THIS-MACHINE:", with: server.http.address.host == "::" ? "://[::1]:" : "://127.0.0.1:")
+        server.url.replacing("://THIS-MACHINE:", with: server.http.address.host == "::" ? "://[::1]:" : "://127.0.0.1:")
     }
 
     var viewerCount: Int { server.endpoint.viewerCount }
@@ -74,7 +74,7 @@ enum BrowserOpener {
     static func open(_ url: String, environment: [String: String] = ProcessInfo.processInfo.environment) -> Outcome {
         let argv: [String]
         if let browser = environment["BROWSER"]?.split(separator: ":").first.map(String.init),
-           !browser.trimmingCharacters(in: .whitespaces).isEmpty {
+           !browser.trimmingSpaces().isEmpty {
             // The words of $BROWSER by the shell's rules, the URL one argument after them.
             argv = ["/bin/sh", "-c", "exec \(browser) \"$1\"", "sh", url]
         } else if let xdgOpen = findProgram("xdg-open", path: environment["PATH"]) {
@@ -88,7 +88,7 @@ enum BrowserOpener {
         child.detachedSignals = true
         switch child.spawn() {
         case .success(let pid):
-            Thread.detachNewThread {
+            startThread {
                 var status: Int32 = 0
                 while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
             }

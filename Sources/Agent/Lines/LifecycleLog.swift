@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import KraklBase
 import KraklSession
 
@@ -58,8 +59,12 @@ struct LifecycleLog {
     }
 
     private static func now() -> String {
-        let formatter = ISO8601DateFormatter()
-        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
-        return formatter.string(from: Date())
+        // ISO8601DateFormatter's internet date-time with fractional seconds: UTC, rounded to the millisecond.
+        let milliseconds = Int((Date().timeIntervalSince1970 * 1000).rounded())
+        var seconds = time_t(milliseconds.quotientAndRemainder(dividingBy: 1000).quotient)
+        var parts = tm()
+        gmtime_r(&seconds, &parts)
+        return String(cFormat: "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", Int(parts.tm_year) + 1900, Int(parts.tm_mon) + 1, Int(parts.tm_mday),
+                      Int(parts.tm_hour), Int(parts.tm_min), Int(parts.tm_sec), milliseconds % 1000)
     }
 }

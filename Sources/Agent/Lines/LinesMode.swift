@@ -1,4 +1,5 @@
-import Foundation
+import Dispatch
+import FoundationEssentials
 import Glibc
 import KraklBase
 import KraklHost
@@ -278,9 +279,9 @@ final class LinesMode: Sendable {
             return
         }
         let rtt = now.rttWords
-        let loss = now.lossPercent.map { String(format: "%.1f %%", $0) } ?? "-"
+        let loss = now.lossPercent.map { String(cFormat: "%.1f %%", $0) } ?? "-"
         let link = now.path.map { "\(connection) \($0)" } ?? connection
-        let line = String(format: "%@ | %@ as \"%@\" | %@ | %@ | rtt %@ | loss %@ | %5.0f kbit/s | %4.1f fps",
+        let line = String(cFormat: "%@ | %@ as \"%@\" | %@ | %@ | rtt %@ | loss %@ | %5.0f kbit/s | %4.1f fps",
                           session.state.name, now.room ?? "-", identity, now.service ?? "-", link, rtt, loss, kbps, fps)
         if isTerminal { print("\r\u{1B}[K" + line, terminator: ""); StandardStream.flushOutput() } else { print(line) }
     }

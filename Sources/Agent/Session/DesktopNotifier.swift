@@ -1,5 +1,6 @@
 import CSdBus
-import Foundation
+import Dispatch
+import FoundationEssentials
 import Glibc
 import KraklBase
 import KraklSession

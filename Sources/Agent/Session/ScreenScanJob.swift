@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import KraklBase
 import KraklHost
 import KraklRoom
@@ -35,7 +36,7 @@ final class ScreenScanJob: ScanHost, Sendable {
         progressLine = progress
         // Fails here, not on the thread, when the backend cannot be chosen.
         _ = try selectedBackend(arguments)
-        let thread = Thread { [self] in
+        startThread(name: "krakl-scan") { [self] in
             do throws(HostError) {
                 let (invitation, status) = try scanScreen(arguments, logger: logger, host: self)
                 done(invitation.map { .found($0) } ?? .notFound(status: status, lastSaid: shared.withLock { $0.lastSaid }))
@@ -43,8 +44,6 @@ final class ScreenScanJob: ScanHost, Sendable {
                 done(.failed(error))
             }
         }
-        thread.name = "krakl-scan"
-        thread.start()
     }
 
     /// The same for an owner on `loop`: each report is posted to it.

@@ -1,5 +1,5 @@
 import KraklBase
-import Foundation
+import FoundationEssentials
 import Glibc
 import KraklBackendABI
 
@@ -209,7 +209,7 @@ final class GroupRunner {
         let frames = recorder.frameCount
         let seen = recorder.problems
         if first.arrived {
-            report(.pass, "delivers-frames", "\(frames) frames, first after \(String(format: "%.0f", first.delay * 1000)) ms, \(recorder.sizeDescription)")
+            report(.pass, "delivers-frames", "\(frames) frames, first after \(String(cFormat: "%.0f", first.delay * 1000)) ms, \(recorder.sizeDescription)")
         } else {
             report(.fail, "delivers-frames", "no frame within \(budget.timeout) s of start()\(first.ended ? " (the source ended first)" : "")")
         }
@@ -228,7 +228,7 @@ final class GroupRunner {
         let stop = driven.stop()
         statuses.append(("stop()", stop.status))
         report(stop.seconds <= 1 ? .pass : .fail, "stop-within-1s",
-               stop.seconds <= 1 ? String(format: "stop() took %.1f ms", stop.seconds * 1000) : String(format: "stop() took %.0f ms; it must return within one second", stop.seconds * 1000))
+               stop.seconds <= 1 ? String(cFormat: "stop() took %.1f ms", stop.seconds * 1000) : String(cFormat: "stop() took %.0f ms; it must return within one second", stop.seconds * 1000))
 
         channel.check("no-frame-after-stop")
         channel.wait(budget.afterStop)
@@ -267,7 +267,7 @@ final class GroupRunner {
                 else if after.geometry != before.geometry { restartProblem = after.geometry }
                 else if after.damage != before.damage { restartProblem = after.damage }
                 else if lateAgain > 0 { restartProblem = "\(lateAgain) callback(s) after the second stop() returned" }
-                else if secondStop.seconds > 1 && stop.seconds <= 1 { restartProblem = String(format: "the second stop() took %.0f ms", secondStop.seconds * 1000) }
+                else if secondStop.seconds > 1 && stop.seconds <= 1 { restartProblem = String(cFormat: "the second stop() took %.0f ms", secondStop.seconds * 1000) }
             }
         }
         let resumed = recorder.frameCount - framesBefore
@@ -359,7 +359,7 @@ final class GroupRunner {
         if after > 0 {
             report(.fail, "source-ended", "\(after) frame(s) arrived after SOURCE_ENDED")
         } else if stop.seconds > 1 {
-            report(.fail, "source-ended", String(format: "stop() after the end took %.0f ms", stop.seconds * 1000))
+            report(.fail, "source-ended", String(cFormat: "stop() after the end took %.0f ms", stop.seconds * 1000))
         } else {
             report(.pass, "source-ended", "SOURCE_ENDED after \(driven.recorder.frameCount) frames (\(driven.recorder.endMessage ?? "no message")), no frame after it")
         }

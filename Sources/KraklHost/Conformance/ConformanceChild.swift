@@ -1,5 +1,5 @@
 import KraklBase
-import Foundation
+import FoundationEssentials
 import Glibc
 import KraklBackendABI
 
@@ -30,7 +30,7 @@ public enum ConformanceChild {
     /// the write end reports an error, and this process must not outlive it
     /// with a hung backend in it.
     private static func endWithParent(_ fd: Int32) {
-        Thread.detachNewThread {
+        startThread {
             var pfd = pollfd(fd: fd, events: 0, revents: 0)
             while true {
                 let n = poll(&pfd, 1, -1)

@@ -1,5 +1,5 @@
 import KraklBase
-import Foundation
+import FoundationEssentials
 import Glibc
 
 /// A child process of the suite running one group of checks: its fd 3 is a

@@ -1,5 +1,5 @@
 import KraklBase
-import Foundation
+import FoundationEssentials
 import Glibc
 
 /// `krakl-agent conformance LIB.so`: the checks every backend must pass. One
@@ -169,5 +169,5 @@ public final class ConformanceSuite {
     }
 
     private static func nanoseconds(_ seconds: Double) -> UInt64 { UInt64(max(0, seconds) * 1e9) }
-    private static func seconds(_ value: Double) -> String { String(format: "%.0f", value.rounded(.down)) }
+    private static func seconds(_ value: Double) -> String { String(cFormat: "%.0f", value.rounded(.down)) }
 }

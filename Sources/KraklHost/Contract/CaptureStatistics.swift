@@ -1,5 +1,7 @@
 import KraklBase
-import Foundation
+import Dispatch
+import FoundationEssentials
+import Glibc
 import KraklBackendABI
 
 /// Live numbers for a capture run: frame rate, how much of each frame the

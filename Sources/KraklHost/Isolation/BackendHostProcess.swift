@@ -1,5 +1,5 @@
 import KraklBase
-import Foundation
+import FoundationEssentials
 import Glibc
 
 /// How the child process ended, in the words the agent shows.

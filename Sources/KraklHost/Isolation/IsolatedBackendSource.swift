@@ -1,5 +1,5 @@
 import KraklBase
-import Foundation
+import FoundationEssentials
 import Glibc
 import KraklBackendABI
 
@@ -127,7 +127,7 @@ public final class IsolatedBackendSource: CaptureSource, Sendable {
         }
         theirs.close()
         socket = mine
-        guard let thread = startThread({ [self] in readLoop() }) else {
+        guard let thread = startThread(joinable: true, { [self] in readLoop() }) else {
             teardown()
             throw .libraryUnloadable(path: libraryPath, reason: "isolated mode: cannot start a thread")
         }
@@ -334,7 +334,7 @@ public final class IsolatedBackendSource: CaptureSource, Sendable {
 
     private func readLoop() {
         mapped.claim()
-        Thread.current.name = "krakl-isolated"
+        nameCurrentThread("krakl-isolated")
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: WireLimits.maximumChildMessage + 64, alignment: 8)
         let scratch = Scratch()
         defer {
@@ -606,21 +606,4 @@ public final class IsolatedBackendSource: CaptureSource, Sendable {
             sink?.event(SourceEvent(kind: .sourceEnded, error: -EPIPE, message: ended.sentence, format: 0, width: 0, height: 0))
         }
     }
-}
-
-/// A joinable pthread running `body` (the reader must be joined before its socket is closed).
-private func startThread(_ body: @escaping () -> Void) -> pthread_t? {
-    final class Box { let body: () -> Void; init(_ body: @escaping () -> Void) { self.body = body } }
-    let box = Unmanaged.passRetained(Box(body)).toOpaque()
-    var thread = pthread_t()
-    let status = pthread_create(&thread, nil, { raw in
-        let box = Unmanaged<Box>.fromOpaque(raw!).takeRetainedValue()
-        box.body()
-        return nil
-    }, box)
-    guard status == 0 else {
-        Unmanaged<Box>.fromOpaque(box).release()
-        return nil
-    }
-    return thread
 }

@@ -1,5 +1,5 @@
 import KraklBase
-import Foundation
+import FoundationEssentials
 import Glibc
 
 /// How long the host waits for each call into a backend before it gives up on the backend
@@ -28,7 +28,7 @@ public struct CallBudgets: Sendable, Equatable {
 /// @unchecked Sendable: a thread primitive: its job queue and flags are under `condition`, and the
 /// jobs (with the CallResult each captures) are closures the compiler cannot see cross to its thread.
 final class BackendCallThread: @unchecked Sendable {
-    private let condition = NSCondition()
+    private let condition = Condition()
     private var jobs: [() -> Void] = []
     private var ending = false
     /// True while a job that overran its budget is still inside the backend: nothing more may run.
@@ -58,7 +58,7 @@ final class BackendCallThread: @unchecked Sendable {
 
     private func loop() {
         // For people reading `top -H` or a backtrace: which thread is inside a backend.
-        Thread.current.name = name
+        nameCurrentThread(name)
         let id = currentKernelThreadID()
         condition.lock()
         _kernelThreadID = id

@@ -1,5 +1,5 @@
 import KraklBase
-import Foundation
+import FoundationEssentials
 import Glibc
 import KraklBackendABI
 
@@ -53,7 +53,7 @@ public final class BackendSource: CaptureSource {
     /// The control thread's kernel id (set once it ran the backend's create()): for the tests.
     var controlThreadID: pid_t { calls.kernelThreadID }
     /// One control call at a time, whichever thread makes it.
-    private let control = NSLock()
+    private let control = Lock()
     private var source: OpaquePointer?
     private var started = false
     private var hung: HostError?

@@ -1,5 +1,5 @@
 import KraklBase
-import Foundation
+import FoundationEssentials
 import Glibc
 import KraklBackendABI
 import Synchronization
@@ -54,7 +54,7 @@ final class HostSlot: Sendable {
 /// The host side of one source (or one list_sources call): options, the frame contract, the
 /// sink, and the error line kept for the HostError that reports a failed call. Backend threads
 /// call in through C. Sendable, checked: the sink and the mutable state are in Mutexes, the
-/// delivery lock is an NSLock.
+/// delivery lock is a `Lock`.
 final class HostContext: Sendable {
     let backend: String
     let logger: BackendLogger
@@ -80,9 +80,9 @@ final class HostContext: Sendable {
     }
     private let state = Mutex(State())
     /// Serializes frame and event deliveries: the contract says one at a time, and a backend
-    /// that calls from two threads at once must not corrupt the host's state. An NSLock: the
+    /// that calls from two threads at once must not corrupt the host's state. A `Lock`: the
     /// drain waits for it with a bound (`lock(before:)`), which a Mutex cannot.
-    private let delivery = NSLock()
+    private let delivery = Lock()
 
     init(backend: String, optionsText: String, sink: FrameSink?, logger: @escaping BackendLogger, contract: FrameContract?) {
         self.backend = backend
@@ -150,7 +150,7 @@ final class HostContext: Sendable {
     /// Runs one delivery under the delivery lock; a delivery that finds another in progress is
     /// a breach of "never two at once" (counted), and waits its turn.
     private func serialized(_ body: () -> Void) {
-        if !delivery.try() {
+        if !delivery.tryLock() {
             contract?.note(.concurrentCallbacks, "two threads delivered frames or events for one source at the same time; the host serializes them")
             delivery.lock()
         }

@@ -1,5 +1,5 @@
 import KraklBase
-import Foundation
+import FoundationEssentials
 import Glibc
 
 /// Every way the host can fail before or while capturing (command line,
@@ -60,7 +60,7 @@ public enum HostError: Error, Equatable, Sendable, CustomStringConvertible {
         case .listFailed(let backend, let code, let message):
             return "backend \(backend) could not list its sources: \(message) (\(returnValueName(code)))"
         case .backendHung(let backend, let call, let budget):
-            return "backend \(backend) hung: its \(call)() did not return within \(String(format: "%g", budget)) s; the host gave up on it (report this to the backend's author)"
+            return "backend \(backend) hung: its \(call)() did not return within \(String(cFormat: "%g", budget)) s; the host gave up on it (report this to the backend's author)"
         case .outputFailed(let path, let reason):
             return "cannot write \(path): \(reason)"
         case .backendCrashed(let backend, let reason):

@@ -1,5 +1,5 @@
 import KraklBase
-import Foundation
+import FoundationEssentials
 
 /// Where an installed agent keeps its own files (scripts/install, scripts/package-deb;
 /// docs/install.md): the executable in PREFIX/bin, and beside it PREFIX/lib/krakl-agent with

@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// The peer's first ClientHello when it arrives before the answer has told us
 /// our DTLS role and the peer's fingerprint, kept to be replayed into DTLS then.
@@ -29,7 +30,8 @@ struct DtlsEarlyFlight {
     private var bytes = 0
     private var messageSequence: UInt16?
     private var messageLength: Int?
-    private var covered = IndexSet()
+    /// Offsets of the body bytes here (at most `maximumBytes` of them, so a plain set).
+    private var covered = Set<Int>()
 
     /// True once every byte of the ClientHello body is here.
     var isComplete: Bool {
@@ -44,13 +46,13 @@ struct DtlsEarlyFlight {
         guard !isComplete, datagrams.count < Self.maximumDatagrams, bytes + datagram.count <= Self.maximumBytes,
               let fragments = Self.clientHelloFragments(datagram) else { return false }
         var sequence = messageSequence, length = messageLength
-        var added = IndexSet()
+        var added = Set<Int>()
         for fragment in fragments {
             guard sequence == nil || sequence == fragment.sequence, length == nil || length == fragment.length,
                   fragment.offset + fragment.count <= fragment.length else { return false }
             sequence = fragment.sequence
             length = fragment.length
-            added.insert(integersIn: fragment.offset..<(fragment.offset + fragment.count))
+            added.formUnion(fragment.offset..<(fragment.offset + fragment.count))
         }
         // Nothing new: a retransmitted fragment.
         guard !added.subtracting(covered).isEmpty else { return false }

@@ -1,5 +1,7 @@
 import CSrtp
-import Foundation
+import FoundationEssentials
+import KraklBase
+import Glibc
 
 /// libsrtp wants srtp_init exactly once per process before anything else.
 /// It runs its crypto self-tests (24–30 ms measured here), so `KraklRTC.prepare()`
@@ -40,7 +42,7 @@ public final class SrtpSession {
     public let profile: SrtpProfile
     public let direction: Direction
     private var session: srtp_t?
-    private let lock = NSLock()
+    private let lock = Lock()
     private var counts = Counters()
     private var lastDrop: SrtpError?
 

@@ -106,7 +106,7 @@ public enum TurnError: Error, Equatable, Sendable, CustomStringConvertible {
             case .tcp: why = "over TCP: connecting or the server stalled"
             case .tls: why = "over TLS: connecting, the TLS handshake or the server stalled"
             }
-            return "TURN server \(s) did not answer \(request) within \(String(format: "%.1f", seconds)) s (\(why))"
+            return "TURN server \(s) did not answer \(request) within \(String(cFormat: "%.1f", seconds)) s (\(why))"
         case .noRelayedAddress(let s): return "TURN server \(s) accepted the allocation but gave no XOR-RELAYED-ADDRESS"
         case .connectionFailed(let s, let over, let reason): return "TURN server \(s) over \(over): \(reason)"
         case .untrustedCertificate(let s, let reason): return "TURN server \(s) over TLS: \(reason)"

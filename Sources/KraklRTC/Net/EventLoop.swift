@@ -1,4 +1,5 @@
-import Foundation
+import Dispatch
+import FoundationEssentials
 import KraklBase
 import Glibc
 
@@ -32,7 +33,7 @@ public final class EventLoop: @unchecked Sendable {
     private var cancelled = Set<TimerID>()
     private var nextTimerID: TimerID = 1
 
-    private let lock = NSLock()
+    private let lock = Lock()
     private var posted: [() -> Void] = []
     private var stopping = false
     private var running = false
@@ -65,28 +66,13 @@ public final class EventLoop: @unchecked Sendable {
         guard !running else { lock.unlock(); return }
         running = true
         lock.unlock()
-        let thread = Thread { [self] in
-            EventLoop.nameKernelThread(self.name)
+        startThread(name: name, stackSize: 1 << 20) { [self] in
             pthread_setspecific(Self.currentLoopKey, Unmanaged.passUnretained(self).toOpaque())
             self.lock.withLock { self.threadAlive = true }
             self.run()
             self.lock.withLock { self.threadAlive = false }
             self.finished.signal()
         }
-        thread.name = name
-        thread.stackSize = 1 << 20
-        thread.start()
-    }
-
-    /// Foundation on Linux does not pass Thread.name to the kernel, and Glibc's module hides
-    /// pthread_setname_np and prctl is variadic; /proc/thread-self/comm takes the name (at most
-    /// 15 bytes) so that top -H, gdb and /proc/self/task/*/comm show it.
-    private static func nameKernelThread(_ name: String) {
-        let fd = open("/proc/thread-self/comm", O_WRONLY | O_CLOEXEC)
-        guard fd >= 0 else { return }
-        let bytes = Array(name.utf8.prefix(15))
-        _ = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
-        close(fd)
     }
 
     public var isRunning: Bool { lock.lock(); defer { lock.unlock() }; return running && !stopping }

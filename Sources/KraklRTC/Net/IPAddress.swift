@@ -27,7 +27,7 @@ public enum IPAddress: Hashable, Sendable, CustomStringConvertible {
             var raw = in6_addr()
             withUnsafeMutableBytes(of: &raw) { $0.copyBytes(from: b.prefix(16)) }
             guard inet_ntop(AF_INET6, &raw, &buffer, socklen_t(buffer.count)) != nil else { return "?" }
-            return String(cString: buffer)
+            return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
         }
     }
 }

@@ -1,5 +1,5 @@
 import KraklBase
-import Foundation
+import FoundationEssentials
 import Glibc
 
 /// Which side of ICE (and of the offer/answer) a transport is.

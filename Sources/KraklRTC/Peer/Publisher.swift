@@ -21,7 +21,9 @@
 // the transport calls on the network thread in PublisherNetwork.swift.
 
 import KraklBase
-import Foundation
+import Dispatch
+import FoundationEssentials
+import Glibc
 
 /// A send-only WebRTC video publisher: ICE → DTLS → SRTP → RTP with pacing,
 /// RTCP feedback (NACK, PLI/FIR, REMB, transport-wide-cc, receiver reports)

@@ -1,5 +1,7 @@
 import KraklBase
-import Foundation
+import Dispatch
+import FoundationEssentials
+import Glibc
 
 /// Why an answering publisher could not be made.
 public enum PublisherError: Error, CustomStringConvertible {

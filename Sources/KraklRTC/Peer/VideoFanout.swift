@@ -1,5 +1,7 @@
 import KraklBase
-import Foundation
+import Dispatch
+import FoundationEssentials
+import Glibc
 
 /// One encoder, several peers: hands each encoded frame to every publisher added, sets the encoder's
 /// bitrate to the lowest peer's estimate (never below `floorBitrate`), and passes keyframe requests

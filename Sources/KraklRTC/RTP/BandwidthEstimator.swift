@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// A packet as the estimator sees it: when we sent it, when (in the
 /// receiver's clock) it arrived, or nil when the feedback says it was lost.

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import KraklBase
 
 /// The range of delay a receiver may hold a frame before rendering it, as the playout-delay header
@@ -33,9 +33,9 @@ public struct PlayoutDelay: Sendable, Equatable {
     /// out), `MIN,MAX` milliseconds a range; nil or empty text is `immediate` (0,0). Unreadable text is
     /// `immediate` too, with the problem to tell the person (a typo must not pass unnoticed).
     public static func reading(_ text: String?) -> (delay: PlayoutDelay?, problem: String?) {
-        guard let text = text?.trimmingCharacters(in: .whitespaces), !text.isEmpty else { return (.immediate, nil) }
+        guard let text = text?.trimmingSpaces(), !text.isEmpty else { return (.immediate, nil) }
         if text == "off" { return (nil, nil) }
-        let parts = text.split(separator: ",", omittingEmptySubsequences: false).map { Int($0.trimmingCharacters(in: .whitespaces)) }
+        let parts = text.split(separator: ",", omittingEmptySubsequences: false).map { Int($0.trimmingSpaces()) }
         guard parts.count == 2, let low = parts[0], let high = parts[1],
               let delay = PlayoutDelay(minimum: .milliseconds(low), maximum: .milliseconds(high)) else {
             return (.immediate, "\"\(text.prefix(40))\" is not off or MIN,MAX milliseconds (0 <= MIN <= MAX <= 40950); using 0,0")

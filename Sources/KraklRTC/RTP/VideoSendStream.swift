@@ -1,5 +1,6 @@
 import KraklBase
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// What a send stream was negotiated to: read from an answer to our offer (`SdpAnswer`, SDP/) or from
 /// the remote offer we answer (`SdpRemoteOffer`).
@@ -414,7 +415,10 @@ public final class VideoSendStream {
 
     /// The peer's words without control characters (they end up in logs and terminals).
     static func printable(_ text: String) -> String {
-        String(String.UnicodeScalarView(text.unicodeScalars.filter { !CharacterSet.controlCharacters.contains($0) }))
+        // Foundation's CharacterSet.controlCharacters: general categories Cc and Cf.
+        String(String.UnicodeScalarView(text.unicodeScalars.filter {
+            $0.properties.generalCategory != .control && $0.properties.generalCategory != .format
+        }))
     }
 
     private func handleReports(_ reports: [RtcpReportBlock], now: UInt64, unixNanoseconds: () -> UInt64) {

@@ -1,4 +1,6 @@
-import Foundation
+import Dispatch
+import FoundationEssentials
+import Glibc
 import KraklBase
 
 /// Twilio Programmable Video rooms (docs/rooms.md, "Twilio"): a WebSocket to Twilio's signaling
@@ -104,7 +106,7 @@ public final class TwilioDriver: RoomDriver, Sendable {
     private let peerConnectionID = UUID().uuidString.lowercased()
     /// Held across building and sending one ICE update, so revisions leave in the order they were
     /// made (the trickling thread and the reader can publish at the same moment).
-    private let iceSendOrder = NSLock()
+    private let iceSendOrder = Lock()
 
     /// - Parameters:
     ///   - signalingURL: `wss://global.vss.twilio.com/signaling` or a region's or a test server's.
@@ -326,7 +328,7 @@ public final class TwilioDriver: RoomDriver, Sendable {
     private func startReader() {
         let done = DispatchSemaphore(value: 0)
         state.withLock { $0.readerDone = done }
-        let thread = Thread { [self] in
+        startThread(name: "krakl-twilio") { [self] in
             // First thing: a leave from an onEvent handler runs on this thread and must know it.
             state.withLock { $0.readerThread = pthread_self() }
             readLoop()
@@ -334,8 +336,6 @@ public final class TwilioDriver: RoomDriver, Sendable {
             state.withLock { $0.readerThread = nil }
             done.signal()
         }
-        thread.name = "krakl-twilio"
-        thread.start()
     }
 
     private func readLoop() {

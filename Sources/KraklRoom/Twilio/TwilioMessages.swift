@@ -1,4 +1,6 @@
-import Foundation
+import FoundationEssentials
+import KraklBase
+import Glibc
 
 /// The messages of Twilio's room signaling as twilio-video.js speaks them (docs/rooms.md, "Twilio"):
 /// TCMP frames ("Twilio Connection Messaging Protocol": hello, welcome, heartbeat, msg, bad, busy,
@@ -42,7 +44,7 @@ public enum TwilioMessages {
     static func connect(token: String, room: String?, trackID: String, peerConnectionID: String, offer: String,
                         userAgent: String) -> [String: Any] {
         [
-            "type": "connect", "version": rspVersion, "name": room as Any? ?? NSNull(), "token": token, "format": "unified",
+            "type": "connect", "version": rspVersion, "name": room as Any? ?? JSONNull(), "token": token, "format": "unified",
             "ice_servers": "acquire",
             "publisher": ["name": "krakl-agent", "sdk_version": sdkVersion, "user_agent": userAgent],
             "participant": participant(revision: 1, trackID: trackID),
@@ -60,7 +62,7 @@ public enum TwilioMessages {
 
     /// `sync` on a new socket after the old one was lost, to resume the same session.
     static func sync(session: String, token: String, room: String?, trackID: String, peerConnectionID: String) -> [String: Any] {
-        ["type": "sync", "version": rspVersion, "session": session, "token": token, "name": room as Any? ?? NSNull(),
+        ["type": "sync", "version": rspVersion, "session": session, "token": token, "name": room as Any? ?? JSONNull(),
          "participant": participant(revision: 1, trackID: trackID), "peer_connections": [["id": peerConnectionID]]]
     }
 
@@ -80,8 +82,7 @@ public enum TwilioMessages {
 
     static func encode(_ object: [String: Any]) -> String {
         // Only ever called with what the functions above build: JSON-safe by construction.
-        let data = try! JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])
-        return String(decoding: data, as: UTF8.self)
+        try! JSONText.serialize(object, options: [.sortedKeys, .withoutEscapingSlashes])
     }
 
     // MARK: - Server → client
@@ -167,7 +168,7 @@ public enum TwilioMessages {
 
     /// Parses one text frame from the server.
     public static func parseFrame(_ text: String) throws(Malformed) -> Frame {
-        guard let data = text.data(using: .utf8), let any = try? JSONSerialization.jsonObject(with: data, options: [.fragmentsAllowed]) else {
+        guard let any = JSONText.parse(text) else {
             throw Malformed("a frame that is not JSON")
         }
         guard let object = any as? [String: Any] else { throw Malformed("a frame that is not a JSON object") }
@@ -271,16 +272,15 @@ public enum TwilioMessages {
     }
 
     private static func string(_ value: Any?, _ name: String) throws(Malformed) -> String? {
-        guard let value, !(value is NSNull) else { return nil }
+        guard let value, !(value is JSONNull) else { return nil }
         guard let text = value as? String else { throw Malformed("\(name) is not a string") }
         guard text.utf8.count <= maximumStringLength else { throw Malformed("\(name) is \(text.utf8.count) bytes long") }
         return text
     }
 
-    /// An integer JSON number (JSONSerialization gives NSNumber; a bool is not one).
+    /// An integer JSON number (JSONText gives every number as a Double; a bool is not one).
     private static func integer(_ value: Any?) -> Int? {
-        guard let value, !(type(of: value) is Bool.Type), let number = value as? NSNumber else { return nil }
-        let double = number.doubleValue
+        guard let double = value as? Double else { return nil }
         guard double.isFinite, double == double.rounded(), abs(double) < 1e15 else { return nil }
         return Int(double)
     }

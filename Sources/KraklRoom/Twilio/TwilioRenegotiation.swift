@@ -1,4 +1,6 @@
-import Foundation
+import FoundationEssentials
+import KraklBase
+import Glibc
 
 /// Answers a Twilio server's re-offer (an `update` whose peer connection carries `type:"offer"`,
 /// sent when the room wants to renegotiate: subscriptions, a media server move) without touching
@@ -90,7 +92,7 @@ enum TwilioRenegotiation {
     }
 
     static func attribute<Line: StringProtocol>(_ name: String, inLines lines: [Line]) -> String? {
-        lines.first { $0.hasPrefix("a=\(name):") }.map { String($0.dropFirst(name.count + 3)).trimmingCharacters(in: .whitespaces) }
+        lines.first { $0.hasPrefix("a=\(name):") }.map { String($0.dropFirst(name.count + 3)).trimmingSpaces() }
     }
 
     /// The track id of the first `a=msid:<stream> <track>` line.
@@ -117,7 +119,7 @@ enum TwilioRenegotiation {
         var session: [String] = []
         var media: [Section] = []
         for raw in sdp.split(whereSeparator: \.isNewline) {
-            let line = String(raw).trimmingCharacters(in: .whitespaces)
+            let line = String(raw).trimmingSpaces()
             guard !line.isEmpty else { continue }
             if line.hasPrefix("m=") { media.append(Section(lines: [line])) } else if media.isEmpty { session.append(line) } else { media[media.count - 1].lines.append(line) }
         }

@@ -1,5 +1,6 @@
 import COpenSSL
-import Foundation
+import FoundationEssentials
+import Glibc
 import KraklBase
 
 /// A WebSocket client connection (RFC 6455) on the room drivers' own HTTP/TLS connection: `ws://`
@@ -47,7 +48,7 @@ public final class WebSocket: Sendable {
     public let url: URL
     private let options: Options
     private let connection: HTTPConnection
-    private let sendLock = NSLock()
+    private let sendLock = Lock()
     private struct State: Sendable {
         var closeSent = false
         var ended: Received?
@@ -167,7 +168,7 @@ public final class WebSocket: Sendable {
         } catch {
             throw .badReply("\(what): \(error.description)")
         }
-        func field(_ name: String) -> String? { parsed.headers.first { $0.name.caseInsensitiveCompare(name) == .orderedSame }?.value }
+        func field(_ name: String) -> String? { parsed.headers.first { $0.name.equalsIgnoringCase(name) }?.value }
         guard parsed.status == 101 else {
             let message = "the upgrade was answered with \(parsed.status) instead of 101 Switching Protocols"
             switch parsed.status {
@@ -178,7 +179,7 @@ public final class WebSocket: Sendable {
             }
         }
         guard field("Upgrade")?.lowercased() == "websocket",
-              field("Connection")?.lowercased().split(separator: ",").contains(where: { $0.trimmingCharacters(in: .whitespaces) == "upgrade" }) == true else {
+              field("Connection")?.lowercased().split(separator: ",").contains(where: { $0.trimmingSpaces() == "upgrade" }) == true else {
             throw .badReply("\(what): the 101 reply lacks Upgrade: websocket / Connection: Upgrade")
         }
         guard field("Sec-WebSocket-Accept") == acceptValue(forKey: key) else {

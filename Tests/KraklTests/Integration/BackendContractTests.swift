@@ -697,7 +697,7 @@ final class ContractSink: FrameSink, @unchecked Sendable {
     struct Frame {
         let width: Int, height: Int, damageCount: UInt32, timestamp: UInt64, receivedNs: UInt64
     }
-    private let condition = NSCondition()
+    private let condition = Condition()
     private var frames: [Frame] = []
     private var events: [SourceEvent] = []
     private var inside = false

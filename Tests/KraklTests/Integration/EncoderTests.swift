@@ -262,7 +262,7 @@ struct EncoderRecordingTests {
 struct EncoderPipelineTests {
     /// Collects encoded frames and lets a test wait for a count.
     final class Collector: EncodedFrameSink, @unchecked Sendable {
-        let condition = NSCondition()
+        let condition = Condition()
         var frames: [EncodedFrame] = []
         var finished = false
         /// Called in `write` for each frame (before it is counted): a sink that reacts to a frame.

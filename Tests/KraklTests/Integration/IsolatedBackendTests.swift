@@ -476,7 +476,7 @@ final class SlowSink: FrameSink, @unchecked Sendable {
 /// Keeps the cursor of every frame that had one: its size, and a tight copy of its image.
 final class CursorSink: FrameSink, @unchecked Sendable {
     struct Seen { let width: Int, height: Int, pixels: [UInt8]? }
-    private let condition = NSCondition()
+    private let condition = Condition()
     private var seen: [Seen] = []
 
     func frame(_ frame: UnsafePointer<krakl_frame>) {

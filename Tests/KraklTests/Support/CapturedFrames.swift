@@ -21,7 +21,7 @@ struct CapturedFrame {
 /// Collects every frame and event from a real backend loaded through the
 /// agent's own loader and host.
 final class FrameCollector: FrameSink, @unchecked Sendable {
-    private let condition = NSCondition()
+    private let condition = Condition()
     private(set) var frames: [CapturedFrame] = []
     private(set) var ended = false
     private(set) var events: [SourceEvent] = []

@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import KraklBase
 import KraklRTC
 import Testing
 
@@ -266,7 +267,7 @@ final class IceTestWire {
         let loop = try EventLoop(name: "test-loop")
         loop.start()
         defer { loop.stop() }
-        let condition = NSCondition()
+        let condition = Condition()
         var order: [Int] = []
         let start = DispatchTime.now().uptimeNanoseconds
         loop.post {
@@ -291,7 +292,7 @@ final class IceTestWire {
         let a = try UdpSocket(bindTo: IPAddress("127.0.0.1")!)
         let b = try UdpSocket(bindTo: IPAddress("127.0.0.1")!)
         #expect(a.localAddress.port != 0 && a.localAddress.port != b.localAddress.port)
-        let condition = NSCondition()
+        let condition = Condition()
         var received: [[UInt8]] = []
         var from: TransportAddress?
         loop.start()
