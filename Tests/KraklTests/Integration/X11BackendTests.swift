@@ -205,6 +205,39 @@ struct X11BackendTests {
         try source.stop()
     }
 
+    /// Isolated (krakl-backend-host: frames go through a ring of shared buffers, each refreshed only
+    /// where it is out of date, plane by plane), the I420 pictures are byte for byte those of the
+    /// backend loaded into the process, after a run of partial changes at odd places.
+    @Test func isolatedFramesAreTheSameAsInProcess() throws {
+        try Harness.requireBuild()
+        try #require(FileManager.default.isExecutableFile(atPath: Harness.buildDir + "/krakl-backend-host"), "missing krakl-backend-host")
+        guard let x = try XvfbServer() else { return }
+        let (direct, source) = try FrameCollector.start(library: Harness.library("BackendX11"), options: options(x))
+        defer { try? source.destroy() }
+        var object = JSONObject()
+        for (key, value) in options(x).sorted(by: { $0.key < $1.key }) { object[key] = value }
+        let ringed = FrameCollector()
+        let isolated = try IsolatedBackendSource(libraryPath: Harness.library("BackendX11"), backendName: "x11", options: object, sink: ringed,
+                                                 logger: { _, _, _ in }, settings: IsolationSettings())
+        defer { try? isolated.destroy() }
+        try isolated.start()
+        #expect(direct.waitForFrames(1, timeout: 10) && ringed.waitForFrames(1, timeout: 10))
+        let colours: [UInt32] = [0xFF8000, 0x00FF00, 0xC01020, 0x1020C0, 0xFFFFFF]
+        for (i, colour) in colours.enumerated() {
+            try x.fill(x: 37 + 150 * i, y: 51 + 90 * i, width: 101, height: 77, rgb: String(format: "%06x", colour))
+        }
+        let (lastX, lastY) = (37 + 150 * 4 + 50, 51 + 90 * 4 + 38)
+        for collector in [direct, ringed] {
+            #expect(collector.waitUntil(timeout: 10) { $0.last.map { self.shows($0, lastX, lastY, 0xFFFFFF) } ?? false }, "the last change never arrived")
+        }
+        let a = try #require(direct.frames.last), b = try #require(ringed.frames.last)
+        #expect(ringed.frames.dropFirst().contains { !$0.damage.isEmpty }, "no partial frame came through the ring")
+        #expect(a.format == b.format && a.width == b.width && a.height == b.height)
+        for plane in 0..<3 { #expect(a.planes[plane] == b.planes[plane], "plane \(plane) differs") }
+        try isolated.stop()
+        try source.stop()
+    }
+
     @Test func monitorsAndRegions() throws {
         try Harness.requireBuild()
         guard let x = try XvfbServer() else { return }
