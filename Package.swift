@@ -31,7 +31,7 @@ let package = Package(
         .target(name: "BackendFile", dependencies: ["BackendKit", "FrameStamp"], swiftSettings: swift6),
         // Xlib + MIT-SHM + XDamage + XFixes + XRandR (Debian libx11-dev and friends).
         .systemLibrary(name: "CX11", path: "Sources/System/CX11"),
-        .target(name: "BackendX11", dependencies: ["BackendKit", "KraklBackendABI", "CX11"], swiftSettings: swift6),
+        .target(name: "BackendX11", dependencies: ["BackendKit", "KraklBackendABI", "CX11", "CYuv"], swiftSettings: swift6),
         // libpipewire-0.3 (macro and SPA pod helpers) and sd-bus (the ScreenCast portal client), from Debian.
         .systemLibrary(name: "CPipeWire", path: "Sources/System/CPipeWire", pkgConfig: "libpipewire-0.3"),
         .systemLibrary(name: "CSdBus", path: "Sources/System/CSdBus", pkgConfig: "libsystemd"),

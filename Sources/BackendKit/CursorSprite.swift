@@ -50,10 +50,25 @@ public struct CursorSprite {
         guard let rect else { return nil }
         var under: [UInt8] = []
         under.reserveCapacity(Int(rect.width * rect.height) * 4)
+        for row in Int(rect.y)..<Int(rect.y + rect.height) {
+            under.append(contentsOf: UnsafeBufferPointer(start: picture + row * stride + Int(rect.x) * 4, count: Int(rect.width) * 4))
+        }
+        blend(into: picture, stride: stride, redFirst: redFirst, originX: 0, originY: 0)
+        return under
+    }
+
+    /// Blends the pointer over a patch of 32-bit BGRx pixels whose first byte is picture pixel
+    /// (`originX`, `originY`) and which covers all of `rect`; nothing is kept to restore (the patch
+    /// is a copy: a backend whose picture is not packed blends there and converts the patch).
+    public func draw(intoPatch patch: UnsafeMutablePointer<UInt8>, stride: Int, originX: Int, originY: Int) {
+        blend(into: patch, stride: stride, redFirst: false, originX: originX, originY: originY)
+    }
+
+    private func blend(into picture: UnsafeMutablePointer<UInt8>, stride: Int, redFirst: Bool, originX: Int, originY: Int) {
+        guard let rect else { return }
         let (ri, bi) = redFirst ? (0, 2) : (2, 0)
         for row in Int(rect.y)..<Int(rect.y + rect.height) {
-            let line = picture + row * stride + Int(rect.x) * 4
-            under.append(contentsOf: UnsafeBufferPointer(start: line, count: Int(rect.width) * 4))
+            let line = picture + (row - originY) * stride + (Int(rect.x) - originX) * 4
             for col in Int(rect.x)..<Int(rect.x + rect.width) {
                 let p = pixels[(row - top) * width + (col - left)]
                 let a = p >> 24
@@ -73,7 +88,6 @@ public struct CursorSprite {
                 }
             }
         }
-        return under
     }
 
     /// Puts back the bytes `draw` covered.

@@ -26,8 +26,15 @@ struct CursorState {
                              pictureWidth: area.width, pictureHeight: area.height)
     }
 
-    /// Blends the cursor over BGRx pixels; the covered bytes go back with `restore`.
-    func draw(into pixels: UnsafeMutablePointer<UInt8>, stride: Int) -> [UInt8]? { sprite.draw(into: pixels, stride: stride) }
+    /// Where the pointer is drawn (clipped to the picture), nil when hidden.
+    var rect: krakl_rect? { sprite.rect }
 
-    func restore(_ under: [UInt8], into pixels: UnsafeMutablePointer<UInt8>, stride: Int) { sprite.restore(under, into: pixels, stride: stride) }
+    /// The picture changed size: the next update places the pointer afresh (a rectangle clipped to
+    /// the old size could lie outside the new picture).
+    mutating func forgetPlace() { sprite.forgetPlace() }
+
+    /// Blends the cursor over a BGRx patch whose first pixel is picture pixel (x, y).
+    func draw(intoPatch patch: UnsafeMutablePointer<UInt8>, stride: Int, x: Int, y: Int) {
+        sprite.draw(intoPatch: patch, stride: stride, originX: x, originY: y)
+    }
 }

@@ -40,9 +40,9 @@ struct CaptureArea: Equatable {
     var x: Int, y: Int, width: Int, height: Int
 }
 
-/// One X11 capture source: a display connection, a MIT-SHM segment the
-/// size of the captured area, an XDamage object on the root window, and
-/// persistent picture buffers that only damaged areas are read into.
+/// One X11 capture source: a display connection, a small MIT-SHM segment
+/// that damaged areas are read through, an XDamage object on the root
+/// window, and the picture (I420) that only damaged areas are converted into.
 final class X11Source: CaptureSource {
     static let options = ["display", "monitor", "region", "cursor", "fps", "shm", "damage"]
 
@@ -59,23 +59,27 @@ final class X11Source: CaptureSource {
     private let depth: Int32
     private var useShm = false
     private var useDamage = false
-    /// The screen picture itself when MIT-SHM works: a full-area read lands
-    /// in place, with no copy.
-    private var screenShm: SharedSegment?
-    /// Where reads of smaller damaged rectangles land before being copied
-    /// into the picture (the X server writes sub-images packed).
+    /// Where every read lands (in bands of rows) before it is converted
+    /// into the picture; nil without MIT-SHM (XGetImage, in the same bands).
     private var scratchShm: SharedSegment?
     private var damage: Damage = 0
     private var damageEventBase: Int32 = 0
     private let lost = LostFlag()
     private var lostRetained: Unmanaged<LostFlag>?
 
-    /// What the screen shows (no cursor). The cursor is drawn into it only
-    /// for the length of a delivery, then the pixels under it are restored.
-    private var clean: UnsafeMutablePointer<UInt8>
-    /// `clean` when it is ours to free (no MIT-SHM).
-    private var cleanOwned: UnsafeMutablePointer<UInt8>?
-    private var stride: Int { area.width * 4 }
+    /// What the screen shows (no cursor), in I420: the host encodes I420,
+    /// and a BGRx picture of the screen was 8.3 MB resident at 1080p where
+    /// this is 3.1 MB. The cursor is drawn into it only for the length of a
+    /// delivery, then the Y, U and V under it are restored.
+    private var picture: I420Picture
+    /// The clean BGRx of the area under the cursor (`patchRect`, grown to
+    /// whole 2×2 chroma blocks): the cursor is blended there and the patch
+    /// converted into the picture. Kept up to date from the reads that
+    /// cross it, so a pointer that stays put costs no extra read; read
+    /// afresh (one small request) when the pointer moves or changes shape.
+    private var patchRect: krakl_rect?
+    private var patchClean: [UInt8] = []
+    private var patchValid = false
 
     private var thread: PacedThread?
     private var sender = FrameSender()
@@ -119,8 +123,7 @@ final class X11Source: CaptureSource {
         visual = XDefaultVisual(display, screen)
         depth = XDefaultDepth(display, screen)
         // Placeholders until the area is known; replaced below.
-        clean = .allocate(capacity: 4)
-        cleanOwned = clean
+        picture = I420Picture(width: 1, height: 1)
         area = CaptureArea(x: 0, y: 0, width: 1, height: 1)
         lostRetained = Unmanaged.passRetained(lost)
         XSetIOErrorExitHandler(display, xIOErrorExit, lostRetained!.toOpaque())
@@ -140,7 +143,7 @@ final class X11Source: CaptureSource {
             useDamage = wantDamage && haveDamage && haveFixes
             if wantDamage && !useDamage { host.log(KRAKL_LOG_WARNING, "the X server has no XDamage/XFixes: capturing the whole area every frame at \(fps) fps") }
             if cursorEnabled && !haveFixes { host.log(KRAKL_LOG_WARNING, "the X server has no XFixes: the cursor is not drawn") }
-            try allocateBuffers()
+            allocateBuffers()
             XSelectInput(display, root, Int(StructureNotifyMask))
             if cursorEnabled && haveFixes { followCursorByEvents() }
         } catch {
@@ -245,31 +248,24 @@ final class X11Source: CaptureSource {
         return CaptureArea(x: 0, y: 0, width: screen.width, height: screen.height)
     }
 
-    /// The picture, in a shared-memory segment the size of the area when
-    /// MIT-SHM works, else in ordinary memory.
-    private func allocateBuffers() throws(BackendError) {
-        releaseShm()
-        cleanOwned?.deallocate()
-        cleanOwned = nil
-        let bytes = area.width * area.height * 4
-        if useShm, let segment = SharedSegment(display: display, bytes: bytes) {
-            screenShm = segment
-            clean = segment.address
+    /// The picture for the area's size, and the scratch segment when
+    /// MIT-SHM works (else reads fall back to XGetImage).
+    private func allocateBuffers() {
+        picture = I420Picture(width: area.width, height: area.height)
+        patchRect = nil
+        patchValid = false
+        cursor.forgetPlace()
+        guard useShm, scratchShm == nil else { return }
+        if let segment = SharedSegment(display: display, bytes: Self.scratchBytes) {
+            scratchShm = segment
             return
         }
-        if useShm {
-            useShm = false
-            host.log(KRAKL_LOG_WARNING, "the X server could not share memory with this process (remote display?): reading pixels with XGetImage")
-        }
-        clean = .allocate(capacity: bytes)
-        clean.initialize(repeating: 0, count: bytes)
-        cleanOwned = clean
+        useShm = false
+        host.log(KRAKL_LOG_WARNING, "the X server could not share memory with this process (remote display?): reading pixels with XGetImage")
     }
 
     private func releaseShm() {
-        screenShm?.detach(display: display, alive: !lost.lost)
         scratchShm?.detach(display: display, alive: !lost.lost)
-        screenShm = nil
         scratchShm = nil
     }
 
@@ -293,8 +289,6 @@ final class X11Source: CaptureSource {
         } else {
             XCloseDisplay(display)
         }
-        cleanOwned?.deallocate()
-        cleanOwned = nil
         lostRetained?.release()
         lostRetained = nil
     }
@@ -362,101 +356,146 @@ final class X11Source: CaptureSource {
             rects = TileCoalescer(width: area.width, height: area.height).coalesce(rects)
         }
         let full = krakl_rect(x: 0, y: 0, width: Int32(area.width), height: Int32(area.height))
-        let readRects = whole ? [full] : rects
+        // Whole 2×2 chroma blocks: a block converted from some new and some
+        // old pixels would be neither picture's (the 32-px tiles are even
+        // already; this matters at an odd right or bottom edge and for the cursor).
+        let readRects = whole ? [full] : rects.compactMap { $0.evenAligned(width: area.width, height: area.height) }
 
         var cursorChange: [krakl_rect] = []
         if cursorEnabled && (cursorDirty || xiOpcode < 0 || whole) {
-            cursorChange = cursor.update(display: display, area: area)
+            cursorChange = cursor.update(display: display, area: area).compactMap { $0.evenAligned(width: area.width, height: area.height) }
             cursorDirty = false
         }
         if readRects.isEmpty && cursorChange.isEmpty { return XQLength(display) > 0 ? .next : .idle }
         if lost.lost { return end(lostMessage) }
 
+        let patch = cursorEnabled ? cursor.rect?.evenAligned(width: area.width, height: area.height) : nil
+        if !Self.same(patch, patchRect) {
+            patchRect = patch
+            patchValid = false
+            patchClean = [UInt8](repeating: 0, count: patch.map { Int($0.width) * Int($0.height) * 4 } ?? 0)
+        }
         lastXError.store(0, ordering: .relaxed)
         for r in readRects { read(r) }
+        if let patch, !patchValid {
+            patchValid = readBands(patch) { band, rows, lineBytes in copyIntoPatch(band, rows, lineBytes) }
+        }
         if lost.lost { return end(lostMessage) }
         if case let code = lastXError.load(ordering: .relaxed), code != 0 {
+            patchValid = false
             host.sendEvent(KRAKL_EVENT_ERROR, error: -EIO, message: "reading the screen failed with X error \(code); frame skipped")
             return .next
         }
 
         // Overlaps between read areas and cursor areas are allowed by the ABI.
         let damageOut = whole ? [] : readRects + cursorChange
-        let under = cursorEnabled ? cursor.draw(into: clean, stride: stride) : nil
+        let under = drawCursor()
         deliver(damage: damageOut)
-        if let under { cursor.restore(under, into: clean, stride: stride) }
+        if let under { picture.restore(under.saved, under.rect) }
         needWhole = false
         return .next
     }
 
-    /// The scratch segment's size: a tile, not a screen. Reads of partial-width
-    /// rectangles larger than this go through it in bands of rows, so the
-    /// scratch costs 256 KB of memory however large the damage (a whole-screen
-    /// scratch was 2-8 MB more resident memory at 1080p).
+    private static func same(_ a: krakl_rect?, _ b: krakl_rect?) -> Bool {
+        a?.x == b?.x && a?.y == b?.y && a?.width == b?.width && a?.height == b?.height
+    }
+
+    /// The scratch segment's size: a band of rows, not a screen. Every read
+    /// goes through it (1080p: 34 rows a band, 32 bands for a whole
+    /// screen), so reading costs 256 KB of memory however large the damage.
     static let scratchBytes = 256 * 1024
 
-    /// Reads one rectangle (capture-area pixels) of the screen into `clean`.
+    /// Reads one rectangle (capture-area pixels, even-aligned) of the screen
+    /// and converts it into the picture, refreshing the cursor patch where
+    /// the two cross.
     private func read(_ r: krakl_rect) {
-        let x = Int32(area.x) + r.x, y = Int32(area.y) + r.y
-        if useShm, let screen = screenShm {
-            // Full-width rows are laid out in the picture as the server packs them:
-            // read them in place (the request's offset into the segment places them).
-            if r.x == 0 && Int(r.width) == area.width {
-                shmRead(segment: screen, offset: Int(r.y) * stride, x: x, y: y, width: r.width, height: r.height)
-                return
-            }
-            if scratchShm == nil { scratchShm = SharedSegment(display: display, bytes: Self.scratchBytes) }
-            guard let scratch = scratchShm else { return }
-            let bandRows = max(1, scratch.bytes / (Int(r.width) * 4))
-            var row = 0
-            while row < Int(r.height) {
-                let rows = min(bandRows, Int(r.height) - row)
-                let band = krakl_rect(x: r.x, y: r.y + Int32(row), width: r.width, height: Int32(rows))
-                guard let image = shmRead(segment: scratch, offset: 0, x: x, y: y + Int32(row), width: r.width, height: Int32(rows), keep: true) else { return }
-                copyRows(from: image, to: band)
-                image.pointee.data = nil
-                _ = image.pointee.f.destroy_image(image)
-                row += rows
-            }
-        } else {
-            guard let image = XGetImage(display, root, x, y, UInt32(r.width), UInt32(r.height), UInt.max, ZPixmap) else { return }
-            copyRows(from: image, to: r)
-            _ = image.pointee.f.destroy_image(image)
+        readBands(r) { band, rows, lineBytes in
+            picture.convert(bgrx: rows, stride: lineBytes, into: band)
+            if patchValid { copyIntoPatch(band, rows, lineBytes) }
         }
     }
 
-    /// One XShmGetImage into `segment` at `offset`; the image is returned (for
-    /// the caller to copy from and destroy) when `keep`, else destroyed here.
+    /// Reads `r` from the server in bands of an even number of rows that fit
+    /// the scratch segment (MIT-SHM) or as many XGetImage requests, handing
+    /// each band's BGRx rows to `use` (band, first row, bytes per row).
+    /// Returns false when a read failed.
     @discardableResult
-    private func shmRead(segment: SharedSegment, offset: Int, x: Int32, y: Int32, width: Int32, height: Int32,
-                         keep: Bool = false) -> UnsafeMutablePointer<XImage>? {
+    private func readBands(_ r: krakl_rect, _ use: (krakl_rect, UnsafePointer<UInt8>, Int) -> Void) -> Bool {
+        let bandRows = max(2, (Self.scratchBytes / (Int(r.width) * 4)) & ~1)
+        var row = 0
+        while row < Int(r.height) {
+            let rows = min(bandRows, Int(r.height) - row)
+            let band = krakl_rect(x: r.x, y: r.y + Int32(row), width: r.width, height: Int32(rows))
+            let x = Int32(area.x) + band.x, y = Int32(area.y) + band.y
+            let shared = useShm ? scratchShm : nil
+            let image: UnsafeMutablePointer<XImage>?
+            if let shared {
+                image = shmRead(segment: shared, x: x, y: y, width: band.width, height: band.height)
+            } else {
+                image = XGetImage(display, root, x, y, UInt32(band.width), UInt32(band.height), UInt.max, ZPixmap)
+            }
+            guard let image else { return false }
+            if image.pointee.bits_per_pixel == 32, let data = image.pointee.data {
+                use(band, UnsafeRawPointer(data).assumingMemoryBound(to: UInt8.self), Int(image.pointee.bytes_per_line))
+            }
+            // The scratch segment is not the image's to free.
+            if shared != nil { image.pointee.data = nil }
+            _ = image.pointee.f.destroy_image(image)
+            row += rows
+        }
+        return true
+    }
+
+    /// One XShmGetImage into the start of `segment`; the image is returned
+    /// for the caller to read and destroy, nil when the read failed.
+    private func shmRead(segment: SharedSegment, x: Int32, y: Int32, width: Int32, height: Int32) -> UnsafeMutablePointer<XImage>? {
         var info = segment.info
         guard let image = XShmCreateImage(display, visual, UInt32(depth), ZPixmap, nil, &info, UInt32(width), UInt32(height)) else { return nil }
-        image.pointee.data = info.shmaddr + offset
-        let ok = XShmGetImage(display, root, image, x, y, UInt.max) != 0
-        if keep && ok { return image }
+        image.pointee.data = info.shmaddr
+        if XShmGetImage(display, root, image, x, y, UInt.max) != 0 { return image }
         image.pointee.data = nil
         _ = image.pointee.f.destroy_image(image)
         return nil
     }
 
-    private func copyRows(from image: UnsafeMutablePointer<XImage>, to r: krakl_rect) {
-        guard image.pointee.bits_per_pixel == 32, let data = image.pointee.data else { return }
-        let source = UnsafeRawPointer(data).assumingMemoryBound(to: UInt8.self)
-        let lineBytes = Int(image.pointee.bytes_per_line)
-        for row in 0..<Int(r.height) {
-            memcpy(clean + (Int(r.y) + row) * stride + Int(r.x) * 4, source + row * lineBytes, Int(r.width) * 4)
+    /// The part of a band of BGRx rows that lies in the cursor patch, copied into it.
+    private func copyIntoPatch(_ band: krakl_rect, _ rows: UnsafePointer<UInt8>, _ lineBytes: Int) {
+        guard let patch = patchRect else { return }
+        let x0 = max(band.x, patch.x), x1 = min(band.x + band.width, patch.x + patch.width)
+        let y0 = max(band.y, patch.y), y1 = min(band.y + band.height, patch.y + patch.height)
+        guard x0 < x1, y0 < y1 else { return }
+        let patchStride = Int(patch.width) * 4
+        patchClean.withUnsafeMutableBufferPointer { buffer in
+            for row in Int(y0)..<Int(y1) {
+                memcpy(buffer.baseAddress! + (row - Int(patch.y)) * patchStride + Int(x0 - patch.x) * 4,
+                       rows + (row - Int(band.y)) * lineBytes + Int(x0 - band.x) * 4, Int(x1 - x0) * 4)
+            }
         }
+    }
+
+    /// Draws the pointer into the picture for one delivery: blended over a
+    /// copy of the clean patch, which is then converted over the picture's
+    /// patch. Returns the picture's Y, U and V it replaced, for `restore`.
+    private func drawCursor() -> (rect: krakl_rect, saved: [UInt8])? {
+        guard cursorEnabled, patchValid, let patch = patchRect else { return nil }
+        let saved = picture.save(patch)
+        var work = patchClean
+        let patchStride = Int(patch.width) * 4
+        work.withUnsafeMutableBufferPointer { buffer in
+            cursor.draw(intoPatch: buffer.baseAddress!, stride: patchStride, x: Int(patch.x), y: Int(patch.y))
+            picture.convert(bgrx: buffer.baseAddress!, stride: patchStride, into: patch)
+        }
+        return (patch, saved)
     }
 
     private func deliver(damage: [krakl_rect]) {
         var frame = krakl_frame()
-        frame.format = KRAKL_FORMAT_BGRX.rawValue
+        frame.format = KRAKL_FORMAT_I420.rawValue
         frame.width = UInt32(area.width)
         frame.height = UInt32(area.height)
-        frame.plane_count = 1
-        frame.stride.0 = UInt32(stride)
-        frame.plane.0 = UnsafePointer(clean)
+        frame.plane_count = 3
+        frame.stride = (UInt32(picture.strideY), UInt32(picture.strideUV), UInt32(picture.strideUV), 0)
+        frame.plane = (UnsafePointer(picture.y), UnsafePointer(picture.u), UnsafePointer(picture.v), nil)
         sender.send(&frame, timestamp: sender.nextTimestamp(), damage: damage, to: host)
     }
 
@@ -467,13 +506,13 @@ final class X11Source: CaptureSource {
             let newArea = try resolveArea()
             guard newArea != area else { return true }
             area = newArea
-            try allocateBuffers()
+            allocateBuffers()
         } catch {
             host.log(KRAKL_LOG_ERROR, error.message)
             return false
         }
         host.sendEvent(KRAKL_EVENT_FORMAT_CHANGED, message: "screen now \(area.width)x\(area.height)",
-                       format: KRAKL_FORMAT_BGRX, width: area.width, height: area.height)
+                       format: KRAKL_FORMAT_I420, width: area.width, height: area.height)
         needWhole = true
         return true
     }

@@ -497,6 +497,62 @@ struct EncoderPipelineTests {
         #expect(first == nil, "damaged-area conversion differs from whole-frame conversion at \(width)x\(height), first at byte \(first ?? -1) of \(a.count)")
     }
 
+    /// An I420 frame larger than the maximum (an X11 screen above 1080p) is scaled whole, but only
+    /// the damage mapped to output pixels is reported as changed: every output byte that differs
+    /// from the previous picture lies inside the reported rectangles.
+    @Test(arguments: [(1280, 960), (1000, 700)])
+    func scaledI420DamageCoversEveryChangedPixel(width: Int, height: Int) {
+        var random = SystemRandomNumberGenerator()
+        let cw = (width + 1) / 2, ch = (height + 1) / 2
+        var planes = [width * height, cw * ch, cw * ch].map { count in (0..<count).map { _ in UInt8.random(in: 0...255, using: &random) } }
+        func withI420(damage: [krakl_rect], _ body: (FrameInfo) -> Void) {
+            planes[0].withUnsafeBufferPointer { y in planes[1].withUnsafeBufferPointer { u in planes[2].withUnsafeBufferPointer { v in
+                damage.withUnsafeBufferPointer { rects in
+                    var frame = krakl_frame()
+                    frame.struct_size = UInt32(MemoryLayout<krakl_frame>.size)
+                    frame.format = KRAKL_FORMAT_I420.rawValue
+                    frame.width = UInt32(width); frame.height = UInt32(height)
+                    frame.plane_count = 3
+                    frame.stride = (UInt32(width), UInt32(cw), UInt32(cw), 0)
+                    frame.plane = (y.baseAddress, u.baseAddress, v.baseAddress, nil)
+                    frame.timestamp_ns = 1
+                    frame.damage_count = UInt32(rects.count)
+                    frame.damage = rects.count > 0 ? rects.baseAddress : nil
+                    withUnsafePointer(to: &frame) { body(FrameInfo($0)) }
+                }
+            } } }
+        }
+        let size = outputSize(width: width, height: height, maximum: (640, 480))
+        let image = I420Image(width: size.width, height: size.height)
+        let converter = FrameConverter()
+        withI420(damage: []) { #expect(converter.convert($0, into: image) == nil) }
+        let before = packed(image)
+        // Two changed areas, whole 2x2 blocks as the X11 backend reports them.
+        let changes = [krakl_rect(x: 102, y: 34, width: 58, height: 22), krakl_rect(x: 0, y: Int32(height - 16), width: 16, height: 16)]
+        for r in changes {
+            for y in Int(r.y)..<Int(r.y + r.height) { for x in Int(r.x)..<Int(r.x + r.width) { planes[0][y * width + x] &+= 77 } }
+            for y in Int(r.y) / 2..<Int(r.y + r.height) / 2 { for x in Int(r.x) / 2..<Int(r.x + r.width) / 2 { planes[1][y * cw + x] &+= 55; planes[2][y * cw + x] &+= 33 } }
+        }
+        var reported: [PixelRect] = []
+        withI420(damage: changes) { reported = converter.convert($0, into: image) ?? [PixelRect(x: 0, y: 0, width: size.width, height: size.height)] }
+        let after = packed(image)
+        let outsideArea = reported.reduce(0) { $0 + $1.width * $1.height } < size.width * size.height / 4
+        #expect(outsideArea, "reported \(reported): most of the picture")
+        let (w, h) = (size.width, size.height), (ow, oh) = ((w + 1) / 2, (h + 1) / 2)
+        func inside(_ x: Int, _ y: Int) -> Bool { reported.contains { x >= $0.x && x < $0.x + $0.width && y >= $0.y && y < $0.y + $0.height } }
+        var uncovered: (plane: Int, x: Int, y: Int)?
+        for i in before.indices where before[i] != after[i] && uncovered == nil {
+            if i < w * h {
+                if !inside(i % w, i / w) { uncovered = (0, i % w, i / w) }
+            } else {
+                let j = (i - w * h) % (ow * oh), x = j % ow * 2, y = j / ow * 2
+                if !inside(x, y) { uncovered = (i < w * h + ow * oh ? 1 : 2, x, y) }
+            }
+        }
+        #expect(uncovered == nil, "plane \(uncovered?.plane ?? -1) changed at (\(uncovered?.x ?? -1), \(uncovered?.y ?? -1)) outside \(reported)")
+        #expect(before != after)
+    }
+
     /// The encoder takes the staging picture by swapping (no copy) and hands its last one back, stale
     /// where that frame changed; each encoded picture is still the whole latest frame: after whole,
     /// partial, elsewhere-partial and same-area damage (the hand-back repaired, or rewritten in place).
