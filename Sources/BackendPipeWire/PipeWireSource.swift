@@ -413,7 +413,7 @@ final class PipeWireSource: CaptureSource {
     }
 
     func start() throws(BackendError) {
-        guard let threadLoop else { throw BackendError(-EINVAL, "the pipewire source was not created") }
+        guard threadLoop != nil else { throw BackendError(-EINVAL, "the pipewire source was not created") }
         lockLoop()
         defer { unlockLoop() }
         checkLoopState()
@@ -426,7 +426,7 @@ final class PipeWireSource: CaptureSource {
     }
 
     func stop() {
-        guard let threadLoop else { return }
+        guard threadLoop != nil else { return }
         // Callbacks run with the loop locked: once we hold it, none is running.
         lockLoop()
         checkLoopState()

@@ -267,7 +267,7 @@ final class Tinyproxy {
         logFile = folder + "/\(name).log"
         // The proxy writes its log as nobody.
         chmod(folder, 0o755)
-        FileManager.default.createFile(atPath: logFile, contents: nil, attributes: [.posixPermissions: 0o666])
+        _ = FileManager.default.createFile(atPath: logFile, contents: nil, attributes: [.posixPermissions: 0o666])
         var lines = ["Port \(port)", "Listen 127.0.0.1", "Timeout 30", "MaxClients 20", "Allow 127.0.0.1",
                      "LogFile \"\(logFile)\"", "LogLevel Info"]
         if geteuid() == 0 { lines += ["User nobody", "Group nogroup"] }
