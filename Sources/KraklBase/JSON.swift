@@ -27,12 +27,20 @@ public indirect enum JSON: Equatable, Sendable {
         }
     }
 
-    static func quote(_ text: String) -> String {
+    static func quote(_ text: String) -> String { quote(text, asJSONSerialization: false) }
+
+    /// `text` as a JSON string. `asJSONSerialization`: also "/" as "\/" (unless `escapingSlashes`
+    /// is false) and backspace and form feed as "\b" and "\f", which is how JSONSerialization
+    /// wrote them (`JSONText`); otherwise those stay as they are or as "\u00XX".
+    static func quote(_ text: String, asJSONSerialization: Bool, escapingSlashes: Bool = true) -> String {
         var out = "\""
         for scalar in text.unicodeScalars {
             switch scalar {
             case "\"": out += "\\\""
             case "\\": out += "\\\\"
+            case "/" where asJSONSerialization && escapingSlashes: out += "\\/"
+            case "\u{08}" where asJSONSerialization: out += "\\b"
+            case "\u{0C}" where asJSONSerialization: out += "\\f"
             case "\n": out += "\\n"
             case "\r": out += "\\r"
             case "\t": out += "\\t"

@@ -117,24 +117,7 @@ public enum JSONText {
         }
 
         private mutating func writeString(_ string: String) {
-            text += "\""
-            for scalar in string.unicodeScalars {
-                switch scalar {
-                case "\"": text += "\\\""
-                case "\\": text += "\\\\"
-                case "/" where !options.contains(.withoutEscapingSlashes): text += "\\/"
-                case "\u{08}": text += "\\b"
-                case "\u{0C}": text += "\\f"
-                case "\n": text += "\\n"
-                case "\r": text += "\\r"
-                case "\t": text += "\\t"
-                case _ where scalar.value < 0x20:
-                    let hex = String(scalar.value, radix: 16)
-                    text += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
-                default: text.unicodeScalars.append(scalar)
-                }
-            }
-            text += "\""
+            text += JSON.quote(string, asJSONSerialization: true, escapingSlashes: !options.contains(.withoutEscapingSlashes))
         }
 
         private mutating func writeArray(_ array: [Any]) throws(Unwritable) {
