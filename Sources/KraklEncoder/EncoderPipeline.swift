@@ -6,23 +6,25 @@ import KraklHost
 
 /// Capture → I420 → libvpx → an EncodedFrameSink, driven by damage.
 ///
-/// The capture thread calls `submit` with each frame: its damaged areas are
-/// converted into a staging picture (the hand-off slot) and the damage is
-/// added to what is pending. The encoder thread takes the slot when the
-/// frame-rate cap allows: it takes the staging picture itself (swapped for
-/// the picture it encoded last, which becomes the new staging picture) and
-/// encodes with an active map of the changed blocks. The picture handed back
-/// is stale where the taken damage changed it; the next capture copies those
-/// areas over from the encoder's picture first, unless its own damage
-/// rewrites them (scrolling: nothing is copied at all). A frame
-/// that arrives before the previous one was taken overwrites it (latest
-/// wins) and its damage merges in (counted as skipped). Capture never waits
-/// for an encode, only for the slot's lock (held for a swap, not a copy).
+/// There is one I420 picture (the slot). The capture thread calls `submit` with each frame: its
+/// damaged areas are converted into the picture and added to what is pending. The encoder thread
+/// takes the pending damage when the frame-rate cap allows and encodes the picture with an active
+/// map of the changed blocks. A frame that arrives before the previous one was taken overwrites it
+/// (latest wins) and its damage merges in (counted as skipped).
+///
+/// While libvpx reads the picture (inside `vpx_codec_encode`, which copies it into its own
+/// lookahead first but gives no way in between) capture waits for it, on `encoderReading`, not on
+/// the lock: keyframe requests and bitrate changes from the network thread never wait for an
+/// encode. Waiting costs a capture at most one encode; a second picture to convert into meanwhile
+/// cost 3.1 MB at 1080p (issue 27: the room's resident memory), and the encoder could only take
+/// that picture by a swap whose stale areas the next capture had to repair.
 ///
 /// Backend timestamps pass a PresentationClock on the way in, so the outputs
 /// only ever see increasing times; keyframe requests are held to one per
 /// `settings.keyframeRequestSpacing` (FrameRateCap holds frames to `--max-fps`).
-/// @unchecked Sendable: what the capture and encoder threads share is under `condition`; the libvpx context is the encoder thread's alone.
+/// @unchecked Sendable: what the capture and encoder threads share is under `condition` (the
+/// picture's pixels: the encoder reads them only while `encoderReading`, when capture does not
+/// write); the libvpx context is the encoder thread's alone.
 public final class EncoderPipeline: @unchecked Sendable {
     public let settings: EncoderSettings
     public let statistics = EncoderStatistics()
@@ -35,11 +37,10 @@ public final class EncoderPipeline: @unchecked Sendable {
     private let condition = Condition()
     private let finished = DispatchSemaphore(value: 0)
     // The slot, guarded by `condition`.
-    private var staging: I420Image?
-    /// The picture the encoder thread took last (it only reads it outside the lock), and where
-    /// `staging`, its predecessor handed back, still differs from it.
-    private var lent: I420Image?
-    private var stale = DamageAccumulator()
+    /// The one picture: the latest frame, where capture converts and libvpx reads.
+    private var picture: I420Image?
+    /// The encoder thread is encoding `picture` (outside the lock); capture waits until it is done.
+    private var encoderReading = false
     private var pendingDamage = DamageAccumulator()
     private var pendingTimestamp: UInt64 = 0
     private var pending = false
@@ -101,6 +102,7 @@ public final class EncoderPipeline: @unchecked Sendable {
         let size = outputSize(width: frame.width, height: frame.height, maximum: settings.maximumSize)
         let arrived = MonotonicClock.nanoseconds()
         condition.lock()
+        while encoderReading && !stopping { condition.wait() }
         // After finish() nothing more is encoded (a backend that overran stop() may still deliver).
         guard !stopping else {
             condition.unlock()
@@ -112,30 +114,19 @@ public final class EncoderPipeline: @unchecked Sendable {
             if !warnedAboutTimestamps { warning = problem }
             warnedAboutTimestamps = true
         }
-        if staging?.width != size.width || staging?.height != size.height {
-            staging = I420Image(width: size.width, height: size.height)
+        if picture?.width != size.width || picture?.height != size.height {
+            picture = I420Image(width: size.width, height: size.height)
             pendingDamage.addWhole()
-            stale.clear()
-        }
-        if !stale.isEmpty {
-            if let lent, !converter.rewrites(stale, of: frame, into: staging!) {
-                if stale.whole {
-                    staging!.copy(PixelRect(x: 0, y: 0, width: size.width, height: size.height), from: lent)
-                } else {
-                    for rect in stale.rects { staging!.copy(rect, from: lent) }
-                }
-            }
-            stale.clear()
         }
         let skipped = pending
-        if let rects = converter.convert(frame, into: staging!) {
+        if let rects = converter.convert(frame, into: picture!) {
             rects.forEach { pendingDamage.add($0) }
         } else {
             pendingDamage.addWhole()
         }
         pendingTimestamp = time
         pending = true
-        condition.signal()
+        condition.broadcast()
         condition.unlock()
         if problem != nil { statistics.recordCorrectedTimestamp() }
         if let warning {
@@ -192,7 +183,7 @@ public final class EncoderPipeline: @unchecked Sendable {
         stopping = true
         let wasStarted = started
         started = true  // never starts after this
-        condition.signal()
+        condition.broadcast()  // the encoder thread, and a capture waiting for an encode
         condition.unlock()
         if wasStarted {
             finished.wait()
@@ -262,9 +253,11 @@ public final class EncoderPipeline: @unchecked Sendable {
             do throws(EncoderError) {
                 try encodeStep(&work, &state, now: MonotonicClock.nanoseconds())
             } catch {
+                doneReading()
                 fail(error)
                 break
             }
+            doneReading()
         }
         statistics.setEncoderCpu(threadCpuNanoseconds())
         // What was recorded before a failure is completed too (best effort: the first error is the one reported).
@@ -274,6 +267,14 @@ public final class EncoderPipeline: @unchecked Sendable {
             fail(error)
         }
         closeLogs()
+    }
+
+    /// The encoder is out of libvpx: capture may write into the picture again.
+    private func doneReading() {
+        condition.lock()
+        encoderReading = false
+        condition.broadcast()
+        condition.unlock()
     }
 
     /// When the current picture is due again unchanged: the refresh interval, or the next
@@ -451,19 +452,12 @@ public final class EncoderPipeline: @unchecked Sendable {
         // A request still inside the spacing stays pending: this picture goes out as a delta frame.
         work.keyframe = keyframeNow
         if keyframeNow { keyframeRequested = false }
-        if pending, let staging {
-            // The staging picture is always the whole latest picture: the encoder takes it as it is
-            // (no copy); its last picture goes back as staging, stale where this damage changed it.
-            var handedBack = picture
-            if picture?.width != staging.width || picture?.height != staging.height {
-                handedBack = I420Image(width: staging.width, height: staging.height)
-                work.newSize = (staging.width, staging.height)
+        if pending, let latest = self.picture {
+            if picture?.width != latest.width || picture?.height != latest.height {
+                work.newSize = (latest.width, latest.height)
                 pendingDamage.addWhole()
             }
-            picture = staging
-            self.staging = handedBack
-            lent = staging
-            stale = pendingDamage
+            picture = latest
             work.damage = pendingDamage
             work.timestampNs = pendingTimestamp
             pendingDamage.clear()
@@ -478,6 +472,8 @@ public final class EncoderPipeline: @unchecked Sendable {
             work.timestampNs = clock.stamp(hostNs: MonotonicClock.nanoseconds())
             work.refresh = !work.keyframe
         }
+        // Every piece of work hands `picture` to libvpx (a frame of no blocks too).
+        encoderReading = true
         return work
     }
 }

@@ -27,17 +27,6 @@ final class FrameConverter {
 
     deinit { scaledPacked?.deallocate() }
 
-    /// Whether `convert(frame, into: image)` will rewrite every pixel of `areas`: the whole picture,
-    /// or (unscaled) each area inside one of the frame's damage rectangles. Scaled frames say no.
-    func rewrites(_ areas: DamageAccumulator, of frame: FrameInfo, into image: I420Image) -> Bool {
-        let scaling = frame.width != image.width + (frame.width & 1) || frame.height != image.height + (frame.height & 1)
-        if frame.damage.isEmpty { return true }
-        if scaling || areas.whole { return false }
-        let bounds = PixelRect(x: 0, y: 0, width: image.width, height: image.height)
-        let written = frame.damage.map { PixelRect(x: Int($0.x), y: Int($0.y), width: Int($0.width), height: Int($0.height)).evenAligned(within: bounds) }
-        return areas.rects.allSatisfy { area in area.isEmpty || written.contains { $0.intersection(area) == area } }
-    }
-
     /// Writes the frame's changed areas into `image` (whose size is the
     /// output size) and returns them in output pixels, or nil when the whole
     /// picture was rewritten.

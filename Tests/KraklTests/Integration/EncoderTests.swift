@@ -600,6 +600,57 @@ struct EncoderPipelineTests {
         #expect(pictures.count >= expected.count && at == expected.count - 1, "\(pictures.count) pictures, the last is step \(at)")
     }
 
+    /// There is one picture: while the encoder has it (here: inside the sink's write, which is
+    /// still inside the encode step) a capture waits and does not write into it, while a keyframe
+    /// request from another thread goes through at once; the waiting capture is encoded next.
+    @Test func aCaptureWaitsForTheEncodeAndAKeyframeRequestDoesNot() throws {
+        let (width, height) = (64, 48)
+        let dump = try Harness.temporaryDirectory() + "/input.yuv"
+        let collector = Collector()
+        let pipeline = try EncoderPipeline(settings: EncoderSettings(), dumpInput: dump, output: { _, _, _ in collector },
+                                           onFailure: { Issue.record("\($0)") })
+        let grey = [UInt8](repeating: 0x40, count: width * height * 4)
+        let white = [UInt8](repeating: 0xF0, count: width * height * 4)
+        let submitted = Locked(wrappedValue: false), requested = Locked(wrappedValue: false)
+        let submittedInsideWrite = Locked(wrappedValue: true), requestedInsideWrite = Locked(wrappedValue: false)
+        let firstWrite = Locked(wrappedValue: true)
+        collector.onWrite = { [self] _ in
+            guard firstWrite.wrappedValue else { return }
+            firstWrite.wrappedValue = false
+            startThread(name: "test-capture") { [self] in
+                withFrame(white, width: width, height: height, damage: []) { pipeline.submit($0) }
+                submitted.wrappedValue = true
+            }
+            startThread(name: "test-network") {
+                pipeline.requestKeyframe()
+                requested.wrappedValue = true
+            }
+            // The request must get through while the encoder is here (bounded: 10 s)…
+            let deadline = MonotonicClock.nanoseconds() + 10_000_000_000
+            while !requested.wrappedValue && MonotonicClock.nanoseconds() < deadline { usleep(1000) }
+            requestedInsideWrite.wrappedValue = requested.wrappedValue
+            // …and the capture, which takes well under a millisecond unblocked, must not, however long
+            // the encoder stays (0.2 s here).
+            let stay = MonotonicClock.nanoseconds() + 200_000_000
+            while !submitted.wrappedValue && MonotonicClock.nanoseconds() < stay { usleep(1000) }
+            submittedInsideWrite.wrappedValue = submitted.wrappedValue
+        }
+        pipeline.start()
+        withFrame(grey, width: width, height: height, damage: []) { pipeline.submit($0) }
+        #expect(collector.waitFor(2) >= 2, "the capture made during the first encode was not encoded")
+        pipeline.finish()
+        #expect(requestedInsideWrite.wrappedValue, "a keyframe request waited for the encode")
+        #expect(!submittedInsideWrite.wrappedValue, "a capture went into the picture while the encoder had it")
+        let bytes = try [UInt8](Data(contentsOf: URL(fileURLWithPath: dump)))
+        let size = width * height * 3 / 2
+        #expect(bytes.count >= 2 * size)
+        // The first encoded picture is the grey frame whole, the second the white one.
+        if bytes.count >= 2 * size {
+            #expect(Set(bytes[0..<(width * height)]).count == 1 && Set(bytes[size..<(size + width * height)]).count == 1)
+            #expect(bytes[0] < bytes[size], "luma \(bytes[0]) then \(bytes[size])")
+        }
+    }
+
     @Test func outputSizeFitsAndStaysEven() {
         #expect(outputSize(width: 3840, height: 2160, maximum: (1920, 1080)) == (1920, 1080))
         #expect(outputSize(width: 2560, height: 1600, maximum: (1920, 1080)) == (1728, 1080))
