@@ -217,9 +217,9 @@ func roomShareSession(publisher: String, name: String, scene: String, session: I
     }
     run.firstFrameMs = first - t0
     usleep(useconds_t(max(0, first + 2000 - MonotonicClock.milliseconds()) * 1000))
-    let cpu0 = (processTreeCpu(root), processCpuSeconds(server), treeTickSeconds(root))
+    let cpu0 = (processTreeCpu(root), processCpuSeconds(server), treeTickSeconds(root)), threads0 = treeThreadCpu(root)
     usleep(useconds_t(window * 1_000_000))
-    let cpu1 = (processTreeCpu(root), processCpuSeconds(server), treeTickSeconds(root))
+    let cpu1 = (processTreeCpu(root), processCpuSeconds(server), treeTickSeconds(root)), threads1 = treeThreadCpu(root)
     run.cpuPublisher = treeCpuDelta(from: cpu0.0, to: cpu1.0) / window * 60
     run.cpuTicks = treeCpuDelta(from: cpu0.2, to: cpu1.2) / window * 60
     run.cpuServer = max(0, cpu1.1 - cpu0.1 - idlePerSecond * window) / window * 60
@@ -232,6 +232,8 @@ func roomShareSession(publisher: String, name: String, scene: String, session: I
     if memory.processes > 1 {
         print("    \(publisher)'s processes: \(treeKinds(root))")
     }
+    // Where the publisher's CPU went, thread by thread (which of Chromium's processes, which of krakl's threads).
+    print("    busiest threads (CPU s/min): \(busiestThreads(from: threads0, to: threads1, window: window))")
     if publisher == "krakl", let smapsPath {
         try? smapsReport(pid: root).write(toFile: smapsPath, atomically: true, encoding: .utf8)
         // The raw files too, for bench/smaps_parts.py (memory by part: libvpx, pictures, libraries).

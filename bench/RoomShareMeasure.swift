@@ -66,20 +66,55 @@ func treeMemoryMB(_ root: pid_t) -> (pss: Double, rss: Double, processes: Int) {
     return (pss, rss, count)
 }
 
+/// A process's kind in a Chromium tree (its --type, and a utility process's sub-type), "browser" for
+/// the root, "other" for a process without one.
+func processKind(_ pid: pid_t, root: pid_t) -> String {
+    // The first 4 KB (all String(contentsOfFile:) reads of procfs) hold the --type argument. Chromium
+    // rewrites its process title, so its arguments are separated by spaces there, not NULs.
+    let arguments = ((try? String(contentsOfFile: "/proc/\(pid)/cmdline", encoding: .utf8)) ?? "")
+        .split(whereSeparator: { $0 == "\0" || $0 == " " }).map(String.init)
+    var kind = arguments.first { $0.hasPrefix("--type=") }.map { String($0.dropFirst(7)) } ?? (pid == root ? "browser" : "other")
+    if let sub = arguments.first(where: { $0.hasPrefix("--utility-sub-type=") }) { kind += " (" + sub.dropFirst(19).split(separator: ".").first! + ")" }
+    return kind
+}
+
 /// "browser, zygote ×2, gpu-process, renderer ×3, …": what the tree holds, from each process's --type.
 func treeKinds(_ root: pid_t) -> String {
     var kinds: [String: Int] = [:], order: [String] = []
     for pid in processTree(root) {
-        // The first 4 KB (all String(contentsOfFile:) reads of procfs) hold the --type argument. Chromium
-        // rewrites its process title, so its arguments are separated by spaces there, not NULs.
-        let arguments = ((try? String(contentsOfFile: "/proc/\(pid)/cmdline", encoding: .utf8)) ?? "")
-            .split(whereSeparator: { $0 == "\0" || $0 == " " }).map(String.init)
-        var kind = arguments.first { $0.hasPrefix("--type=") }.map { String($0.dropFirst(7)) } ?? (pid == root ? "browser" : "other")
-        if let sub = arguments.first(where: { $0.hasPrefix("--utility-sub-type=") }) { kind += " (" + sub.dropFirst(19).split(separator: ".").first! + ")" }
+        let kind = processKind(pid, root: root)
         if kinds[kind] == nil { order.append(kind) }
         kinds[kind, default: 0] += 1
     }
     return order.map { kinds[$0]! > 1 ? "\($0) ×\(kinds[$0]!)" : $0 }.joined(separator: ", ")
+}
+
+/// CPU seconds so far of every live thread of the tree, keyed "pid/tid", with a label: the thread's
+/// name (/proc/PID/task/TID/comm), after its process's kind when the tree has more than one process.
+func treeThreadCpu(_ root: pid_t) -> [String: (label: String, seconds: Double)] {
+    let pids = processTree(root)
+    var result: [String: (label: String, seconds: Double)] = [:]
+    for pid in pids {
+        let kind = pids.count > 1 ? processKind(pid, root: root) + ": " : ""
+        for tid in (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? [] {
+            guard let text = try? String(contentsOfFile: "/proc/\(pid)/task/\(tid)/schedstat", encoding: .utf8),
+                  let ns = text.split(separator: " ").first.flatMap({ Double($0) }) else { continue }
+            let name = ((try? String(contentsOfFile: "/proc/\(pid)/task/\(tid)/comm", encoding: .utf8)) ?? "?")
+                .trimmingCharacters(in: .whitespacesAndNewlines)
+            result["\(pid)/\(tid)"] = (kind + name, ns / 1e9)
+        }
+    }
+    return result
+}
+
+/// The busiest threads between two snapshots, summed by label, in CPU s/min: "krakl-encoder 8.10,
+/// krakl-ctl 1.20, …" (at most `count`, those under 0.05 s/min left out).
+func busiestThreads(from start: [String: (label: String, seconds: Double)], to end: [String: (label: String, seconds: Double)],
+                   window: Double, count: Int = 10) -> String {
+    var byLabel: [String: Double] = [:]
+    for (key, thread) in end { byLabel[thread.label, default: 0] += thread.seconds - (start[key]?.seconds ?? 0) }
+    return byLabel.map { ($0.key, $0.value / window * 60) }.filter { $0.1 >= 0.05 }.sorted { $0.1 > $1.1 }.prefix(count)
+        .map { "\($0.0) \(String(format: "%.2f", $0.1))" }.joined(separator: ", ")
 }
 
 // MARK: the picture the subscriber received
