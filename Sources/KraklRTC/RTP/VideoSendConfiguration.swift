@@ -15,7 +15,12 @@ public struct VideoSendConfiguration: Sendable {
     public var startupProbeCeiling = 60_000_000.0
     public var maximumPayloadSize = 1200
     public var pacerCapacity = 2048
-    public var historyCapacity = 2048
+    /// Sent packets kept for NACKs and loss-protection copies. 1024 holds more than any receiver
+    /// here can still wait for: aiortc asks for a packet while fewer than 128 newer ones have come
+    /// and gives up on it after 512, and libwebrtc's own sender keeps 600. At 2.5 Mbit/s that is
+    /// about 4 s of 1200-byte packets; 2048 held about 2.6 MB while scrolling 1080p (issue 27's
+    /// 64 MB target), 1024 half that.
+    public var historyCapacity = 1024
     /// Keyframe requests reach the encoder at most this often.
     public var keyframeRequestInterval: Duration = .milliseconds(300)
     /// Who sends the PLIs and FIRs: the receiver itself, or an SFU on behalf of its subscribers.

@@ -736,6 +736,30 @@ struct EncoderPipelineTests {
         #expect(mincore(UnsafeMutableRawPointer(bitPattern: start), 16 * page, &resident) == 0)
         #expect(resident.allSatisfy { $0 & 1 == 0 }, "the buffer's first pages were given back after the last large frame")
     }
+
+    /// Small frames, none large enough to release after: the pages still go back every
+    /// `tokenReleaseFrames` frames, so what stays resident follows the recent frames.
+    @Test func tokenPagesGoBackEverySoManySmallFrames() throws {
+        let width = 640, height = 480
+        let encoder = try VpxEncoder(codec: .vp8, width: width, height: height, bitrateKbps: 2_000, fps: 30, threads: 1)
+        let tokens = try #require(encoder.tokenBuffer)
+        let picture = I420Image(width: width, height: height)
+        var sizes: [Int] = []
+        for frame in 0..<(2 * VpxEncoder.tokenReleaseFrames) {
+            // A flat picture with one moving 16×16 square: every frame is small.
+            let x = (frame * 16) % (width - 16)
+            for row in 0..<16 { memset(picture.y + (200 + row) * picture.strideY + x, Int32(40 + frame % 200), 16) }
+            sizes += try encoder.encode(picture, pts: Int64(frame * 3000), duration: 3000, keyframe: frame == 0, activeMap: nil).map(\.data.count)
+        }
+        #expect(sizes.count == 2 * VpxEncoder.tokenReleaseFrames)
+        #expect(sizes.allSatisfy { $0 < VpxEncoder.tokenReleaseBytes }, "largest frame \(sizes.max() ?? 0) bytes")
+        #expect(encoder.tokenReleases == 2, "given back \(encoder.tokenReleases) times in \(sizes.count) small frames")
+        let page = Int(sysconf(Int32(_SC_PAGESIZE)))
+        let start = (Int(bitPattern: tokens.baseAddress!) + page - 1) / page * page
+        var resident = [UInt8](repeating: 0, count: 4)
+        #expect(mincore(UnsafeMutableRawPointer(bitPattern: start), 4 * page, &resident) == 0)
+        #expect(resident.allSatisfy { $0 & 1 == 0 }, "the first pages were given back after the last frame")
+    }
 }
 
 @Suite("Encoder: frame-rate cap", .tags(.unit))
