@@ -26,8 +26,10 @@ let package = Package(
         .target(name: "KraklBackendABI"),
         // Frame number + capture time drawn into pixels, readable after lossy coding.
         .target(name: "FrameStamp", swiftSettings: swift6),
+        // The token-bucket rate cap the encoder's --max-fps and a backend's capture cadence share.
+        .target(name: "RateCap", swiftSettings: swift6),
         // What every in-tree Swift backend shares: the exported table, host calls, pacing thread.
-        .target(name: "BackendKit", dependencies: ["KraklBackendABI"], swiftSettings: swift6),
+        .target(name: "BackendKit", dependencies: ["KraklBackendABI", "RateCap"], swiftSettings: swift6),
         .target(name: "BackendFile", dependencies: ["BackendKit", "FrameStamp"], swiftSettings: swift6),
         // Xlib + MIT-SHM + XDamage + XFixes + XRandR (Debian libx11-dev and friends).
         .systemLibrary(name: "CX11", path: "Sources/System/CX11"),
@@ -46,7 +48,7 @@ let package = Package(
         // libyuv (Debian libyuv-dev): colour conversion and scaling; no .pc file.
         .systemLibrary(name: "CYuv", path: "Sources/System/CYuv"),
         // Frames -> I420 -> VP8/VP9, damage-driven; WebM/IVF recording.
-        .target(name: "KraklEncoder", dependencies: ["KraklBase", "KraklHost", "CVpx", "CYuv"], swiftSettings: swift6),
+        .target(name: "KraklEncoder", dependencies: ["KraklBase", "KraklHost", "RateCap", "CVpx", "CYuv"], swiftSettings: swift6),
         // OpenSSL (DTLS 1.2, certificates, HMAC) and libsrtp2 (SRTP), both from Debian.
         .systemLibrary(name: "COpenSSL", path: "Sources/System/COpenSSL", pkgConfig: "openssl"),
         .systemLibrary(name: "CSrtp", path: "Sources/System/CSrtp", pkgConfig: "libsrtp2"),
@@ -82,6 +84,6 @@ let package = Package(
         .executableTarget(name: "KraklBench", dependencies: ["KraklBase", "KraklHost"], path: "bench",
                           exclude: ["xactivity.c", "portal_gst.py", "xroom.c", "xaside.c", "gst_janus_publisher.py", "room_watch.py",
                                     "chromium_publisher.py", "chromium_share.html", "smaps_parts.py", "alloc_log.c"], swiftSettings: swift6),
-        .testTarget(name: "KraklTests", dependencies: ["KraklBase", "KraklHost", "KraklEncoder", "FrameStamp", "KraklRTC", "ZeroFill", "BackendKit", "KraklRoom", "KraklSession", "KraklScan", "KraklViewer"], swiftSettings: swift6),
+        .testTarget(name: "KraklTests", dependencies: ["KraklBase", "KraklHost", "KraklEncoder", "FrameStamp", "KraklRTC", "ZeroFill", "BackendKit", "RateCap", "KraklRoom", "KraklSession", "KraklScan", "KraklViewer"], swiftSettings: swift6),
     ]
 )
