@@ -15,7 +15,7 @@ allocation size at 1080p, as the LD_PRELOAD shim of issue 17 found them:
   3428391 bytes   a libvpx frame buffer (1984x1152 I420 with VP8's 32 px border), 11 of them
   50135063        libvpx's token buffer
   1102091, 1048609, 6220800   other libvpx state
-  3110464         one of the pipeline's I420 pictures (1920x1080, 64 bytes over for alignment)
+  3110464         an I420 picture: the X11 backend's or the pipeline's (1920x1080, 64 bytes over for alignment)
 Several FILEs print one column each.
 """
 import os
@@ -27,7 +27,7 @@ SWIFT_RUNTIME = ("libswiftCore", "libswift_Concurrency", "libswift_StringProcess
                  "libswiftRuntime", "libswift_Volatile", "libswift_Builtin_float", "libswiftObservation")
 FOUNDATION = ("libFoundation.", "libFoundationEssentials", "lib_FoundationICU", "libFoundationInternationalization",
               "libFoundationNetworking", "libFoundationXML", "lib_FoundationCollections")
-PARTS = ["libvpx frame buffers", "libvpx token buffer", "libvpx other state", "the pipeline's I420 pictures",
+PARTS = ["libvpx frame buffers", "libvpx token buffer", "libvpx other state", "I420 pictures (X11 backend's, pipeline's)",
          "X11 shared memory (SYSV)", "heap ([heap], main arena)", "main thread stack", "other anonymous (Swift objects, malloc arenas, thread stacks)",
          "Swift runtime (file)", "Foundation + ICU (file)", "libvpx + libyuv code (file)", "other libraries (file)",
          "krakl-agent and its backends (file)", "other", "other allocations of 1 MB or more"]
