@@ -97,11 +97,10 @@ func treeThreadCpu(_ root: pid_t) -> [String: (label: String, seconds: Double)] 
     for pid in pids {
         let kind = pids.count > 1 ? processKind(pid, root: root) + ": " : ""
         for tid in (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? [] {
-            guard let text = try? String(contentsOfFile: "/proc/\(pid)/task/\(tid)/schedstat", encoding: .utf8),
-                  let ns = text.split(separator: " ").first.flatMap({ Double($0) }) else { continue }
+            guard let seconds = threadCpuSeconds(pid, tid) else { continue }
             let name = ((try? String(contentsOfFile: "/proc/\(pid)/task/\(tid)/comm", encoding: .utf8)) ?? "?")
                 .trimmingCharacters(in: .whitespacesAndNewlines)
-            result["\(pid)/\(tid)"] = (kind + name, ns / 1e9)
+            result["\(pid)/\(tid)"] = (kind + name, seconds)
         }
     }
     return result

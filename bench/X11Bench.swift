@@ -29,14 +29,14 @@ struct X11Row {
 /// 10 ms, too coarse for an idle capturer).
 func processCpuSeconds(_ pid: pid_t) -> Double {
     guard let threads = try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task") else { return 0 }
-    var total = 0.0
-    for tid in threads {
-        if let text = try? String(contentsOfFile: "/proc/\(pid)/task/\(tid)/schedstat", encoding: .utf8),
-           let ns = text.split(separator: " ").first.flatMap({ Double($0) }) {
-            total += ns / 1e9
-        }
-    }
-    return total
+    return threads.reduce(0) { $0 + (threadCpuSeconds(pid, $1) ?? 0) }
+}
+
+/// One thread's CPU seconds so far (the first field of /proc/PID/task/TID/schedstat, ns); nil once it ended.
+func threadCpuSeconds(_ pid: pid_t, _ tid: String) -> Double? {
+    guard let text = try? String(contentsOfFile: "/proc/\(pid)/task/\(tid)/schedstat", encoding: .utf8),
+          let ns = text.split(separator: " ").first.flatMap({ Double($0) }) else { return nil }
+    return ns / 1e9
 }
 
 func stopAndReap(_ pid: pid_t) {

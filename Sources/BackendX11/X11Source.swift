@@ -392,7 +392,7 @@ final class X11Source: CaptureSource {
         }
         lastXError.store(0, ordering: .relaxed)
         for r in readRects { read(r) }
-        readRects += readAgain(afterReading: readRects, whole: whole)
+        readRects += readAgain(whole: whole)
         if let patch, !patchValid {
             patchValid = readBands(patch) { band, rows, lineBytes in copyIntoPatch(band, rows, lineBytes) }
         }
@@ -419,7 +419,7 @@ final class X11Source: CaptureSource {
     /// Measured (issue 27, 1080p scrolling into a room, 6 rounds): rounds whose received samples
     /// showed one frame's page under the next frame's stamp coded the same scene at a mean
     /// quantizer of 34.8 and 48.0 against 22.8–24.6, received PSNR 34.4 and 31.3 against 36.1–37.8 dB.
-    private func readAgain(afterReading readRects: [krakl_rect], whole: Bool) -> [krakl_rect] {
+    private func readAgain(whole: Bool) -> [krakl_rect] {
         var during: [krakl_rect] = []
         var resized = false
         drainEvents(damage: &during, resized: &resized)

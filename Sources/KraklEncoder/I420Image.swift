@@ -32,18 +32,6 @@ public final class I420Image {
 
     deinit { storage.deallocate() }
 
-    /// Copies `rect` (even x/y) of every plane from `source`, same size.
-    public func copy(_ rect: PixelRect, from source: I420Image) {
-        for row in rect.y..<(rect.y + rect.height) {
-            memcpy(y + row * strideY + rect.x, source.y + row * source.strideY + rect.x, rect.width)
-        }
-        let cx = rect.x / 2, cw = (rect.x + rect.width + 1) / 2 - cx
-        for row in (rect.y / 2)..<((rect.y + rect.height + 1) / 2) {
-            memcpy(u + row * strideUV + cx, source.u + row * source.strideUV + cx, cw)
-            memcpy(v + row * strideUV + cx, source.v + row * source.strideUV + cx, cw)
-        }
-    }
-
     /// Appends the visible pixels, tightly packed (Y, then U, then V), for
     /// dumps that ffmpeg reads as `-f rawvideo -pix_fmt yuv420p`.
     public func appendPacked(to buffer: inout [UInt8]) {

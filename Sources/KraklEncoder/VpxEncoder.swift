@@ -60,8 +60,8 @@ final class VpxEncoder {
     /// 13 MB) though the frames after it fill a small part. libvpx has no control for it; its set-up
     /// clears the buffer with memset, and the agent's memset (Sources/System/ZeroFill) notes where.
     /// After a frame of `tokenReleaseBytes` or more, every `tokenReleaseFrames` frames, and when a
-    /// still picture's refinement is done, the buffer's pages are given back (MADV_DONTNEED: they read as zeros and cost nothing until
-    /// touched). This is exact because
+    /// still picture's refinement is done, the buffer's pages are given back (MADV_DONTNEED: they
+    /// read as zeros and cost nothing until touched). This is exact because
     /// libvpx writes a frame's tokens before it reads them and never reads another frame's
     /// (vp8_encode_frame → vp8_tokenize_mb, then vp8_pack_bitstream over this frame's count).
     /// Nil when not found (VP9, or a program without ZeroFill): nothing is given back.
